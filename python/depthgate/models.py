@@ -1,0 +1,914 @@
+"""The typed spec of a depthgate run: cases, suites, systems, decode parameters, the analysis plan, matrices.
+
+Everything here is a frozen pydantic model with ``extra="forbid"``: a misspelt key in a matrix is an error,
+never a silently ignored default. Validation failures raised while loading a file become
+:class:`~depthgate.exceptions.SpecError` naming the file, the field path and the fix (:func:`parse_spec`).
+
+Text that ends up in a prompt (evidence, distractors, filler) obeys the *unit contract* the layout engine
+relies on: it starts with exactly one separator (``" "`` continuing a paragraph, ``"\\n"`` after a heading,
+``"\\n\\n"`` opening a section) followed by a non-whitespace character, and ends with a non-whitespace
+character. Byte-level BPE tokenizers are exact at junctions only when the separator *starts* the right
+piece (DESIGN.md §3), so no unit may end with the whitespace that precedes the next one.
+
+Digests are ``sha256`` hex digests of the canonical JSON of a model (sorted keys, no insignificant
+whitespace, UTF-8, no ASCII escaping); they are stable across processes and machines.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Annotated, Any, Literal, TypeAlias, TypeVar
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
+
+from depthgate.exceptions import SpecError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10 needs the tomli backport
+    import tomli as tomllib
+
+Language: TypeAlias = Literal["en", "zh"]
+TaskKind: TypeAlias = Literal["extraction", "qa"]
+EvidencePattern: TypeAlias = Literal["single", "override", "exception", "order", "negation", "absent"]
+Risk: TypeAlias = Literal["low", "medium", "high"]
+EvidenceRole: TypeAlias = Literal["decisive", "competing"]
+Backend: TypeAlias = Literal["llamacpp", "vllm", "vllm-server", "openai", "anthropic"]
+
+StrictInt = Annotated[int, Field(strict=True)]
+StrictFloat = Annotated[float, Field(strict=True)]
+
+#: Strings that look like a chat or control token of a common template. Such text in a prompt would be
+#: rendered as a special token by a careless server, or change the role structure of the prompt.
+SPECIAL_TOKEN_PATTERN = re.compile(
+    r"<\|[^<>\n]{0,64}?\|>"  # <|im_start|>, <|eot_id|>, <|end|>, <|endoftext|>
+    r"|</?s>"  # Llama-2 / Mistral BOS and EOS
+    r"|\[/?INST\]"  # Llama-2 / Mistral instruction markers
+    r"|<</?SYS>>"  # Llama-2 system markers
+    r"|<(?:start|end)_of_turn>"  # Gemma turns
+    r"|<(?:bos|eos|pad|unk|mask)>"  # Gemma / generic specials
+)
+
+#: The characters a unit may start with: one separator, longest first.
+UNIT_SEPARATORS = ("\n\n", "\n", " ")
+
+_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,199}$")
+_ID_FIX = "use 1-200 characters: letters, digits and . _ : / @ + -, starting with a letter or digit"
+_ABSOLUTE_POSITION = re.compile(r"^@(0|[1-9][0-9]*)$")
+
+M = TypeVar("M", bound=BaseModel)
+
+
+# --------------------------------------------------------------------------------------------------------
+# Text checks shared with the filler, the suites and the layout engine
+
+
+def find_special_token(text: str) -> str | None:
+    """The first special-token-like substring of ``text`` (``<|...|>``, ``<s>``, ``[INST]``...), or None."""
+    match = SPECIAL_TOKEN_PATTERN.search(text)
+    return match.group(0) if match else None
+
+
+def unit_contract_violation(text: str) -> str | None:
+    """Why ``text`` breaks the unit contract (one leading separator, no trailing whitespace), or None."""
+    if not text:
+        return "is empty"
+    for separator in UNIT_SEPARATORS:
+        if text.startswith(separator):
+            body = text[len(separator) :]
+            break
+    else:
+        return "does not start with a separator (' ', '\\n' or '\\n\\n')"
+    if not body or body[0].isspace():
+        return "starts with more than one whitespace separator"
+    if body[-1].isspace():
+        return "ends with whitespace"
+    return None
+
+
+def _violation(detail: str, *, field: str = "", fix: str, case: str = "") -> PydanticCustomError:
+    """A validation error that carries the field (relative to the model) and the fix to the loaders."""
+    where = ", ".join(
+        part for part in (f"case '{case}'" if case else "", f"field '{field}'" if field else "") if part
+    )
+    message = f"{where}: {detail}" if where else detail
+    return PydanticCustomError(
+        "depthgate_spec",
+        "{message} (fix: {fix})",
+        {"message": message, "detail": detail, "fix": fix, "field": field, "case": case},
+    )
+
+
+def _check_prompt_text(text: str, *, field: str, case: str = "") -> None:
+    token = find_special_token(text)
+    if token is not None:
+        raise _violation(
+            f"contains the special-token-like string {token!r}",
+            field=field,
+            case=case,
+            fix="remove or reword it; prompt text must never contain chat or control tokens",
+        )
+
+
+def _check_unit(text: str, *, field: str, case: str = "") -> None:
+    problem = unit_contract_violation(text)
+    if problem is not None:
+        raise _violation(
+            f"text {problem}",
+            field=field,
+            case=case,
+            fix="start the text with exactly one ' ' (or '\\n\\n' for a new section) and end it with a "
+            "non-whitespace character, e.g. ' The rate is 245 USD per night.'",
+        )
+    _check_prompt_text(text, field=field, case=case)
+
+
+def _check_inline(text: str, *, field: str, case: str = "", allow_empty: bool) -> None:
+    if not text and not allow_empty:
+        raise _violation("must not be empty", field=field, case=case, fix=f"give a non-empty {field}")
+    if text != text.strip():
+        raise _violation(
+            "has leading or trailing whitespace",
+            field=field,
+            case=case,
+            fix="strip it; the assembler adds separators and the model generates the one before its answer",
+        )
+    _check_prompt_text(text, field=field, case=case)
+
+
+def _check_id(value: str, *, field: str, case: str = "") -> None:
+    if not _ID_PATTERN.match(value):
+        raise _violation(f"id {value!r} is not a valid id", field=field, case=case, fix=_ID_FIX)
+
+
+# --------------------------------------------------------------------------------------------------------
+# Digests
+
+
+def canonical_json(value: Any) -> str:
+    """Canonical JSON: sorted keys, no insignificant whitespace, UTF-8 text (no ASCII escapes), no NaN."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    def canonical_json(self) -> str:
+        """The canonical JSON of this model (the bytes :meth:`digest` hashes)."""
+        return canonical_json(self.model_dump(mode="json"))
+
+    def digest(self) -> str:
+        """sha256 hex digest of :meth:`canonical_json`."""
+        return hashlib.sha256(self.canonical_json().encode("utf-8")).hexdigest()
+
+
+# --------------------------------------------------------------------------------------------------------
+# Cases
+
+
+class Claim(_Frozen):
+    """A statement an answer may make. ``aliases``: the surface forms an oracle accepts ("245", "245 USD")."""
+
+    id: str
+    text: str = Field(min_length=1)
+    aliases: list[str] = Field(default_factory=list)
+    value: str | None = None
+    unit: str | None = None
+
+    @field_validator("aliases")
+    @classmethod
+    def _aliases_not_blank(cls, aliases: list[str]) -> list[str]:
+        for index, alias in enumerate(aliases):
+            if not alias.strip():
+                raise _violation("alias is blank", field=f"[{index}]", fix="remove the blank alias")
+        return aliases
+
+
+class EvidenceDoc(_Frozen):
+    """A piece of evidence. ``supports`` lists the claim ids it supports; ``role`` says whether it decides the
+    answer (it moves through the context) or competes with it (superseded version, general rule)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", coerce_numbers_to_str=True)
+
+    id: str
+    version: str = "1"
+    text: str
+    supports: list[str] = Field(default_factory=list)
+    role: EvidenceRole = "decisive"
+
+
+class Distractor(_Frozen):
+    """Topically close text that cannot support any required claim."""
+
+    id: str
+    text: str
+
+
+class Case(_Frozen):
+    """One task with its evidence, distractors and oracle (DESIGN.md §5)."""
+
+    id: str
+    kind: TaskKind
+    evidence_pattern: EvidencePattern
+    language: Language
+    risk: Risk
+    query: str
+    answer_prefix: str = ""
+    evidence: list[EvidenceDoc] = Field(default_factory=list)
+    distractors: list[Distractor] = Field(default_factory=list)
+    required_claims: list[Claim] = Field(default_factory=list)
+    forbidden_claims: list[Claim] = Field(default_factory=list)
+    expected_fields: dict[str, str] = Field(default_factory=dict)
+    abstain_when_absent: bool = True
+    family: str
+    competing_depth: StrictFloat | None = None
+
+    @property
+    def decisive(self) -> list[EvidenceDoc]:
+        return [doc for doc in self.evidence if doc.role == "decisive"]
+
+    @property
+    def competing(self) -> list[EvidenceDoc]:
+        return [doc for doc in self.evidence if doc.role == "competing"]
+
+    @model_validator(mode="after")
+    def _check_case(self) -> Case:
+        case = self.id
+        _check_id(self.id, field="id", case=case)
+        if not self.family.strip():
+            raise _violation("must not be empty", field="family", case=case, fix="name the document family")
+        _check_inline(self.query, field="query", case=case, allow_empty=False)
+        _check_inline(self.answer_prefix, field="answer_prefix", case=case, allow_empty=True)
+        self._check_texts()
+        self._check_pattern()
+        self._check_claims()
+        return self
+
+    def _check_texts(self) -> None:
+        case = self.id
+        seen: dict[str, str] = {}
+        for index, doc in enumerate(self.evidence):
+            field = f"evidence[{index}]"
+            _check_id(doc.id, field=f"{field}.id", case=case)
+            if doc.id in seen:
+                raise _violation(
+                    f"duplicate id {doc.id!r} (also {seen[doc.id]})",
+                    field=f"{field}.id",
+                    case=case,
+                    fix="give every evidence document and distractor its own id",
+                )
+            seen[doc.id] = field
+            if not doc.version.strip():
+                raise _violation(
+                    "is empty", field=f"{field}.version", case=case, fix="give a version, e.g. '1'"
+                )
+            _check_unit(doc.text, field=f"{field}.text", case=case)
+        for index, distractor in enumerate(self.distractors):
+            field = f"distractors[{index}]"
+            _check_id(distractor.id, field=f"{field}.id", case=case)
+            if distractor.id in seen:
+                raise _violation(
+                    f"duplicate id {distractor.id!r} (also {seen[distractor.id]})",
+                    field=f"{field}.id",
+                    case=case,
+                    fix="give every evidence document and distractor its own id",
+                )
+            seen[distractor.id] = field
+            _check_unit(distractor.text, field=f"{field}.text", case=case)
+        texts: dict[str, str] = {}
+        for field, text in [(f"evidence[{i}].text", d.text) for i, d in enumerate(self.evidence)] + [
+            (f"distractors[{i}].text", d.text) for i, d in enumerate(self.distractors)
+        ]:
+            if text in texts:
+                raise _violation(
+                    f"same text as {texts[text]}",
+                    field=field,
+                    case=case,
+                    fix="remove the duplicate; a repeated block is a duplicated distractor (DESIGN.md §4)",
+                )
+            texts[text] = field
+
+    def _check_claims(self) -> None:
+        case = self.id
+        claim_fields: dict[str, str] = {}
+        for group in ("required_claims", "forbidden_claims"):
+            claims: list[Claim] = getattr(self, group)
+            for index, claim in enumerate(claims):
+                field = f"{group}[{index}]"
+                _check_id(claim.id, field=f"{field}.id", case=case)
+                if claim.id in claim_fields:
+                    raise _violation(
+                        f"duplicate claim id {claim.id!r} (also {claim_fields[claim.id]})",
+                        field=f"{field}.id",
+                        case=case,
+                        fix="give every required and forbidden claim its own id",
+                    )
+                claim_fields[claim.id] = field
+        required_aliases = {
+            alias.casefold(): claim.id
+            for claim in self.required_claims
+            for alias in [*claim.aliases, claim.text]
+        }
+        for index, claim in enumerate(self.forbidden_claims):
+            for alias in [*claim.aliases, claim.text]:
+                if alias.casefold() in required_aliases:
+                    raise _violation(
+                        f"alias {alias!r} is also a form of required claim "
+                        f"{required_aliases[alias.casefold()]!r}",
+                        field=f"forbidden_claims[{index}].aliases",
+                        case=case,
+                        fix="a claim cannot be both required and forbidden; remove the alias from one",
+                    )
+        forbidden_ids = {claim.id for claim in self.forbidden_claims}
+        for index, doc in enumerate(self.evidence):
+            for position, claim_id in enumerate(doc.supports):
+                field = f"evidence[{index}].supports[{position}]"
+                if claim_id not in claim_fields:
+                    raise _violation(
+                        f"unknown claim id {claim_id!r}",
+                        field=field,
+                        case=case,
+                        fix=f"use an id from required_claims or forbidden_claims: {sorted(claim_fields)}",
+                    )
+                if doc.role == "decisive" and claim_id in forbidden_ids:
+                    raise _violation(
+                        f"decisive evidence {doc.id!r} supports the forbidden claim {claim_id!r}",
+                        field=field,
+                        case=case,
+                        fix="mark the document role = 'competing' or drop the claim from its supports",
+                    )
+        supported = {claim_id for doc in self.evidence for claim_id in doc.supports}
+        for index, claim in enumerate(self.required_claims):
+            if claim.id not in supported:
+                raise _violation(
+                    f"required claim {claim.id!r} is not supported by any evidence document",
+                    field=f"required_claims[{index}]",
+                    case=case,
+                    fix=f"add {claim.id!r} to the supports list of the evidence document that states it, "
+                    "or drop the claim",
+                )
+
+    def _check_pattern(self) -> None:
+        case = self.id
+        decisive, competing = self.decisive, self.competing
+        if self.evidence_pattern == "absent":
+            if decisive:
+                raise _violation(
+                    f"an evidence-absent case has decisive evidence {decisive[0].id!r}",
+                    field="evidence",
+                    case=case,
+                    fix="remove the decisive evidence or choose another evidence_pattern",
+                )
+            if self.required_claims:
+                raise _violation(
+                    "an evidence-absent case cannot require claims",
+                    field="required_claims",
+                    case=case,
+                    fix="empty required_claims; the expected behaviour is to abstain",
+                )
+            if not self.abstain_when_absent:
+                raise _violation(
+                    "an evidence-absent case must abstain",
+                    field="abstain_when_absent",
+                    case=case,
+                    fix="set abstain_when_absent = true",
+                )
+        else:
+            if not decisive:
+                raise _violation(
+                    f"evidence_pattern {self.evidence_pattern!r} needs a decisive evidence document",
+                    field="evidence",
+                    case=case,
+                    fix="add an evidence document with role = 'decisive', or set evidence_pattern = 'absent'",
+                )
+            if not self.required_claims:
+                raise _violation(
+                    "a case with evidence needs at least one required claim",
+                    field="required_claims",
+                    case=case,
+                    fix="add the claim the decisive evidence supports",
+                )
+        if self.evidence_pattern == "single" and len(decisive) != 1:
+            raise _violation(
+                f"a single-evidence case has {len(decisive)} decisive documents",
+                field="evidence",
+                case=case,
+                fix="keep exactly one decisive document, or use evidence_pattern 'order'",
+            )
+        if self.evidence_pattern in ("override", "exception") and not competing:
+            raise _violation(
+                f"evidence_pattern {self.evidence_pattern!r} needs a competing document "
+                "(the superseded version or the general rule)",
+                field="evidence",
+                case=case,
+                fix="add an evidence document with role = 'competing'",
+            )
+        if competing and self.competing_depth is None:
+            raise _violation(
+                "the case has competing evidence but no fixed depth for it",
+                field="competing_depth",
+                case=case,
+                fix="set competing_depth to a depth in [0, 1], e.g. 0.375",
+            )
+        if self.competing_depth is not None:
+            if not competing:
+                raise _violation(
+                    "competing_depth is set but the case has no competing evidence",
+                    field="competing_depth",
+                    case=case,
+                    fix="remove competing_depth or add a document with role = 'competing'",
+                )
+            if not 0.0 <= self.competing_depth <= 1.0:
+                raise _violation(
+                    f"{self.competing_depth} is outside [0, 1]",
+                    field="competing_depth",
+                    case=case,
+                    fix="give a depth between 0 (start of the context) and 1 (end)",
+                )
+
+
+class Suite(_Frozen):
+    """A named, seeded list of cases. ``language`` is ``"mixed"`` only when the cases mix languages."""
+
+    name: str = Field(min_length=1)
+    seed: StrictInt = 0
+    language: Literal["en", "zh", "mixed"]
+    cases: list[Case]
+
+    @model_validator(mode="after")
+    def _check_suite(self) -> Suite:
+        if not self.cases:
+            raise _violation("must not be empty", field="cases", fix="add at least one case")
+        first_index: dict[str, int] = {}
+        for index, case in enumerate(self.cases):
+            if case.id in first_index:
+                raise _violation(
+                    f"duplicate case id {case.id!r} (also cases[{first_index[case.id]}])",
+                    field=f"cases[{index}].id",
+                    fix="give every case its own id",
+                )
+            first_index[case.id] = index
+            if self.language != "mixed" and case.language != self.language:
+                raise _violation(
+                    f"case {case.id!r} has language {case.language!r} in a {self.language!r} suite",
+                    field=f"cases[{index}].language",
+                    fix=f"set the case language to {self.language!r}, or the suite language to 'mixed'",
+                )
+        return self
+
+    def case(self, case_id: str) -> Case:
+        """The case with id ``case_id`` (KeyError if absent)."""
+        for case in self.cases:
+            if case.id == case_id:
+                return case
+        raise KeyError(case_id)
+
+
+# --------------------------------------------------------------------------------------------------------
+# Plan, decoding, systems, matrices
+
+
+class AnalysisPlan(_Frozen):
+    """The frozen statistical plan (research/stats_gate.md). Digested before any run; never changed after."""
+
+    primary_metric: Literal["pass"] = "pass"
+    margin: StrictFloat = Field(default=0.10, gt=0.0, lt=1.0)
+    alpha: StrictFloat = Field(default=0.05, gt=0.0, lt=1.0)
+    n_min: StrictInt = Field(default=40, ge=1)
+    floor: StrictFloat | None = Field(default=None, ge=0.0, le=1.0)
+    fdr_method: Literal["BH", "BY", "holm"] = "BH"
+    stop_rule: Literal["fixed", "one_extension"] = "fixed"
+    max_missing: StrictFloat = Field(default=0.10, ge=0.0, lt=1.0)
+    bootstrap_resamples: StrictInt = Field(default=9999, ge=99)
+    bootstrap_seed: StrictInt = Field(default=0, ge=0)
+
+
+class DecodeParams(_Frozen):
+    """Decoding parameters shared by both arms. One seed per repeat."""
+
+    max_tokens: StrictInt = Field(default=12, ge=1, le=65536)
+    temperature: StrictFloat = Field(default=0.0, ge=0.0, le=2.0)
+    seeds: list[StrictInt] = Field(default_factory=lambda: [0])
+    stop: list[str] = Field(default_factory=lambda: ["\n"])
+
+    @model_validator(mode="after")
+    def _check_decode(self) -> DecodeParams:
+        if not self.seeds:
+            raise _violation("must not be empty", field="seeds", fix="list one seed per repeat, e.g. [0]")
+        for index, seed in enumerate(self.seeds):
+            if not 0 <= seed < 2**63:
+                raise _violation(
+                    f"{seed} is out of range", field=f"seeds[{index}]", fix="use 0 <= seed < 2**63"
+                )
+        if len(set(self.seeds)) != len(self.seeds):
+            raise _violation("contains a repeated seed", field="seeds", fix="make the seeds distinct")
+        for index, stop in enumerate(self.stop):
+            if not stop:
+                raise _violation("is empty", field=f"stop[{index}]", fix="remove the empty stop string")
+        return self
+
+
+class System(_Frozen):
+    """One arm of a comparison: backend, model, tokenizer, chat template and prompt assembler."""
+
+    name: str
+    backend: Backend
+    model: str = Field(min_length=1)
+    tokenizer: str = Field(
+        min_length=1, description='a tokenizer path, or "gguf:" (optionally "gguf:<path>")'
+    )
+    chat_template: str | None = None
+    assembler: str = "default"
+    preamble: str = ""
+    window: StrictInt | None = Field(default=None, ge=1)
+    endpoint: str | None = None
+
+    @model_validator(mode="after")
+    def _check_system(self) -> System:
+        _check_id(self.name, field="name")
+        _check_prompt_text(self.preamble, field="preamble")
+        if not self.assembler.strip():
+            raise _violation("is empty", field="assembler", fix="use 'default' or the name of an assembler")
+        if self.endpoint is not None:
+            if not re.match(r"^https?://[^\s/]+", self.endpoint):
+                raise _violation(
+                    f"{self.endpoint!r} is not an http(s) URL",
+                    field="endpoint",
+                    fix="give a URL such as 'http://127.0.0.1:8000'",
+                )
+            if re.match(r"^https?://[^/\s]*@", self.endpoint) or re.search(
+                r"[?&](api[-_]?key|key|token)=", self.endpoint, re.IGNORECASE
+            ):
+                raise _violation(
+                    "contains credentials",
+                    field="endpoint",
+                    fix="remove them; API keys are read from the environment and never written to a spec",
+                )
+        if self.backend == "vllm-server" and self.endpoint is None:
+            raise _violation(
+                "backend 'vllm-server' needs an endpoint",
+                field="endpoint",
+                fix="set endpoint = 'http://host:port', or use backend 'vllm' for offline inference",
+            )
+        if self.backend == "vllm" and self.endpoint is not None:
+            raise _violation(
+                "backend 'vllm' runs offline and takes no endpoint",
+                field="endpoint",
+                fix="remove endpoint, or use backend 'vllm-server'",
+            )
+        return self
+
+
+class BuiltinSuiteRef(_Frozen):
+    """The built-in generated suite (:func:`depthgate.suites.builtin_suite`)."""
+
+    kind: Literal["builtin"] = "builtin"
+    cases: StrictInt = Field(default=8, ge=1)
+    seed: StrictInt = Field(default=0, ge=0)
+    language: Language = "en"
+
+
+class FileSuiteRef(_Frozen):
+    """A suite file: ``format = "suite"`` (JSON of :class:`Suite`) or ``"incidents"`` (JSONL replay).
+    When ``format`` is omitted it follows the extension: ``.jsonl`` is incidents, anything else a suite.
+    Relative paths are relative to the matrix file."""
+
+    kind: Literal["file"] = "file"
+    path: str = Field(min_length=1)
+    format: Literal["suite", "incidents"] | None = None
+
+    @property
+    def resolved_format(self) -> Literal["suite", "incidents"]:
+        if self.format is not None:
+            return self.format
+        return "incidents" if self.path.endswith(".jsonl") else "suite"
+
+
+def _suite_ref_tag(value: Any) -> str:
+    if isinstance(value, BaseModel):
+        return str(getattr(value, "kind", "builtin"))
+    if isinstance(value, Mapping):
+        if "kind" in value:
+            return str(value["kind"])
+        return "file" if "path" in value else "builtin"
+    return "builtin"
+
+
+def _parse_suite_shorthand(value: Any) -> Any:
+    """``"builtin"``, ``"builtin:8"``, ``"builtin:8:0:en"`` (cases:seed:language) or a path."""
+    if isinstance(value, BaseModel | Mapping):
+        return value
+    if not isinstance(value, str):
+        raise _violation(
+            f"{value!r} is not a suite reference",
+            fix="write a table (kind = 'builtin' with cases, seed, language; or kind = 'file' with path), "
+            "'builtin:<cases>:<seed>:<language>' or a path",
+        )
+    if value == "builtin" or value.startswith("builtin:"):
+        parts = value.split(":")[1:]
+        if len(parts) > 3 or any(not part for part in parts):
+            raise _violation(
+                f"cannot parse {value!r}",
+                fix="write 'builtin:<cases>:<seed>:<language>', e.g. 'builtin:8:0:en', or a table",
+            )
+        ref: dict[str, Any] = {"kind": "builtin"}
+        for key, part in zip(("cases", "seed", "language"), parts, strict=False):
+            if key == "language":
+                ref[key] = part
+            elif part.isdigit():
+                ref[key] = int(part)
+            else:
+                raise _violation(
+                    f"{key} {part!r} in {value!r} is not a number",
+                    fix="write 'builtin:<cases>:<seed>:<language>', e.g. 'builtin:8:0:en'",
+                )
+        return ref
+    return {"kind": "file", "path": value}
+
+
+SuiteRef: TypeAlias = Annotated[
+    Annotated[BuiltinSuiteRef, Tag("builtin")] | Annotated[FileSuiteRef, Tag("file")],
+    Discriminator(
+        _suite_ref_tag,
+        custom_error_type="depthgate_suite_ref",
+        custom_error_message="suite must be a builtin reference or a file reference",
+        custom_error_context={"fix": "use kind = 'builtin' (cases, seed, language) or kind = 'file' (path)"},
+    ),
+    BeforeValidator(_parse_suite_shorthand),
+]
+
+
+def _parse_position(value: Any) -> Any:
+    if isinstance(value, bool):
+        raise _violation(f"{value!r} is not a position", fix="give a depth in [0, 1] or '@<token offset>'")
+    if isinstance(value, int | float):
+        depth = float(value)
+        if not 0.0 <= depth <= 1.0:
+            raise _violation(
+                f"depth {value} is outside [0, 1]",
+                fix="give a depth between 0 and 1, or an absolute token offset as '@<int>'",
+            )
+        return depth
+    if isinstance(value, str):
+        if not _ABSOLUTE_POSITION.match(value):
+            raise _violation(
+                f"{value!r} is not a position",
+                fix="give a depth in [0, 1] such as 0.5, or an absolute token offset such as '@512'",
+            )
+        return value
+    raise _violation(f"{value!r} is not a position", fix="give a depth in [0, 1] or '@<token offset>'")
+
+
+Position: TypeAlias = Annotated[float | str, BeforeValidator(_parse_position)]
+
+
+class Matrix(_Frozen):
+    """A declarative run matrix (``matrices/*.toml``): suite × lengths × positions × repeats, two systems."""
+
+    name: str
+    suite: SuiteRef
+    lengths: list[StrictInt]
+    positions: list[Position]
+    repeats: StrictInt = Field(default=1, ge=1)
+    decode: DecodeParams = DecodeParams()
+    baseline: System
+    candidate: System
+    plan: AnalysisPlan = AnalysisPlan()
+
+    @model_validator(mode="after")
+    def _check_matrix(self) -> Matrix:
+        _check_id(self.name, field="name")
+        if not self.lengths:
+            raise _violation(
+                "must not be empty", field="lengths", fix="list total lengths in tokens, e.g. [1024]"
+            )
+        for index, length in enumerate(self.lengths):
+            if length < 16:
+                raise _violation(
+                    f"length {length} is too small",
+                    field=f"lengths[{index}]",
+                    fix="give total prompt lengths in tokens (>= 16), e.g. 1024",
+                )
+        if len(set(self.lengths)) != len(self.lengths):
+            raise _violation("contains a repeated length", field="lengths", fix="list each length once")
+        if not self.positions:
+            raise _violation(
+                "must not be empty", field="positions", fix="list depths, e.g. [0.0, 0.25, 0.5, 0.75, 1.0]"
+            )
+        if len(set(self.positions)) != len(self.positions):
+            raise _violation("contains a repeated position", field="positions", fix="list each position once")
+        longest = max(self.lengths)
+        for index, position in enumerate(self.positions):
+            if isinstance(position, str) and int(position[1:]) >= longest:
+                raise _violation(
+                    f"offset {position} is beyond the longest length {longest}",
+                    field=f"positions[{index}]",
+                    fix="use an offset smaller than the lengths, or a depth in [0, 1]",
+                )
+        if self.repeats != len(self.decode.seeds):
+            raise _violation(
+                f"repeats = {self.repeats} but decode.seeds has {len(self.decode.seeds)} seed(s)",
+                field="repeats",
+                fix=f"list one seed per repeat, e.g. decode.seeds = {list(range(self.repeats))}",
+            )
+        if self.baseline.name == self.candidate.name:
+            raise _violation(
+                f"baseline and candidate are both named {self.baseline.name!r}",
+                field="candidate.name",
+                fix="give the two systems different names (an A/A run may otherwise use identical settings)",
+            )
+        return self
+
+
+# --------------------------------------------------------------------------------------------------------
+# Loading: every validation error becomes a SpecError naming the file, the field path and the fix
+
+
+def _field_path(parts: Sequence[str | int]) -> str:
+    path = ""
+    for part in parts:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        elif part.startswith("["):
+            path += part
+        elif part:
+            path += f".{part}" if path else part
+    return path
+
+
+def _default_fix(error: Mapping[str, Any], field: str) -> str:
+    kind = str(error["type"])
+    last = field.rsplit(".", 1)[-1] if field else "the value"
+    ctx = error.get("ctx") or {}
+    if "fix" in ctx:
+        return str(ctx["fix"])
+    if kind == "missing":
+        return f"add `{last}`"
+    if kind == "extra_forbidden":
+        return f"remove `{last}` or correct its spelling (depthgate.models.schema() lists the allowed fields)"
+    if kind == "literal_error":
+        return f"use one of {ctx.get('expected', 'the allowed values')}"
+    if kind in {"greater_than", "greater_than_equal", "less_than", "less_than_equal"}:
+        return f"change `{last}`: {str(error['msg']).lower()}"
+    if kind.endswith("_type") or kind.endswith("_parsing"):
+        return f"change `{last}`: {str(error['msg']).lower()}"
+    return f"change `{last}`"
+
+
+def _case_id_at(data: Any, loc: Sequence[str | int]) -> str:
+    """The raw id of the case an error location points into (``cases[i]...``), if it can be read."""
+    if len(loc) >= 2 and loc[0] == "cases" and isinstance(loc[1], int) and isinstance(data, Mapping):
+        cases = data.get("cases")
+        if isinstance(cases, list) and 0 <= loc[1] < len(cases) and isinstance(cases[loc[1]], Mapping):
+            return str(cases[loc[1]].get("id", ""))
+    return ""
+
+
+def spec_error_from_validation(
+    exc: ValidationError, *, file: str | None, data: Any = None, prefix: Sequence[str | int] = ()
+) -> SpecError:
+    """Turn a pydantic ValidationError into one SpecError (file, field path, fix; further errors listed)."""
+    described: list[tuple[str, str, str]] = []
+    for error in exc.errors(include_url=False):
+        loc: list[str | int] = [*prefix]
+        raw_loc = list(error["loc"])
+        for index, part in enumerate(raw_loc):
+            # drop the tag a discriminated union adds (suite.builtin.cases -> suite.cases)
+            if index > 0 and raw_loc[index - 1] == "suite" and part in ("builtin", "file"):
+                continue
+            loc.append(part)
+        ctx = error.get("ctx") or {}
+        if error["type"] == "depthgate_spec":
+            field = _field_path([*loc, str(ctx.get("field", ""))])
+            case = str(ctx.get("case") or _case_id_at(data, list(error["loc"])))
+            message = (f"case '{case}': " if case else "") + str(ctx["detail"])
+            described.append((field, message, str(ctx["fix"])))
+        else:
+            field = _field_path(loc)
+            case = _case_id_at(data, list(error["loc"]))
+            message = (f"case '{case}': " if case else "") + str(error["msg"])
+            described.append((field, message, _default_fix(error, field)))
+    field, message, fix = described[0]
+    if len(described) > 1:
+        others = "; ".join(f"{f or '(root)'}: {m}" for f, m, _ in described[1:6])
+        more = f" and {len(described) - 6} more" if len(described) > 6 else ""
+        message = f"{message} [also {len(described) - 1} other error(s): {others}{more}]"
+    return SpecError(message, file=file, field=field or None, fix=fix)
+
+
+def parse_spec(model: type[M], data: Any, *, file: str | None = None) -> M:
+    """Validate ``data`` as ``model``; any failure is raised as a SpecError naming ``file``, field and fix."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise spec_error_from_validation(exc, file=file, data=data) from exc
+
+
+def _read_text(path: Path, what: str) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise SpecError(f"{what} file not found", file=str(path), fix="check the path") from None
+    except UnicodeDecodeError as exc:
+        raise SpecError(
+            f"not UTF-8 text ({exc.reason})", file=str(path), fix="save the file as UTF-8"
+        ) from None
+    except OSError as exc:
+        raise SpecError(
+            f"cannot read {what} file ({exc.strerror})", file=str(path), fix="check the path"
+        ) from None
+
+
+def load_matrix(path: str | Path) -> Matrix:
+    """Read and validate a matrix TOML file. Every error is a SpecError naming the file, field and fix."""
+    path = Path(path)
+    text = _read_text(path, "matrix")
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise SpecError(
+            f"invalid TOML: {exc}", file=str(path), fix="fix the TOML syntax at the reported line"
+        ) from None
+    return parse_spec(Matrix, data, file=str(path))
+
+
+def load_suite(path: str | Path) -> Suite:
+    """Read and validate a suite JSON file (the JSON of :class:`Suite`)."""
+    path = Path(path)
+    text = _read_text(path, "suite")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise SpecError(
+            f"invalid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}",
+            file=str(path),
+            fix="fix the JSON syntax at the reported line",
+        ) from None
+    return parse_spec(Suite, data, file=str(path))
+
+
+def schema() -> dict[str, dict[str, Any]]:
+    """JSON Schemas of every spec model, by model name."""
+    models: list[type[BaseModel]] = [
+        Claim,
+        EvidenceDoc,
+        Distractor,
+        Case,
+        Suite,
+        AnalysisPlan,
+        DecodeParams,
+        System,
+        BuiltinSuiteRef,
+        FileSuiteRef,
+        Matrix,
+    ]
+    return {model.__name__: model.model_json_schema() for model in models}
+
+
+__all__ = [
+    "SPECIAL_TOKEN_PATTERN",
+    "UNIT_SEPARATORS",
+    "AnalysisPlan",
+    "Backend",
+    "BuiltinSuiteRef",
+    "Case",
+    "Claim",
+    "DecodeParams",
+    "Distractor",
+    "EvidenceDoc",
+    "EvidencePattern",
+    "EvidenceRole",
+    "FileSuiteRef",
+    "Language",
+    "Matrix",
+    "Position",
+    "Risk",
+    "Suite",
+    "SuiteRef",
+    "System",
+    "TaskKind",
+    "canonical_json",
+    "find_special_token",
+    "load_matrix",
+    "load_suite",
+    "parse_spec",
+    "schema",
+    "spec_error_from_validation",
+    "unit_contract_violation",
+]

@@ -1,0 +1,1028 @@
+"""Case suites: the built-in generator, dev/holdout splits, and replay of production incidents.
+
+The generator follows the recipe of research/gemma_position_pilot.md, the one that produced a real
+lost-in-the-middle effect on the embedded Gemma-3-270M base model: facts of a fictional company operations
+handbook, parameterised by region and value; a *cloze* answer prefix (the answer line repeats the evidence
+sentence up to the value); ten distractors with the same sentence template for other regions and values;
+the competing evidence (superseded version, general rule) at a fixed per-case depth balanced over
+{0.125, 0.375, 0.625, 0.875}; only the decisive evidence moves.
+
+Evidence patterns and fact types:
+
+* ``override``  old policy version + newer version that replaces it; the question asks for the current value
+  (hotel_cap, invoice_terms). The strongest position effect in the pilot.
+* ``exception`` general rule for all regions + a regional exception (incident_contact, hotel_cap,
+  invoice_terms).
+* ``single``    one fact: a number with its unit, or a name (hotel_cap, invoice_terms, incident_contact, and
+  expense_signoff — at the floor in the pilot, kept as a known-hard control).
+* ``order``     one evidence block whose two statements must be read in order (first set to X, later changed
+  to Y); the block moves as a whole, so document order never changes meaning.
+* ``negation``  one evidence block that rules out a value before stating the right one.
+* ``absent``    the asked-for fact is not in the context (only distractors): the system must abstain.
+
+Generation is deterministic (:class:`~depthgate.filler.SplitMix64`, no :mod:`random`) and prefix-stable:
+``generate_suite(s, n)`` is the first ``n`` cases of ``generate_suite(s, n + k)``. The ``en`` and ``zh``
+suites of one seed are translations of each other, case by case. The first 8 cases are the pilot's smoke set:
+override, alternating hotel_cap and invoice_terms.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, TypeAlias
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from depthgate.exceptions import SpecError
+from depthgate.filler import SplitMix64
+from depthgate.models import (
+    BuiltinSuiteRef,
+    Case,
+    Claim,
+    Distractor,
+    EvidenceDoc,
+    EvidencePattern,
+    FileSuiteRef,
+    Language,
+    Risk,
+    Suite,
+    TaskKind,
+    load_suite,
+    spec_error_from_validation,
+)
+
+FactType: TypeAlias = Literal["hotel_cap", "invoice_terms", "incident_contact", "expense_signoff"]
+
+#: Depths of the non-moving competing evidence, balanced across the cases of each pattern.
+COMPETING_DEPTHS = (0.125, 0.375, 0.625, 0.875)
+DISTRACTORS_PER_CASE = 10
+SMOKE_CASES = 8
+
+# (English, Chinese, family slug). The en and zh suites of a seed pick the same indices.
+REGIONS: tuple[tuple[str, str, str], ...] = (
+    ("China", "中国", "china"),
+    ("UK", "英国", "uk"),
+    ("Nordics", "北欧", "nordics"),
+    ("Gulf States", "海湾国家", "gulf-states"),
+    ("South-East Asia", "东南亚", "south-east-asia"),
+    ("Japan", "日本", "japan"),
+    ("Korea", "韩国", "korea"),
+    ("India", "印度", "india"),
+    ("Brazil", "巴西", "brazil"),
+    ("Mexico", "墨西哥", "mexico"),
+    ("Canada", "加拿大", "canada"),
+    ("Germany", "德国", "germany"),
+    ("France", "法国", "france"),
+    ("Iberia", "伊比利亚", "iberia"),
+    ("Benelux", "比荷卢", "benelux"),
+    ("Italy", "意大利", "italy"),
+    ("Poland", "波兰", "poland"),
+    ("Turkey", "土耳其", "turkey"),
+    ("South Africa", "南非", "south-africa"),
+    ("Australia", "澳大利亚", "australia"),
+    ("New Zealand", "新西兰", "new-zealand"),
+    ("Central America", "中美洲", "central-america"),
+    ("Andean States", "安第斯国家", "andean-states"),
+    ("Baltics", "波罗的海国家", "baltics"),
+)
+
+NAMES_EN = (
+    "Grace Mbeki",
+    "Anna Lindqvist",
+    "Tomás Herrera",
+    "Priya Raman",
+    "Daniel Okafor",
+    "Mei Tanaka",
+    "Lukas Brandt",
+    "Sofia Marino",
+    "Omar Haddad",
+    "Claire Dubois",
+    "Rahul Mehta",
+    "Elena Petrova",
+    "James Whitaker",
+    "Aisha Bello",
+    "Kenji Watanabe",
+    "Laura Gómez",
+    "Pieter de Vries",
+    "Hannah Kowalski",
+    "Samuel Mensah",
+    "Ingrid Solberg",
+    "Marco Bianchi",
+    "Yusuf Demir",
+    "Chloe Martin",
+    "Arjun Nair",
+    "Fatima Benali",
+    "Oliver Grant",
+    "Nadia Rahman",
+    "Victor Almeida",
+    "Emma Schultz",
+    "Diego Castillo",
+    "Leila Karimi",
+    "Patrick O'Neill",
+    "Sven Eriksen",
+    "Julia Novak",
+    "Kwame Asante",
+    "Isabel Fonseca",
+    "Hiroshi Sato",
+    "Zoe Papadopoulos",
+    "Ravi Kapoor",
+    "Lina Haddou",
+)
+
+NAMES_ZH = (
+    "王芳",
+    "李伟",
+    "张敏",
+    "刘洋",
+    "陈静",
+    "杨磊",
+    "赵丽",
+    "黄强",
+    "周婷",
+    "吴军",
+    "徐丹",
+    "孙浩",
+    "胡颖",
+    "朱鹏",
+    "高洁",
+    "林峰",
+    "何雪",
+    "郭涛",
+    "马琳",
+    "罗斌",
+    "梁爽",
+    "宋佳",
+    "郑凯",
+    "谢楠",
+    "韩冰",
+    "唐亮",
+    "冯雨",
+    "于晨",
+    "董青",
+    "萧然",
+    "程远",
+    "曹阳",
+    "袁媛",
+    "邓超",
+    "许诺",
+    "傅宁",
+    "沈琪",
+    "曾瑞",
+    "彭博",
+    "吕欣",
+)
+
+HOTEL_RATES = tuple(range(120, 481, 5))  # USD per night
+PAYMENT_TERMS = tuple(range(10, 121, 5))  # days
+EXPENSE_THRESHOLDS = ("2,000", "5,000", "10,000", "25,000")  # USD
+
+_RISK: dict[str, Risk] = {
+    "hotel_cap": "low",
+    "invoice_terms": "medium",
+    "incident_contact": "high",
+    "expense_signoff": "high",
+}
+
+# After the smoke set, the generator cycles through these 20 slots: 4 override, 4 exception, 5 single,
+# 2 order, 2 negation, 3 evidence-absent. A slot whose (fact type, region, value) space is exhausted is
+# skipped.
+_SCHEDULE: tuple[tuple[EvidencePattern, FactType], ...] = (
+    ("override", "hotel_cap"),
+    ("exception", "incident_contact"),
+    ("single", "hotel_cap"),
+    ("override", "invoice_terms"),
+    ("single", "invoice_terms"),
+    ("order", "hotel_cap"),
+    ("negation", "invoice_terms"),
+    ("single", "incident_contact"),
+    ("absent", "hotel_cap"),
+    ("exception", "hotel_cap"),
+    ("override", "hotel_cap"),
+    ("exception", "incident_contact"),
+    ("single", "invoice_terms"),
+    ("override", "invoice_terms"),
+    ("order", "invoice_terms"),
+    ("negation", "hotel_cap"),
+    ("single", "expense_signoff"),
+    ("absent", "invoice_terms"),
+    ("exception", "invoice_terms"),
+    ("absent", "incident_contact"),
+)
+
+
+def _slot(index: int) -> tuple[EvidencePattern, FactType]:
+    if index < SMOKE_CASES:
+        return ("override", "hotel_cap" if index % 2 == 0 else "invoice_terms")
+    return _SCHEDULE[(index - SMOKE_CASES) % len(_SCHEDULE)]
+
+
+# --------------------------------------------------------------------------------------------------------
+# Sentences. Each fact type has a stem that ends right before the value (the cloze), in both languages.
+
+
+@dataclass(frozen=True)
+class _Value:
+    """A value in language-neutral form: a number, or an index into the name pools."""
+
+    number: int | None = None
+    name: int | None = None
+
+    def key(self) -> str:
+        return f"n{self.number}" if self.number is not None else f"p{self.name}"
+
+
+class _Writer:
+    """Renders the sentences of one language."""
+
+    def __init__(self, language: Language) -> None:
+        self.language = language
+        self.zh = language == "zh"
+
+    def region(self, index: int) -> str:
+        return REGIONS[index][1] if self.zh else REGIONS[index][0]
+
+    def name(self, index: int) -> str:
+        return NAMES_ZH[index] if self.zh else NAMES_EN[index]
+
+    # value surface forms -------------------------------------------------------------------------------
+
+    def value(self, fact: FactType, value: _Value) -> str:
+        if value.name is not None:
+            return self.name(value.name)
+        return str(value.number)
+
+    def unit(self, fact: FactType) -> str | None:
+        if fact == "hotel_cap":
+            return "美元/晚" if self.zh else "USD per night"
+        if fact == "invoice_terms":
+            return "天" if self.zh else "days"
+        return None
+
+    def with_unit(self, fact: FactType, value: _Value) -> str:
+        """The value as it follows the cloze stem: ' 245 USD per night' / '245美元'."""
+        text = self.value(fact, value)
+        if fact == "hotel_cap":
+            return f"{text}美元" if self.zh else f" {text} USD per night"
+        if fact == "invoice_terms":
+            return f"{text}天内付清" if self.zh else f" {text} days"
+        return text if self.zh else f" {text}"
+
+    def aliases(self, fact: FactType, value: _Value) -> list[str]:
+        text = self.value(fact, value)
+        if fact == "hotel_cap":
+            return (
+                [f"每晚{text}美元", f"{text}美元", text]
+                if self.zh
+                else [f"{text} USD per night", f"{text} USD", text]
+            )
+        if fact == "invoice_terms":
+            return [f"{text}天", text] if self.zh else [f"{text} days", text]
+        if self.zh:
+            return [text]
+        return [text, text.split(" ", 1)[1]]  # surnames ("de Vries") are unique within the name pool
+
+    def end(self) -> str:
+        return "。" if self.zh else "."
+
+    # plain fact sentences: the single evidence, the distractors ------------------------------------------
+
+    def stem(self, fact: FactType, region: int, threshold: str = "") -> str:
+        """The plain sentence up to the value; also the cloze answer prefix of a single-evidence question."""
+        r = self.region(region)
+        if fact == "hotel_cap":
+            return (
+                f"{r}区域商务差旅的最高酒店房价为每晚"
+                if self.zh
+                else (f"The maximum hotel rate for business travel in region {r} is")
+            )
+        if fact == "invoice_terms":
+            return (
+                f"{r}区域的供应商发票必须在"
+                if self.zh
+                else f"Supplier invoices in region {r} must be paid within"
+            )
+        if fact == "incident_contact":
+            return (
+                f"{r}区域的安全事件必须报告给"
+                if self.zh
+                else f"Security incidents in region {r} must be reported to"
+            )
+        return (
+            f"{r}区域超过{threshold}美元的费用审批须由"
+            if self.zh
+            else (f"Expense approvals above {threshold} USD in region {r} require sign-off by")
+        )
+
+    def fact(self, fact: FactType, region: int, value: _Value, threshold: str = "") -> str:
+        """The plain fact sentence (no leading separator)."""
+        stem = self.stem(fact, region, threshold)
+        tail = self.with_unit(fact, value)
+        if fact == "invoice_terms" and not self.zh:
+            return f"{stem}{tail}."
+        if fact == "expense_signoff":
+            return f"{stem}{tail}签字批准。" if self.zh else f"{stem}{tail}."
+        return f"{stem}{tail}{self.end()}"
+
+    def question(self, fact: FactType, region: int, threshold: str = "", current: bool = False) -> str:
+        r = self.region(region)
+        if self.zh:
+            policy = {"hotel_cap": "根据现行差旅政策，", "invoice_terms": "根据现行财务政策，"}.get(fact, "")
+            prefix = policy if current else ""
+            return {
+                "hotel_cap": f"{prefix}{r}区域商务差旅的最高酒店房价是每晚多少美元？",
+                "invoice_terms": f"{prefix}{r}区域的供应商发票必须在多少天内付清？",
+                "incident_contact": f"{r}区域的安全事件必须报告给谁？",
+                "expense_signoff": f"{r}区域超过{threshold}美元的费用审批须由谁签字批准？",
+            }[fact]
+        if current and fact == "hotel_cap":
+            return (
+                "Under the current travel policy, what is the maximum hotel rate for business travel "
+                f"in region {r}?"
+            )
+        if current and fact == "invoice_terms":
+            return (
+                "Under the current finance policy, within how many days must supplier invoices "
+                f"in region {r} be paid?"
+            )
+        return {
+            "hotel_cap": f"What is the maximum hotel rate for business travel in region {r}?",
+            "invoice_terms": f"Within how many days must supplier invoices in region {r} be paid?",
+            "incident_contact": f"To whom must security incidents in region {r} be reported?",
+            "expense_signoff": f"Who must sign off expense approvals above {threshold} USD in region {r}?",
+        }[fact]
+
+    def answer_prefix(self, fact: FactType, region: int, threshold: str = "", current: bool = False) -> str:
+        stem = self.stem(fact, region, threshold)
+        if not current:
+            return stem
+        if self.zh:
+            return {"hotel_cap": "根据现行差旅政策，", "invoice_terms": "根据现行财务政策，"}[fact] + stem
+        policy = "travel" if fact == "hotel_cap" else "finance"
+        return f"Under the current {policy} policy, {stem[0].lower()}{stem[1:]}"
+
+    # two-evidence and block patterns ----------------------------------------------------------------------
+
+    def override(
+        self, fact: FactType, region: int, value: _Value, version: int, year: int, replaces: bool
+    ) -> str:
+        r = self.region(region)
+        v = self.value(fact, value)
+        if self.zh:
+            policy = "差旅政策" if fact == "hotel_cap" else "财务政策"
+            head = f"{policy}第{version}版（{year}年）" + (f"取代第{version - 1}版" if replaces else "")
+            return f"{head}：{self.fact(fact, region, value)}"
+        policy = "Travel" if fact == "hotel_cap" else "Finance"
+        head = f"{policy} policy version {version} ({year})" + (
+            f", which replaces version {version - 1}" if replaces else ""
+        )
+        if fact == "hotel_cap":
+            body = f"the maximum hotel rate for business travel in region {r} is {v} USD per night."
+        else:
+            body = f"supplier invoices in region {r} must be paid within {v} days."
+        return f"{head}: {body}"
+
+    def general_rule(self, fact: FactType, value: _Value) -> str:
+        v = self.value(fact, value)
+        if self.zh:
+            return {
+                "hotel_cap": f"所有区域商务差旅的最高酒店房价为每晚{v}美元。",
+                "invoice_terms": f"所有区域的供应商发票必须在{v}天内付清。",
+                "incident_contact": f"所有区域的安全事件都必须报告给首席安全官{v}。",
+            }[fact]
+        return {
+            "hotel_cap": f"The maximum hotel rate for business travel in all regions is {v} USD per night.",
+            "invoice_terms": f"Supplier invoices in all regions must be paid within {v} days.",
+            "incident_contact": (
+                f"Security incidents in all regions must be reported to the chief security officer, {v}."
+            ),
+        }[fact]
+
+    def exception(self, fact: FactType, region: int, value: _Value) -> str:
+        r = self.region(region)
+        v = self.value(fact, value)
+        if self.zh:
+            return {
+                "hotel_cap": f"例外：{r}区域商务差旅的最高酒店房价改为每晚{v}美元。",
+                "invoice_terms": f"例外：{r}区域的供应商发票改为必须在{v}天内付清。",
+                "incident_contact": f"例外：{r}区域的安全事件必须改为报告给{v}。",
+            }[fact]
+        return {
+            "hotel_cap": (
+                f"Exception: in region {r}, the maximum hotel rate for business travel is {v} USD per night "
+                "instead."
+            ),
+            "invoice_terms": (
+                f"Exception: in region {r}, supplier invoices must be paid within {v} days instead."
+            ),
+            "incident_contact": (
+                f"Exception: in region {r}, security incidents must be reported to {v} instead."
+            ),
+        }[fact]
+
+    def order(self, fact: FactType, region: int, old: _Value, new: _Value, year: int) -> str:
+        r = self.region(region)
+        o, n = self.value(fact, old), self.value(fact, new)
+        if self.zh:
+            if fact == "hotel_cap":
+                return f"{r}区域商务差旅的最高酒店房价最初定为每晚{o}美元，{year}年复审后改为每晚{n}美元。"
+            return f"{r}区域的供应商发票最初须在{o}天内付清，{year}年复审后改为须在{n}天内付清。"
+        if fact == "hotel_cap":
+            return (
+                f"In region {r} the maximum hotel rate for business travel was first set at {o} USD per "
+                "night; "
+                f"after the {year} review it was changed to {n} USD per night."
+            )
+        return (
+            f"In region {r} supplier invoices were first to be paid within {o} days; "
+            f"after the {year} review the term was changed to {n} days."
+        )
+
+    def negation(self, fact: FactType, region: int, old: _Value, new: _Value) -> str:
+        r = self.region(region)
+        o = self.value(fact, old)
+        plain = self.fact(fact, region, new)
+        if self.zh:
+            if fact == "hotel_cap":
+                return f"部分纸质版本中列出的每晚{o}美元不适用于{r}区域；{plain}"
+            return f"部分纸质版本中列出的{o}天付款期限不适用于{r}区域；{plain}"
+        lowered = plain[0].lower() + plain[1:]
+        if fact == "hotel_cap":
+            head = f"The figure of {o} USD per night shown in some printed copies"
+        else:
+            head = f"The payment term of {o} days shown in some printed copies"
+        return f"{head} does not apply in region {r}; {lowered}"
+
+    def claim_text(self, prefix: str, fact: FactType, value: _Value) -> str:
+        tail = self.with_unit(fact, value)
+        if fact == "invoice_terms" and self.zh:
+            return f"{prefix}{tail}。"
+        if fact == "expense_signoff" and self.zh:
+            return f"{prefix}{tail}签字批准。"
+        return f"{prefix}{tail}{self.end()}"
+
+
+# --------------------------------------------------------------------------------------------------------
+# The generator
+
+
+def _values(fact: FactType) -> list[_Value]:
+    if fact == "hotel_cap":
+        return [_Value(number=n) for n in HOTEL_RATES]
+    if fact == "invoice_terms":
+        return [_Value(number=n) for n in PAYMENT_TERMS]
+    return [_Value(name=i) for i in range(len(NAMES_EN))]
+
+
+class _Generator:
+    """Sequential, prefix-stable case generation. Everything it decides depends on earlier cases only."""
+
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
+        self.used: set[tuple[str, int, str]] = set()  # (fact type, region, value key); "" for absent
+        self.region_orders: dict[str, list[int]] = {}
+        self.region_pointer: dict[str, int] = {}
+        self.competing_count: dict[str, int] = {}
+
+    def _region_cycle(self, fact: str) -> Iterator[int]:
+        """Regions in a per-(seed, fact) shuffled cycle, starting where the last case of this fact stopped."""
+        if fact not in self.region_orders:
+            order = list(range(len(REGIONS)))
+            SplitMix64("depthgate/suite/regions/v1", self.seed, fact).shuffle(order)
+            self.region_orders[fact] = order
+            self.region_pointer[fact] = 0
+        order = self.region_orders[fact]
+        start = self.region_pointer[fact]
+        for step in range(len(order)):
+            self.region_pointer[fact] = (start + step + 1) % len(order)
+            yield order[(start + step) % len(order)]
+
+    def competing_depth(self, pattern: str) -> float:
+        count = self.competing_count.get(pattern, 0)
+        self.competing_count[pattern] = count + 1
+        block = list(COMPETING_DEPTHS)
+        SplitMix64("depthgate/suite/competing/v1", self.seed, pattern, count // len(block)).shuffle(block)
+        return block[count % len(block)]
+
+    def draw(self, index: int, pattern: EvidencePattern, fact: FactType) -> _Draw | None:
+        """Region, values and distractors of case ``index``, or None if this slot's space is exhausted."""
+        rng = SplitMix64("depthgate/suite/case/v1", self.seed, index)
+        values = _values(fact)
+        for region in self._region_cycle(fact):
+            if pattern == "absent":
+                if (fact, region, "") in self.used:
+                    continue
+                answer = None
+            else:
+                free = [v for v in values if (fact, region, v.key()) not in self.used]
+                if not free:
+                    continue
+                answer = rng.choice(free)
+            others = [v for v in values if answer is None or v.key() != answer.key()]
+            needs_old = pattern in ("override", "exception", "order", "negation")
+            picked = rng.sample(others, DISTRACTORS_PER_CASE + (1 if needs_old else 0))
+            old = picked.pop() if needs_old else None
+            other_regions = [r for r in range(len(REGIONS)) if r != region]
+            threshold_index = rng.below(len(EXPENSE_THRESHOLDS))
+            if fact == "expense_signoff":
+                # two hard distractors: same region, another threshold (pilot §3)
+                hard = [t for t in range(len(EXPENSE_THRESHOLDS)) if t != threshold_index]
+                hard_thresholds = rng.sample(hard, 2)
+                distractor_regions = [region, region, *rng.sample(other_regions, DISTRACTORS_PER_CASE - 2)]
+                distractor_thresholds = [*hard_thresholds, *[threshold_index] * (DISTRACTORS_PER_CASE - 2)]
+                order = list(range(DISTRACTORS_PER_CASE))
+                rng.shuffle(order)
+                distractor_regions = [distractor_regions[i] for i in order]
+                distractor_thresholds = [distractor_thresholds[i] for i in order]
+            else:
+                distractor_regions = rng.sample(other_regions, DISTRACTORS_PER_CASE)
+                distractor_thresholds = [threshold_index] * DISTRACTORS_PER_CASE
+            self.used.add((fact, region, answer.key() if answer is not None else ""))
+            version = 2 + rng.below(5)
+            year = 2019 + rng.below(5)
+            return _Draw(
+                region=region,
+                answer=answer,
+                old=old,
+                distractor_values=picked,
+                distractor_regions=distractor_regions,
+                distractor_thresholds=distractor_thresholds,
+                threshold=threshold_index,
+                version=version,
+                year_old=year,
+                year_new=year + 1 + rng.below(2),
+                competing_depth=self.competing_depth(pattern)
+                if pattern in ("override", "exception")
+                else None,
+            )
+        return None
+
+
+@dataclass(frozen=True)
+class _Draw:
+    region: int
+    answer: _Value | None
+    old: _Value | None
+    distractor_values: list[_Value]
+    distractor_regions: list[int]
+    distractor_thresholds: list[int]
+    threshold: int
+    version: int
+    year_old: int
+    year_new: int
+    competing_depth: float | None
+
+
+def _build_case(case_id: str, pattern: EvidencePattern, fact: FactType, draw: _Draw, writer: _Writer) -> Case:
+    region = draw.region
+    threshold = EXPENSE_THRESHOLDS[draw.threshold]
+    current = pattern in ("override", "order")
+    query = writer.question(fact, region, threshold, current=current)
+    prefix = writer.answer_prefix(fact, region, threshold, current=current)
+    evidence: list[EvidenceDoc] = []
+    required: list[Claim] = []
+    forbidden: list[Claim] = []
+    answer, old = draw.answer, draw.old
+
+    if answer is not None:
+        required.append(
+            Claim(
+                id="answer",
+                text=writer.claim_text(prefix, fact, answer),
+                aliases=writer.aliases(fact, answer),
+                value=writer.value(fact, answer),
+                unit=writer.unit(fact),
+            )
+        )
+    if old is not None:
+        forbidden.append(
+            Claim(
+                id="competing" if pattern in ("override", "exception") else "ruled_out",
+                text=writer.claim_text(prefix, fact, old),
+                aliases=writer.aliases(fact, old),
+                value=writer.value(fact, old),
+                unit=writer.unit(fact),
+            )
+        )
+
+    if pattern == "single" and answer is not None:
+        evidence.append(
+            EvidenceDoc(
+                id=f"{case_id}/evidence",
+                text=" " + writer.fact(fact, region, answer, threshold),
+                supports=["answer"],
+            )
+        )
+    elif pattern == "override" and answer is not None and old is not None:
+        evidence.append(
+            EvidenceDoc(
+                id=f"{case_id}/v{draw.version}",
+                version=str(draw.version),
+                text=" " + writer.override(fact, region, old, draw.version, draw.year_old, replaces=False),
+                supports=["competing"],
+                role="competing",
+            )
+        )
+        evidence.append(
+            EvidenceDoc(
+                id=f"{case_id}/v{draw.version + 1}",
+                version=str(draw.version + 1),
+                text=" "
+                + writer.override(fact, region, answer, draw.version + 1, draw.year_new, replaces=True),
+                supports=["answer"],
+            )
+        )
+    elif pattern == "exception" and answer is not None and old is not None:
+        evidence.append(
+            EvidenceDoc(
+                id=f"{case_id}/general",
+                text=" " + writer.general_rule(fact, old),
+                supports=["competing"],
+                role="competing",
+            )
+        )
+        evidence.append(
+            EvidenceDoc(
+                id=f"{case_id}/exception",
+                text=" " + writer.exception(fact, region, answer),
+                supports=["answer"],
+            )
+        )
+    elif pattern == "order" and answer is not None and old is not None:
+        evidence.append(
+            EvidenceDoc(
+                id=f"{case_id}/history",
+                text=" " + writer.order(fact, region, old, answer, min(draw.year_new, 2025)),
+                supports=["answer"],
+            )
+        )
+    elif pattern == "negation" and answer is not None and old is not None:
+        evidence.append(
+            EvidenceDoc(
+                id=f"{case_id}/evidence",
+                text=" " + writer.negation(fact, region, old, answer),
+                supports=["answer"],
+            )
+        )
+
+    distractors: list[Distractor] = []
+    for number, (value, d_region, d_threshold) in enumerate(
+        zip(draw.distractor_values, draw.distractor_regions, draw.distractor_thresholds, strict=True), start=1
+    ):
+        d_threshold_text = EXPENSE_THRESHOLDS[d_threshold]
+        sentence = writer.fact(fact, d_region, value, d_threshold_text)
+        distractors.append(Distractor(id=f"{case_id}/d{number:02d}", text=" " + sentence))
+        forbidden.append(
+            Claim(
+                id=f"distractor_{number:02d}",
+                text=sentence,
+                aliases=writer.aliases(fact, value),
+                value=writer.value(fact, value),
+                unit=writer.unit(fact),
+            )
+        )
+
+    expected: dict[str, str] = {"region": writer.region(region)}
+    if answer is not None:
+        expected["value"] = writer.value(fact, answer)
+        unit = writer.unit(fact)
+        if unit is not None:
+            expected["unit"] = unit
+    else:
+        expected["value"] = ""
+        expected["abstain"] = "true"
+    if fact == "expense_signoff":
+        expected["threshold"] = f"{threshold}美元" if writer.zh else f"{threshold} USD"
+
+    return Case(
+        id=case_id,
+        kind="extraction" if pattern == "single" else "qa",
+        evidence_pattern=pattern,
+        language=writer.language,
+        risk=_RISK[fact],
+        query=query,
+        answer_prefix=prefix,
+        evidence=evidence,
+        distractors=distractors,
+        required_claims=required,
+        forbidden_claims=forbidden,
+        expected_fields=expected,
+        abstain_when_absent=True,
+        family=f"{fact}:{REGIONS[region][2]}",
+        competing_depth=draw.competing_depth,
+    )
+
+
+def _check_language(language: str) -> Language:
+    if language == "en":
+        return "en"
+    if language == "zh":
+        return "zh"
+    raise SpecError(f"unknown suite language {language!r}", field="language", fix="use 'en' or 'zh'")
+
+
+def _check_non_negative(value: int, field: str, *, minimum: int = 0) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise SpecError(f"{value!r} is not a valid {field}", field=field, fix=f"give an integer >= {minimum}")
+
+
+def generate_suite(seed: int, n_cases: int, language: Language | str = "en") -> Suite:
+    """``n_cases`` generated cases (see the module docstring). Deterministic and prefix-stable."""
+    _check_non_negative(seed, "seed")
+    _check_non_negative(n_cases, "n_cases", minimum=1)
+    lang = _check_language(language)
+    writer = _Writer(lang)
+    generator = _Generator(seed)
+    cases: list[Case] = []
+    slot = 0
+    misses = 0
+    while len(cases) < n_cases:
+        pattern, fact = _slot(slot)
+        slot += 1
+        index = len(cases)
+        draw = generator.draw(index, pattern, fact)
+        if draw is None:
+            misses += 1
+            if misses > len(_SCHEDULE) + SMOKE_CASES:
+                raise SpecError(
+                    f"cannot generate {n_cases} distinct cases from one seed (stopped at {len(cases)})",
+                    field="n_cases",
+                    fix="ask for fewer cases, or combine the suites of several seeds",
+                )
+            continue
+        misses = 0
+        case_id = f"{lang}-s{seed}-{index:04d}-{pattern}-{fact}"
+        cases.append(_build_case(case_id, pattern, fact, draw, writer))
+    return Suite(name=f"generated-{lang}-s{seed}", seed=seed, language=lang, cases=cases)
+
+
+def builtin_suite(n_cases: int = SMOKE_CASES, seed: int = 0, language: Language | str = "en") -> Suite:
+    """The built-in suite: the first ``n_cases`` generated cases (the default 8 are the pilot's smoke set)."""
+    suite = generate_suite(seed, n_cases, language)
+    return suite.model_copy(update={"name": f"builtin-{suite.language}-s{seed}-n{n_cases}"})
+
+
+# --------------------------------------------------------------------------------------------------------
+# Splits
+
+
+def split_suite(suite: Suite, holdout_fraction: float, seed: int) -> tuple[Suite, Suite]:
+    """Split into (dev, holdout) by document family, so a family never spans both splits.
+
+    Families are taken in the order of ``sha256(seed, family)`` into the holdout until it holds at least
+    ``round(holdout_fraction * len(cases))`` cases (at least one family). Case order is preserved.
+    """
+    if isinstance(holdout_fraction, bool) or not isinstance(holdout_fraction, int | float):
+        raise SpecError(
+            f"{holdout_fraction!r} is not a fraction", field="holdout_fraction", fix="give 0 < f < 1"
+        )
+    if not 0.0 < holdout_fraction < 1.0:
+        raise SpecError(
+            f"holdout fraction {holdout_fraction} is outside (0, 1)",
+            field="holdout_fraction",
+            fix="give a fraction strictly between 0 and 1, e.g. 0.3",
+        )
+    _check_non_negative(seed, "seed")
+    sizes: dict[str, int] = {}
+    for case in suite.cases:
+        sizes[case.family] = sizes.get(case.family, 0) + 1
+    if len(sizes) < 2:
+        raise SpecError(
+            f"suite {suite.name!r} has a single document family; it cannot be split",
+            field="family",
+            fix="give the cases more than one family",
+        )
+
+    def rank(family: str) -> str:
+        return hashlib.sha256(f"depthgate/split/v1\x1f{seed}\x1f{family}".encode()).hexdigest()
+
+    target = max(1, round(holdout_fraction * len(suite.cases)))
+    holdout_families: set[str] = set()
+    taken = 0
+    for family in sorted(sizes, key=rank):
+        if taken >= target or len(holdout_families) == len(sizes) - 1:
+            break
+        holdout_families.add(family)
+        taken += sizes[family]
+    dev = [case for case in suite.cases if case.family not in holdout_families]
+    holdout = [case for case in suite.cases if case.family in holdout_families]
+    return (
+        suite.model_copy(update={"name": f"{suite.name}/dev", "cases": dev}),
+        suite.model_copy(update={"name": f"{suite.name}/holdout", "cases": holdout}),
+    )
+
+
+# --------------------------------------------------------------------------------------------------------
+# Incident replay
+
+
+class _IncidentModel(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", coerce_numbers_to_str=True)
+
+
+class IncidentDocument(_IncidentModel):
+    id: str = Field(min_length=1)
+    version: str = "1"
+    text: str
+
+
+class IncidentClaim(_IncidentModel):
+    id: str = Field(min_length=1)
+    text: str = Field(min_length=1)
+    aliases: list[str] = Field(default_factory=list)
+    value: str | None = None
+    unit: str | None = None
+
+
+class IncidentRecord(_IncidentModel):
+    """One line of an incidents JSONL file: a production prompt that went wrong, replayed as a case."""
+
+    id: str | None = None
+    documents: list[IncidentDocument]
+    query: str
+    evidence_ids: list[str]
+    claims: list[IncidentClaim] = Field(default_factory=list)
+    answer_prefix: str = ""
+    forbidden: list[IncidentClaim | str] = Field(default_factory=list)
+    language: Language = "en"
+    risk: Risk = "high"
+    kind: TaskKind = "qa"
+    evidence_pattern: EvidencePattern | None = None
+    family: str | None = None
+    expected_fields: dict[str, str] = Field(default_factory=dict)
+
+
+def _incident_to_case(record: IncidentRecord, lineno: int, where: str) -> Case:
+    case_id = record.id or f"incident-{lineno:04d}"
+    by_id: dict[str, int] = {}
+    for index, document in enumerate(record.documents):
+        if document.id in by_id:
+            raise SpecError(
+                f"duplicate document id {document.id!r} (also documents[{by_id[document.id]}])",
+                file=where,
+                field=f"documents[{index}].id",
+                fix="give every document its own id",
+            )
+        by_id[document.id] = index
+    for index, evidence_id in enumerate(record.evidence_ids):
+        if evidence_id not in by_id:
+            raise SpecError(
+                f"evidence id {evidence_id!r} is not the id of any document",
+                file=where,
+                field=f"evidence_ids[{index}]",
+                fix=f"use one of {sorted(by_id)}",
+            )
+    for index, document in enumerate(record.documents):
+        if not document.text.strip():
+            raise SpecError(
+                "document text is empty",
+                file=where,
+                field=f"documents[{index}].text",
+                fix="give the document text",
+            )
+    claim_ids = [claim.id for claim in record.claims]
+    evidence_set = set(record.evidence_ids)
+    evidence: list[dict[str, Any]] = []
+    distractors: list[dict[str, Any]] = []
+    field_map: dict[str, str] = {}  # Case field -> field of the incident line
+    for index, document in enumerate(record.documents):
+        text = " " + document.text.strip()
+        if document.id in evidence_set:
+            field_map[f"evidence[{len(evidence)}]"] = f"documents[{index}]"
+            evidence.append(
+                {"id": document.id, "version": document.version, "text": text, "supports": claim_ids}
+            )
+        else:
+            field_map[f"distractors[{len(distractors)}]"] = f"documents[{index}]"
+            distractors.append({"id": document.id, "text": text})
+    forbidden: list[dict[str, Any]] = []
+    for index, item in enumerate(record.forbidden):
+        if isinstance(item, str):
+            forbidden.append({"id": f"forbidden_{index + 1:02d}", "text": item, "aliases": [item]})
+        else:
+            forbidden.append(item.model_dump())
+    field_map.update(
+        {"evidence": "evidence_ids", "required_claims": "claims", "forbidden_claims": "forbidden"}
+    )
+    pattern = record.evidence_pattern
+    if pattern is None:
+        pattern = "absent" if not evidence else "single" if len(evidence) == 1 else "order"
+    data: dict[str, Any] = {
+        "id": case_id,
+        "kind": record.kind,
+        "evidence_pattern": pattern,
+        "language": record.language,
+        "risk": record.risk,
+        "query": record.query.strip(),
+        "answer_prefix": record.answer_prefix.strip(),
+        "evidence": evidence,
+        "distractors": distractors,
+        "required_claims": [claim.model_dump() for claim in record.claims],
+        "forbidden_claims": forbidden,
+        "expected_fields": record.expected_fields,
+        "abstain_when_absent": True,
+        "family": record.family or case_id,
+    }
+    try:
+        return Case.model_validate(data)
+    except ValidationError as exc:
+        error = spec_error_from_validation(exc, file=where)
+        field = error.field or ""
+        for case_field, line_field in field_map.items():  # indexed entries come first
+            if field == case_field or field.startswith((case_field + ".", case_field + "[")):
+                field = line_field + field[len(case_field) :]
+                break
+        raise SpecError(error.message, file=where, field=field or None, fix=error.fix) from exc
+
+
+def import_incidents(jsonl_path: str | Path) -> Suite:
+    """Replay production incidents: one JSON object per line (blank lines and ``#`` comments are skipped).
+
+    Each line has ``documents`` ([{id, version, text}]), ``query``, ``evidence_ids`` (the documents that
+    support the answer; the others become distractors), ``claims`` ([{id, text, aliases}], required), and
+    optionally ``answer_prefix``, ``forbidden`` (claims or plain strings), ``id``, ``language``, ``risk``,
+    ``kind``, ``evidence_pattern``, ``family``, ``expected_fields``. Document text is stripped and given the
+    unit separator " ". Errors name the file and line (``path:line``), the field and the fix.
+    """
+    path = Path(jsonl_path)
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        raise SpecError("incidents file not found", file=str(path), fix="check the path") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpecError(
+            f"cannot read incidents file ({exc})", file=str(path), fix="give a UTF-8 JSONL file"
+        ) from None
+    cases: list[Case] = []
+    first_line: dict[str, int] = {}
+    for lineno, line in enumerate(lines, start=1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        where = f"{path}:{lineno}"
+        try:
+            raw = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise SpecError(
+                f"not valid JSON: {exc.msg} at column {exc.colno}",
+                file=where,
+                field="(line)",
+                fix="write one complete JSON object per line",
+            ) from None
+        if not isinstance(raw, dict):
+            raise SpecError(
+                f"expected a JSON object, got {type(raw).__name__}",
+                file=where,
+                field="(line)",
+                fix="write one JSON object per line",
+            )
+        try:
+            record = IncidentRecord.model_validate(raw)
+        except ValidationError as exc:
+            raise spec_error_from_validation(exc, file=where, data=raw) from exc
+        case = _incident_to_case(record, lineno, where)
+        if case.id in first_line:
+            raise SpecError(
+                f"duplicate incident id {case.id!r} (also line {first_line[case.id]})",
+                file=where,
+                field="id",
+                fix="give every incident its own id",
+            )
+        first_line[case.id] = lineno
+        cases.append(case)
+    if not cases:
+        raise SpecError("no incidents in file", file=str(path), fix="add one JSON object per line")
+    languages = {case.language for case in cases}
+    language: Literal["en", "zh", "mixed"] = "mixed" if len(languages) > 1 else cases[0].language
+    return Suite(name=f"incidents-{path.stem}", seed=0, language=language, cases=cases)
+
+
+def resolve_suite(ref: BuiltinSuiteRef | FileSuiteRef, *, base_dir: str | Path | None = None) -> Suite:
+    """The suite a matrix refers to; relative paths resolve against ``base_dir``, the matrix dir."""
+    if isinstance(ref, BuiltinSuiteRef):
+        return builtin_suite(ref.cases, ref.seed, ref.language)
+    path = Path(ref.path)
+    if not path.is_absolute() and base_dir is not None:
+        path = Path(base_dir) / path
+    if ref.resolved_format == "incidents":
+        return import_incidents(path)
+    return load_suite(path)
+
+
+__all__ = [
+    "COMPETING_DEPTHS",
+    "DISTRACTORS_PER_CASE",
+    "REGIONS",
+    "SMOKE_CASES",
+    "FactType",
+    "IncidentClaim",
+    "IncidentDocument",
+    "IncidentRecord",
+    "builtin_suite",
+    "generate_suite",
+    "import_incidents",
+    "resolve_suite",
+    "split_suite",
+]

@@ -1,0 +1,143 @@
+//! Pre-send checks (DESIGN §4, first list): cheap structural checks on a built layout right before
+//! it is sent — no tokenizer call, so they run at memory speed on every layout, every time.
+
+use serde::{Deserialize, Serialize};
+
+use crate::digest::sha256_hex;
+use crate::spec::{Span, UnitKind};
+use crate::verify::Violation;
+
+/// What the layout must satisfy for the system it is about to be sent to.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SendContract {
+    pub target_tokens: usize,
+    /// The model window from the *served* config (vLLM `max_model_len`, llama.cpp `n_ctx`).
+    pub window: Option<usize>,
+    pub max_output_tokens: usize,
+    /// Template digest the system is configured with; must equal the layout's.
+    pub template_digest: String,
+    /// BOS id of the target tokenizer, if it has one.
+    pub bos_id: Option<u32>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CheckReport {
+    pub layout_id: String,
+    pub ok: bool,
+    pub violations: Vec<Violation>,
+}
+
+fn v(code: &str, detail: String) -> Violation {
+    Violation {
+        code: code.to_string(),
+        detail,
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+pub fn presend_check(
+    layout_id: &str,
+    text: &str,
+    ids: &[u32],
+    spans: &[Span],
+    layout_template_digest: &str,
+    contract: &SendContract,
+) -> CheckReport {
+    let mut out = Vec::new();
+    if ids.len() != contract.target_tokens {
+        out.push(v(
+            "length_mismatch",
+            format!(
+                "{} tokens, the contract says {}",
+                ids.len(),
+                contract.target_tokens
+            ),
+        ));
+    }
+    if let Some(window) = contract.window {
+        if ids.len() + contract.max_output_tokens > window {
+            out.push(v(
+                "window_overflow",
+                format!(
+                    "{} prompt + {} output tokens exceed the served window {window}",
+                    ids.len(),
+                    contract.max_output_tokens
+                ),
+            ));
+        }
+    }
+    if layout_template_digest != contract.template_digest {
+        out.push(v(
+            "template_digest",
+            "layout was built with a different chat template than the system uses".into(),
+        ));
+    }
+    if let Some(bos) = contract.bos_id {
+        if ids.len() >= 2 && ids[0] == bos && ids[1] == bos {
+            out.push(v(
+                "doubled_bos",
+                "the prompt starts with two BOS tokens".into(),
+            ));
+        }
+    }
+    let char_to_byte: Vec<usize> = text
+        .char_indices()
+        .map(|(b, _)| b)
+        .chain(std::iter::once(text.len()))
+        .collect();
+    let mut seen_evidence = false;
+    for span in spans {
+        if span.token_end > ids.len()
+            || span.token_start >= span.token_end
+            || span.char_end >= char_to_byte.len()
+        {
+            out.push(v(
+                "span_out_of_range",
+                format!("span of {} lies outside the prompt", span.unit_id),
+            ));
+            continue;
+        }
+        let unit = &text[char_to_byte[span.char_start]..char_to_byte[span.char_end]];
+        if sha256_hex(unit.as_bytes()) != span.sha256 {
+            out.push(v(
+                "evidence_missing",
+                format!(
+                    "{} is not at its recorded span (hash differs)",
+                    span.unit_id
+                ),
+            ));
+            continue;
+        }
+        let needle = unit.trim_start();
+        let occurrences = text.matches(needle).count();
+        match span.kind {
+            UnitKind::Evidence => {
+                seen_evidence = true;
+                if occurrences != 1 {
+                    out.push(v(
+                        "evidence_not_once",
+                        format!("evidence {} occurs {occurrences} times", span.unit_id),
+                    ));
+                }
+            }
+            UnitKind::Distractor if occurrences != 1 => {
+                out.push(v(
+                    "duplicated_distractor",
+                    format!("distractor {} occurs {occurrences} times", span.unit_id),
+                ));
+            }
+            _ => {}
+        }
+    }
+    if !seen_evidence {
+        out.push(v(
+            "evidence_missing",
+            "the layout records no evidence span".into(),
+        ));
+    }
+    CheckReport {
+        layout_id: layout_id.to_string(),
+        ok: out.is_empty(),
+        violations: out,
+    }
+}

@@ -1,0 +1,1148 @@
+//! The layout builder: for each case × length × position, the final prompt whose ids are exactly
+//! `encode(text)` under the target tokenizer, of exactly the requested length, with the moving
+//! evidence block at the requested token offset (snapped to a unit boundary).
+//!
+//! How (and why this way):
+//! 1. Every distinct text (frame pieces, filler, pool, evidence, distractors) is encoded once, in
+//!    parallel, and cached as a token segment. Re-tokenizing a 128K prompt per probe is what makes
+//!    RULER-style builders run at 0.23 layouts/s (research/anchors_longctx.md §4.5).
+//! 2. A pair of adjacent segments is a *junction*. `encode(A)+encode(B) != encode(A+B)` in general
+//!    (tokenizers/README.md): the junction is encoded once in a bounded window around the seam and
+//!    cached, giving its exact token delta and, where the seam merges tokens, the replacement ids.
+//! 3. Per case × length, one haystack (filler with anchored units at fixed depths) is planned by
+//!    arithmetic over segment lengths + junction deltas to the exact budget; gaps are closed with
+//!    pool sentences of the right length. The haystack is the same at every position, so only the
+//!    moving block changes place (a paired design; also what makes prefix caches comparable).
+//! 4. Per position the block is inserted at the unit boundary nearest the requested offset.
+//! 5. The final ids come from one full encode of the rendered text (`Verification::Full`) or, when
+//!    the tokenizer's pre-tokenizer makes junction-local checks sound, from the verified segments
+//!    (`Verification::Fast`). Spans are read from offsets of that final encoding, never guessed.
+
+use std::collections::HashMap;
+use std::sync::RwLock;
+
+use rayon::prelude::*;
+
+use crate::digest::{sha256_fields, sha256_hex};
+use crate::error::{CoreError, Result};
+use crate::spec::{
+    BatchSpec, CaseSpec, Layout, PositionSpec, Span, Status, UnitKind, Verification,
+};
+use crate::tokenizer::{Piece, TargetTokenizer};
+
+/// Bytes of context kept on each side of a seam when a junction is checked. The pre-tokenizer
+/// regexes of the supported families look at most one character ahead, so a whitespace-led token
+/// start 8 bytes away from the seam is decided before the seam is seen.
+const JUNCTION_MARGIN: usize = 8;
+
+/// Gap (in tokens) under which the haystack stops taking stream units and closes with pool units.
+const CLOSE_FACTOR: usize = 2;
+
+/// Re-plans of a haystack whose measured total missed the target.
+const MAX_CORRECTIONS: usize = 6;
+
+/// How many of the nearest unit boundaries are tried for the moving block.
+const MAX_BOUNDARY_TRIES: usize = 8;
+
+/// Neutral left context for junction windows and reference evidence encodings.
+const JUNCTION_ANCHOR: &str = "x.";
+
+type UnitIdx = u32;
+
+struct Segment {
+    text: String,
+    piece: Piece,
+}
+
+#[derive(Clone)]
+struct Junction {
+    /// Tokens of A (from its end) and of B (from its start) replaced by `ids`; 0/0 when exact.
+    drop_a: usize,
+    drop_b: usize,
+    ids: Vec<u32>,
+    /// Byte offsets of `ids`, relative to the window start.
+    offsets: Vec<(usize, usize)>,
+    /// Byte offset in A where the window starts.
+    window_start_in_a: usize,
+    /// Token count change against plain concatenation.
+    delta: i64,
+    /// False when the seam could not be verified inside a bounded window (fast mode falls back).
+    provable: bool,
+}
+
+/// Holds the tokenized segments of one batch and the junction cache.
+pub struct LayoutEngine<'t> {
+    tok: &'t TargetTokenizer,
+    segments: Vec<Segment>,
+    index: HashMap<String, UnitIdx>,
+    junctions: RwLock<HashMap<(UnitIdx, UnitIdx), Junction>>,
+}
+
+struct Refusal {
+    code: &'static str,
+    message: String,
+}
+
+fn refuse(code: &'static str, message: impl Into<String>) -> Refusal {
+    Refusal {
+        code,
+        message: message.into(),
+    }
+}
+
+/// A planned unit in a sequence: which segment, and what it is.
+#[derive(Clone)]
+struct Placed {
+    seg: UnitIdx,
+    kind: UnitKind,
+    id: String,
+}
+
+struct Haystack {
+    units: Vec<Placed>,
+    /// Token count of the haystack alone, junctions inside it included.
+    tokens: i64,
+}
+
+struct Measured {
+    ids: Vec<u32>,
+    /// Byte offsets into the full text (special tokens: (0, 0)).
+    offsets: Vec<(usize, usize)>,
+    /// Byte start of each sequence unit in the text.
+    unit_starts: Vec<usize>,
+    text: String,
+    note: Option<String>,
+    used: Verification,
+}
+
+fn is_ascii_ws(b: u8) -> bool {
+    matches!(b, b' ' | b'\n' | b'\t' | b'\r')
+}
+
+/// Does token `k` of a piece start a whitespace-led pre-token? Either the token begins with the
+/// whitespace itself, or (offset-trimming byte-level files) the whitespace right before it belongs
+/// to no other token.
+fn ws_led_token(text: &str, offsets: &[(usize, usize)], k: usize) -> bool {
+    let bytes = text.as_bytes();
+    let pos = offsets[k].0;
+    if k > 0 && offsets[k - 1].0 == pos {
+        return false; // continuation of a multi-token character
+    }
+    pos == 0
+        || (pos < bytes.len() && is_ascii_ws(bytes[pos]))
+        || (is_ascii_ws(bytes[pos - 1]) && (k == 0 || offsets[k - 1].1 < pos))
+}
+
+impl<'t> LayoutEngine<'t> {
+    /// Intern and encode every distinct text of the batch once (in parallel).
+    fn new(tok: &'t TargetTokenizer, texts: Vec<String>) -> Result<Self> {
+        let mut index = HashMap::with_capacity(texts.len());
+        let mut unique = Vec::with_capacity(texts.len());
+        for text in texts {
+            if !index.contains_key(&text) {
+                index.insert(text.clone(), unique.len() as UnitIdx);
+                unique.push(text);
+            }
+        }
+        let pieces: Vec<Result<Piece>> = unique
+            .par_iter()
+            .map(|t| tok.encode_piece(t, false))
+            .collect();
+        let mut segments = Vec::with_capacity(unique.len());
+        for (text, piece) in unique.into_iter().zip(pieces) {
+            segments.push(Segment {
+                text,
+                piece: piece?,
+            });
+        }
+        Ok(LayoutEngine {
+            tok,
+            segments,
+            index,
+            junctions: RwLock::new(HashMap::new()),
+        })
+    }
+
+    fn seg(&self, text: &str) -> UnitIdx {
+        self.index[text]
+    }
+
+    fn starts_with_space(&self, seg: UnitIdx) -> bool {
+        self.segments[seg as usize].text.starts_with(' ')
+    }
+
+    fn len(&self, seg: UnitIdx) -> i64 {
+        self.segments[seg as usize].piece.ids.len() as i64
+    }
+
+    fn junction(&self, a: UnitIdx, b: UnitIdx) -> Result<Junction> {
+        if let Some(j) = self
+            .junctions
+            .read()
+            .expect("junction cache poisoned")
+            .get(&(a, b))
+        {
+            return Ok(j.clone());
+        }
+        let j = self.compute_junction(a, b)?;
+        self.junctions
+            .write()
+            .expect("junction cache poisoned")
+            .insert((a, b), j.clone());
+        Ok(j)
+    }
+
+    fn compute_junction(&self, a: UnitIdx, b: UnitIdx) -> Result<Junction> {
+        let sa = &self.segments[a as usize];
+        let sb = &self.segments[b as usize];
+        let exact = |provable| Junction {
+            drop_a: 0,
+            drop_b: 0,
+            ids: Vec::new(),
+            offsets: Vec::new(),
+            window_start_in_a: 0,
+            delta: 0,
+            provable,
+        };
+        if sa.piece.ids.is_empty() || sb.piece.ids.is_empty() {
+            return Ok(exact(true));
+        }
+        // Left edge: the last whitespace-led token start of A at least MARGIN bytes before the seam.
+        let a_len = sa.text.len();
+        let mut ka = 0usize;
+        for (k, &(start, _)) in sa.piece.offsets.iter().enumerate().rev() {
+            if start + JUNCTION_MARGIN <= a_len && ws_led_token(&sa.text, &sa.piece.offsets, k) {
+                ka = k;
+                break;
+            }
+        }
+        // Right edge: the first whitespace-led token start of B at least MARGIN bytes after the seam.
+        let mut kb = sb.piece.ids.len();
+        for (k, &(start, _)) in sb.piece.offsets.iter().enumerate().skip(1) {
+            if start >= JUNCTION_MARGIN && ws_led_token(&sb.text, &sb.piece.offsets, k) {
+                kb = k;
+                break;
+            }
+        }
+        let a_start = if ka == 0 { 0 } else { sa.piece.offsets[ka].0 };
+        let b_end = if kb == sb.piece.ids.len() {
+            sb.text.len()
+        } else {
+            sb.piece.offsets[kb].0
+        };
+        // A window that starts at a whitespace-led token gets a neutral left context ("x."), so
+        // tokenizers that treat the start of a string specially (SentencePiece's dummy prefix)
+        // see the window as they see it mid-prompt. The anchor's own tokens are dropped again.
+        let anchor = if ka > 0 || is_ascii_ws(sa.text.as_bytes()[0]) {
+            JUNCTION_ANCHOR
+        } else {
+            ""
+        };
+        let mut window = String::with_capacity(anchor.len() + a_len - a_start + b_end);
+        window.push_str(anchor);
+        window.push_str(&sa.text[a_start..]);
+        window.push_str(&sb.text[..b_end]);
+        let mut enc = self.tok.encode_piece(&window, false)?;
+        if !anchor.is_empty() {
+            let keep = enc
+                .offsets
+                .iter()
+                .position(|&(_, e)| e > anchor.len())
+                .unwrap_or(enc.ids.len());
+            if enc
+                .offsets
+                .get(keep)
+                .is_some_and(|&(s, _)| s < anchor.len())
+            {
+                // The anchor merged into the window's first token: no clean seam to reason about.
+                return Ok(exact(false));
+            }
+            enc.ids.drain(..keep);
+            enc.offsets = enc
+                .offsets
+                .split_off(keep)
+                .into_iter()
+                .map(|(s, e)| (s - anchor.len(), e - anchor.len()))
+                .collect();
+        }
+        let expected_len = (sa.piece.ids.len() - ka) + kb;
+        let same = enc.ids.len() == expected_len
+            && enc.ids[..sa.piece.ids.len() - ka] == sa.piece.ids[ka..]
+            && enc.ids[sa.piece.ids.len() - ka..] == sb.piece.ids[..kb];
+        if same {
+            return Ok(exact(true));
+        }
+        // The seam merges or re-splits tokens. The splice is trustworthy only if both window
+        // edges are strictly inside the units (else a neighbouring seam is involved) and the
+        // window re-synchronises with the units' own tokens at both edges.
+        let edges_inside = ka > 0 && kb < sb.piece.ids.len();
+        let left_sync = enc.ids.first() == sa.piece.ids.get(ka);
+        let right_sync = enc.ids.last() == sb.piece.ids.get(kb - 1);
+        Ok(Junction {
+            drop_a: sa.piece.ids.len() - ka,
+            drop_b: kb,
+            delta: enc.ids.len() as i64 - expected_len as i64,
+            ids: enc.ids,
+            offsets: enc.offsets,
+            window_start_in_a: a_start,
+            provable: edges_inside && left_sync && right_sync,
+        })
+    }
+
+    /// Exact token count of a sequence of segments (specials excluded), seams included.
+    fn count(&self, seq: &[UnitIdx]) -> Result<i64> {
+        let mut total = 0i64;
+        for (i, &s) in seq.iter().enumerate() {
+            total += self.len(s);
+            if i > 0 {
+                total += self.junction(seq[i - 1], s)?.delta;
+            }
+        }
+        Ok(total)
+    }
+
+    fn assemble_text(&self, seq: &[UnitIdx]) -> (String, Vec<usize>) {
+        let cap = seq
+            .iter()
+            .map(|&s| self.segments[s as usize].text.len())
+            .sum();
+        let mut text = String::with_capacity(cap);
+        let mut starts = Vec::with_capacity(seq.len());
+        for &s in seq {
+            starts.push(text.len());
+            text.push_str(&self.segments[s as usize].text);
+        }
+        (text, starts)
+    }
+
+    /// Final ids of a sequence, by one full encode or by verified segments.
+    fn measure(&self, seq: &[UnitIdx], add_special: bool, mode: Verification) -> Result<Measured> {
+        let (text, unit_starts) = self.assemble_text(seq);
+        let mut note = None;
+        if mode == Verification::Fast {
+            match self.tok.fast_unsound_reason.as_ref() {
+                Some(why) => {
+                    note = Some(format!(
+                        "fast verification unsound for this tokenizer ({why}); full re-encode used"
+                    ))
+                }
+                None => match self.splice(seq, &unit_starts, add_special)? {
+                    Ok((ids, offsets)) => {
+                        return Ok(Measured {
+                            ids,
+                            offsets,
+                            unit_starts,
+                            text,
+                            note: None,
+                            used: Verification::Fast,
+                        })
+                    }
+                    Err(why) => note = Some(format!("{why}; full re-encode used")),
+                },
+            }
+        }
+        let piece = self.tok.encode_piece(&text, add_special)?;
+        Ok(Measured {
+            ids: piece.ids,
+            offsets: piece.offsets,
+            unit_starts,
+            text,
+            note,
+            used: Verification::Full,
+        })
+    }
+
+    /// Concatenate cached segments, replacing merged seams by their verified window ids.
+    #[allow(clippy::type_complexity)]
+    fn splice(
+        &self,
+        seq: &[UnitIdx],
+        unit_starts: &[usize],
+        add_special: bool,
+    ) -> Result<std::result::Result<(Vec<u32>, Vec<(usize, usize)>), String>> {
+        let mut junctions = Vec::with_capacity(seq.len().saturating_sub(1));
+        for i in 1..seq.len() {
+            let j = self.junction(seq[i - 1], seq[i])?;
+            if !j.provable {
+                return Ok(Err(format!(
+                    "seam {} could not be verified in a bounded window",
+                    i
+                )));
+            }
+            junctions.push(j);
+        }
+        let total: i64 = self.count(seq)?;
+        let mut ids = Vec::with_capacity(total as usize + 4);
+        let mut offsets = Vec::with_capacity(total as usize + 4);
+        if add_special {
+            ids.extend_from_slice(&self.tok.special_head);
+            offsets.extend(std::iter::repeat_n((0, 0), self.tok.special_head.len()));
+        }
+        for (i, &s) in seq.iter().enumerate() {
+            let piece = &self.segments[s as usize].piece;
+            let head_drop = if i > 0 { junctions[i - 1].drop_b } else { 0 };
+            let tail_drop = if i + 1 < seq.len() {
+                junctions[i].drop_a
+            } else {
+                0
+            };
+            if head_drop + tail_drop > piece.ids.len() {
+                return Ok(Err(format!("seams around unit {i} overlap")));
+            }
+            let base = unit_starts[i];
+            let end = piece.ids.len() - tail_drop;
+            ids.extend_from_slice(&piece.ids[head_drop..end]);
+            offsets.extend(
+                piece.offsets[head_drop..end]
+                    .iter()
+                    .map(|&(a, b)| (a + base, b + base)),
+            );
+            if i + 1 < seq.len() && (junctions[i].drop_a > 0 || junctions[i].drop_b > 0) {
+                let j = &junctions[i];
+                let wbase = base + j.window_start_in_a;
+                ids.extend_from_slice(&j.ids);
+                offsets.extend(j.offsets.iter().map(|&(a, b)| (a + wbase, b + wbase)));
+            }
+        }
+        if add_special {
+            ids.extend_from_slice(&self.tok.special_tail);
+            offsets.extend(std::iter::repeat_n((0, 0), self.tok.special_tail.len()));
+        }
+        Ok(Ok((ids, offsets)))
+    }
+}
+
+/// Which pool units (by segment) have which token count, for closing gaps exactly.
+struct Pool {
+    by_len: Vec<(i64, Vec<UnitIdx>)>,
+}
+
+impl Pool {
+    /// Buckets pool units by their *in-context* token count (after a neutral "x."), which is what
+    /// they add mid-prompt; for SentencePiece files that is one less than their standalone count.
+    fn new(engine: &LayoutEngine<'_>, pool: &[String]) -> Result<Self> {
+        let mut map: HashMap<i64, Vec<UnitIdx>> = HashMap::new();
+        let anchor_len = engine.tok.encode_ids(JUNCTION_ANCHOR, false)?.len() as i64;
+        for text in pool {
+            let seg = engine.seg(text);
+            let in_context = engine
+                .tok
+                .encode_ids(&format!("{JUNCTION_ANCHOR}{text}"), false)?
+                .len() as i64
+                - anchor_len;
+            let entry = map.entry(in_context).or_default();
+            if !entry.contains(&seg) {
+                entry.push(seg);
+            }
+        }
+        let mut by_len: Vec<(i64, Vec<UnitIdx>)> =
+            map.into_iter().filter(|(l, _)| *l > 0).collect();
+        by_len.sort_by_key(|(l, _)| *l);
+        Ok(Pool { by_len })
+    }
+
+    fn max_len(&self) -> i64 {
+        self.by_len.last().map(|(l, _)| *l).unwrap_or(0)
+    }
+
+    fn pick(&self, len: i64, salt: usize) -> Option<UnitIdx> {
+        let units = &self.by_len.iter().find(|(l, _)| *l == len)?.1;
+        Some(units[salt % units.len()])
+    }
+
+    /// One to three pool units whose lengths sum to `gap` (seams assumed exact; the caller
+    /// re-measures and retries).
+    fn close(&self, gap: i64, salt: usize) -> Option<Vec<UnitIdx>> {
+        if gap == 0 {
+            return Some(Vec::new());
+        }
+        if let Some(u) = self.pick(gap, salt) {
+            return Some(vec![u]);
+        }
+        let lens: Vec<i64> = self.by_len.iter().map(|(l, _)| *l).collect();
+        for (i, &l1) in lens.iter().enumerate().rev() {
+            if l1 < gap {
+                if let Some(u2) = self.pick(gap - l1, salt + i) {
+                    return Some(vec![self.pick(l1, salt)?, u2]);
+                }
+            }
+        }
+        for &l1 in lens.iter().rev() {
+            for &l2 in lens.iter().rev() {
+                if l1 + l2 < gap {
+                    if let Some(u3) = self.pick(gap - l1 - l2, salt + 1) {
+                        return Some(vec![self.pick(l1, salt)?, self.pick(l2, salt + 2)?, u3]);
+                    }
+                }
+            }
+        }
+        None
+    }
+}
+
+struct CaseContext<'a> {
+    case: &'a CaseSpec,
+    prefix: UnitIdx,
+    suffix: UnitIdx,
+    moving: Vec<Placed>,
+    anchored: Vec<(f64, Placed)>,
+    /// Canonical ids of each moving/anchored unit in a neutral left context ("x." + unit).
+    canonical: HashMap<String, Vec<u32>>,
+}
+
+/// Build every layout of a batch. Refusals are layouts with `status = refused` and a reason; only
+/// a malformed spec or a tokenizer failure is an error.
+pub fn build_layouts(tok: &TargetTokenizer, spec: &BatchSpec) -> Result<Vec<Layout>> {
+    validate_spec(tok, spec)?;
+    let mut texts: Vec<String> = Vec::new();
+    texts.extend(spec.filler.iter().cloned());
+    texts.extend(spec.pool.iter().cloned());
+    for case in &spec.cases {
+        texts.push(case.prefix.clone());
+        texts.push(case.suffix.clone());
+        texts.extend(case.moving.iter().map(|u| u.text.clone()));
+        texts.extend(case.anchored.iter().map(|u| u.text.clone()));
+    }
+    let engine = LayoutEngine::new(tok, texts)?;
+    let pool = Pool::new(&engine, &spec.pool)?;
+    let filler: Vec<UnitIdx> = spec.filler.iter().map(|t| engine.seg(t)).collect();
+    let filler_digest = sha256_fields(
+        &spec
+            .filler
+            .iter()
+            .chain(spec.pool.iter())
+            .map(String::as_str)
+            .collect::<Vec<_>>(),
+    );
+
+    let contexts: Vec<CaseContext<'_>> = spec
+        .cases
+        .iter()
+        .map(|case| case_context(&engine, case))
+        .collect::<Result<_>>()?;
+
+    let jobs: Vec<(usize, usize)> = (0..contexts.len())
+        .flat_map(|c| spec.lengths.iter().map(move |&l| (c, l)))
+        .collect();
+    let per_job: Vec<Result<Vec<Layout>>> = jobs
+        .par_iter()
+        .map(|&(c, length)| {
+            build_case_length(
+                &engine,
+                &pool,
+                &filler,
+                &filler_digest,
+                spec,
+                &contexts[c],
+                length,
+            )
+        })
+        .collect();
+    let mut out = Vec::with_capacity(jobs.len() * spec.positions.len());
+    for layouts in per_job {
+        out.extend(layouts?);
+    }
+    Ok(out)
+}
+
+fn validate_spec(tok: &TargetTokenizer, spec: &BatchSpec) -> Result<()> {
+    for (i, p) in spec.positions.iter().enumerate() {
+        match (p.depth, p.offset) {
+            (Some(d), None) if (0.0..=1.0).contains(&d) => {}
+            (Some(d), None) => {
+                return Err(CoreError::spec(
+                    format!("positions[{i}].depth"),
+                    format!("depth {d} is outside [0, 1]"),
+                    "use a depth between 0 (start of the context) and 1 (end), or an absolute offset '@N'",
+                ))
+            }
+            (None, Some(_)) => {}
+            _ => {
+                return Err(CoreError::spec(
+                    format!("positions[{i}]"),
+                    "a position needs exactly one of depth or offset",
+                    "give a depth such as 0.5 or an offset such as @1200",
+                ))
+            }
+        }
+    }
+    if spec.filler.is_empty() || spec.pool.is_empty() {
+        return Err(CoreError::spec(
+            "filler",
+            "filler stream and closing pool must not be empty",
+            "pass filler units",
+        ));
+    }
+    for (field, text) in spec
+        .filler
+        .iter()
+        .map(|t| ("filler", t))
+        .chain(spec.pool.iter().map(|t| ("pool", t)))
+        .chain(spec.cases.iter().flat_map(|c| {
+            c.moving
+                .iter()
+                .map(|u| ("moving", &u.text))
+                .chain(c.anchored.iter().map(|u| ("anchored", &u.text)))
+        }))
+    {
+        let bytes = text.as_bytes();
+        if bytes.is_empty() || !is_ascii_ws(bytes[0]) || is_ascii_ws(bytes[bytes.len() - 1]) {
+            return Err(CoreError::spec(
+                field,
+                format!("unit {:?} must start with one whitespace separator and end with non-whitespace", preview(text)),
+                "start the unit with ' ' (or '\\n\\n' for a heading) and strip trailing whitespace",
+            ));
+        }
+        if let Some(special) = tok.find_special_string(text) {
+            return Err(CoreError::spec(
+                field,
+                format!(
+                    "unit {:?} contains the special-token string {special:?}",
+                    preview(text)
+                ),
+                "remove or escape special-token strings from evidence, distractors and filler",
+            ));
+        }
+    }
+    for (i, case) in spec.cases.iter().enumerate() {
+        if case.moving.is_empty() {
+            return Err(CoreError::spec(
+                format!("cases[{i}].moving"),
+                format!("case {} has no moving evidence", case.case_id),
+                "give each case at least one evidence unit to place",
+            ));
+        }
+        for a in &case.anchored {
+            if !(0.0..=1.0).contains(&a.depth) {
+                return Err(CoreError::spec(
+                    format!("cases[{i}].anchored"),
+                    format!(
+                        "anchored unit {} has depth {} outside [0, 1]",
+                        a.id, a.depth
+                    ),
+                    "use a depth between 0 and 1",
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn preview(text: &str) -> String {
+    text.chars().take(40).collect()
+}
+
+fn case_context<'a>(engine: &LayoutEngine<'_>, case: &'a CaseSpec) -> Result<CaseContext<'a>> {
+    let placed = |id: &str, text: &str, kind| Placed {
+        seg: engine.seg(text),
+        kind,
+        id: id.to_string(),
+    };
+    let moving: Vec<Placed> = case
+        .moving
+        .iter()
+        .map(|u| placed(&u.id, &u.text, u.kind))
+        .collect();
+    let mut anchored: Vec<(f64, Placed)> = case
+        .anchored
+        .iter()
+        .map(|u| (u.depth, placed(&u.id, &u.text, u.kind)))
+        .collect();
+    anchored.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let mut canonical = HashMap::new();
+    for (id, text) in case
+        .moving
+        .iter()
+        .map(|u| (&u.id, &u.text))
+        .chain(case.anchored.iter().map(|u| (&u.id, &u.text)))
+    {
+        let anchor = JUNCTION_ANCHOR;
+        let piece = engine.tok.encode_piece(&format!("{anchor}{text}"), false)?;
+        let ids = piece
+            .ids
+            .iter()
+            .zip(&piece.offsets)
+            .filter(|(_, off)| off.1 > anchor.len())
+            .map(|(id, _)| *id)
+            .collect();
+        canonical.insert(id.clone(), ids);
+    }
+    Ok(CaseContext {
+        case,
+        prefix: engine.seg(&case.prefix),
+        suffix: engine.seg(&case.suffix),
+        moving,
+        anchored,
+        canonical,
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+fn refused_layout(
+    spec: &BatchSpec,
+    ctx: &CaseContext<'_>,
+    layout_id: String,
+    length: usize,
+    position: &PositionSpec,
+    r: Refusal,
+) -> Layout {
+    Layout {
+        layout_id,
+        case_id: ctx.case.case_id.clone(),
+        target_tokens: length,
+        position: position.label.clone(),
+        status: Status::Refused,
+        reason_code: Some(r.code.to_string()),
+        reason: Some(r.message),
+        total_tokens: 0,
+        token_ids: Vec::new(),
+        text: String::new(),
+        add_special_tokens: spec.add_special_tokens,
+        spans: Vec::new(),
+        requested_offset: None,
+        actual_offset: None,
+        snap_tokens: 0,
+        region_start: 0,
+        region_end: 0,
+        verification: spec.verification,
+        verification_note: None,
+    }
+}
+
+fn layout_id(
+    engine: &LayoutEngine<'_>,
+    spec: &BatchSpec,
+    filler_digest: &str,
+    case: &CaseSpec,
+    length: usize,
+    position: &str,
+) -> String {
+    sha256_fields(&[
+        &engine.tok.digest,
+        &spec.template_digest,
+        &spec.assembler_version,
+        &case.case_digest,
+        filler_digest,
+        &length.to_string(),
+        position,
+        if spec.add_special_tokens {
+            "special"
+        } else {
+            "plain"
+        },
+    ])[..32]
+        .to_string()
+}
+
+fn build_case_length(
+    engine: &LayoutEngine<'_>,
+    pool: &Pool,
+    filler: &[UnitIdx],
+    filler_digest: &str,
+    spec: &BatchSpec,
+    ctx: &CaseContext<'_>,
+    length: usize,
+) -> Result<Vec<Layout>> {
+    let ids: Vec<String> = spec
+        .positions
+        .iter()
+        .map(|p| layout_id(engine, spec, filler_digest, ctx.case, length, &p.label))
+        .collect();
+    let refuse_all = |r: Refusal| -> Vec<Layout> {
+        spec.positions
+            .iter()
+            .zip(&ids)
+            .map(|(p, id)| {
+                refused_layout(
+                    spec,
+                    ctx,
+                    id.clone(),
+                    length,
+                    p,
+                    refuse(r.code, r.message.clone()),
+                )
+            })
+            .collect()
+    };
+    if let Some(window) = spec.window {
+        if length + spec.max_output_tokens > window {
+            return Ok(refuse_all(refuse(
+                "window_too_small",
+                format!(
+                    "{length} prompt tokens + {} output tokens exceed the model window of {window}",
+                    spec.max_output_tokens
+                ),
+            )));
+        }
+    }
+    let haystack = match plan_haystack(engine, pool, filler, spec, ctx, length)? {
+        Ok(h) => h,
+        Err(r) => return Ok(refuse_all(r)),
+    };
+    let mut out = Vec::with_capacity(spec.positions.len());
+    for (position, id) in spec.positions.iter().zip(ids) {
+        let layout = match place(engine, spec, ctx, &haystack, length, position, id.clone())? {
+            Ok(layout) => layout,
+            Err(r) => refused_layout(spec, ctx, id, length, position, r),
+        };
+        out.push(layout);
+    }
+    Ok(out)
+}
+
+fn specials(engine: &LayoutEngine<'_>, spec: &BatchSpec) -> (i64, i64) {
+    if spec.add_special_tokens {
+        (
+            engine.tok.special_head.len() as i64,
+            engine.tok.special_tail.len() as i64,
+        )
+    } else {
+        (0, 0)
+    }
+}
+
+/// Plan the haystack (everything in the context region except the moving block) of one case at
+/// one length, to the exact token budget.
+fn plan_haystack(
+    engine: &LayoutEngine<'_>,
+    pool: &Pool,
+    filler: &[UnitIdx],
+    spec: &BatchSpec,
+    ctx: &CaseContext<'_>,
+    length: usize,
+) -> Result<std::result::Result<Haystack, Refusal>> {
+    let (head, tail) = specials(engine, spec);
+    let block: Vec<UnitIdx> = ctx.moving.iter().map(|p| p.seg).collect();
+    let block_tokens = engine.count(&block)?;
+    let fixed = head + tail + engine.len(ctx.prefix) + engine.len(ctx.suffix) + block_tokens;
+    let budget = length as i64 - fixed;
+    let anchored_tokens: i64 = ctx.anchored.iter().map(|(_, p)| engine.len(p.seg)).sum();
+    if budget < anchored_tokens {
+        return Ok(Err(refuse(
+            "length_below_fixed_parts",
+            format!(
+                "the fixed parts take {} tokens (frame {}, special {}, moving evidence {block_tokens}, anchored units {anchored_tokens}) but only {length} were requested; use a length of at least {}",
+                fixed + anchored_tokens,
+                engine.len(ctx.prefix) + engine.len(ctx.suffix),
+                head + tail,
+                fixed + anchored_tokens
+            ),
+        )));
+    }
+    let close_zone = CLOSE_FACTOR as i64 * pool.max_len();
+    let salt = ctx.case.filler_offset;
+    // Up to three attempts: a seam next to the frame or a closer may shift the count; the second
+    // pass corrects the closing gap by the measured error.
+    let mut correction = 0i64;
+    for _attempt in 0..MAX_CORRECTIONS {
+        let target = budget + correction;
+        let mut units: Vec<Placed> = Vec::new();
+        let mut count = 0i64;
+        let mut prev = ctx.prefix;
+        let mut next_filler = ctx.case.filler_offset;
+        let mut anchored = ctx.anchored.iter().peekable();
+        loop {
+            // An anchored unit goes in only before a space-led unit: a newline after it would
+            // merge with its last token in some families (Llama-3 ".\n") and blur its span.
+            let next_is_space_led = filler
+                .get(next_filler)
+                .is_none_or(|&f| engine.starts_with_space(f));
+            if let Some((depth, unit)) = anchored.peek() {
+                if ((*depth * target as f64) <= count as f64 && next_is_space_led)
+                    || target - count <= close_zone
+                {
+                    count += engine.len(unit.seg) + engine.junction(prev, unit.seg)?.delta;
+                    prev = unit.seg;
+                    units.push((*unit).clone());
+                    anchored.next();
+                    continue;
+                }
+            }
+            if target - count <= close_zone {
+                break;
+            }
+            let Some(&seg) = filler.get(next_filler) else {
+                return Ok(Err(refuse(
+                    "filler_exhausted",
+                    format!(
+                        "the filler stream ({} units) ran out before {length} tokens; pass more filler units",
+                        filler.len()
+                    ),
+                )));
+            };
+            next_filler += 1;
+            count += engine.len(seg) + engine.junction(prev, seg)?.delta;
+            prev = seg;
+            units.push(Placed {
+                seg,
+                kind: UnitKind::Filler,
+                id: String::new(),
+            });
+        }
+        let gap = target - count;
+        if gap < 0 {
+            return Ok(Err(refuse(
+                "cannot_reach_exact_length",
+                format!(
+                    "anchored units overshoot the budget by {} tokens at length {length}",
+                    -gap
+                ),
+            )));
+        }
+        let Some(closers) = pool.close(gap, salt) else {
+            return Ok(Err(refuse(
+                "cannot_reach_exact_length",
+                format!("no combination of closing sentences has exactly {gap} tokens; add shorter pool sentences"),
+            )));
+        };
+        units.extend(closers.into_iter().map(|seg| Placed {
+            seg,
+            kind: UnitKind::Filler,
+            id: String::new(),
+        }));
+        // Measure the whole sequence exactly (frame seams included) with the block left out.
+        let mut seq = Vec::with_capacity(units.len() + block.len() + 2);
+        seq.push(ctx.prefix);
+        seq.extend(units.iter().map(|p| p.seg));
+        seq.extend(block.iter().copied());
+        seq.push(ctx.suffix);
+        // Seam arithmetic is exact where junctions are provable; elsewhere (SentencePiece without
+        // a pre-tokenizer) it is only an estimate, so the planned haystack is measured once in full.
+        let total = if engine.tok.fast_unsound_reason.is_some() {
+            engine
+                .measure(&seq, spec.add_special_tokens, Verification::Full)?
+                .ids
+                .len() as i64
+        } else {
+            head + tail + engine.count(&seq)?
+        };
+        if total == length as i64 {
+            let inner: Vec<UnitIdx> = units.iter().map(|p| p.seg).collect();
+            let tokens = engine.count(&inner)?;
+            return Ok(Ok(Haystack { units, tokens }));
+        }
+        correction += length as i64 - total;
+    }
+    Ok(Err(refuse(
+        "cannot_reach_exact_length",
+        format!("seams kept shifting the total away from {length} tokens after {MAX_CORRECTIONS} corrections"),
+    )))
+}
+
+/// Insert the moving block into the haystack at the position, build and check the final prompt.
+fn place(
+    engine: &LayoutEngine<'_>,
+    spec: &BatchSpec,
+    ctx: &CaseContext<'_>,
+    haystack: &Haystack,
+    length: usize,
+    position: &PositionSpec,
+    layout_id: String,
+) -> Result<std::result::Result<Layout, Refusal>> {
+    let (head, tail) = specials(engine, spec);
+    let first = haystack
+        .units
+        .first()
+        .map(|p| p.seg)
+        .unwrap_or(ctx.moving[0].seg);
+    let region_start = head + engine.len(ctx.prefix) + engine.junction(ctx.prefix, first)?.delta;
+    // Token offset (within the haystack) of each unit boundary.
+    let mut bounds = Vec::with_capacity(haystack.units.len() + 1);
+    bounds.push(0i64);
+    let mut prev = ctx.prefix;
+    let mut acc = 0i64;
+    for (i, p) in haystack.units.iter().enumerate() {
+        acc += engine.len(p.seg)
+            + if i > 0 {
+                engine.junction(prev, p.seg)?.delta
+            } else {
+                0
+            };
+        prev = p.seg;
+        bounds.push(acc);
+    }
+    let h = haystack.tokens;
+    let requested: i64 = match (position.depth, position.offset) {
+        (Some(d), _) => (d * h as f64).round() as i64,
+        (None, Some(o)) => {
+            let m = o as i64 - region_start;
+            if m < 0 || m > h {
+                return Ok(Err(refuse(
+                    "offset_outside_region",
+                    format!(
+                        "offset {o} is outside the context region [{region_start}, {}] at length {length}; use an offset inside it",
+                        region_start + h
+                    ),
+                )));
+            }
+            m
+        }
+        _ => unreachable!("validated"),
+    };
+    let block: Vec<UnitIdx> = ctx.moving.iter().map(|p| p.seg).collect();
+    let mut order: Vec<usize> = (0..bounds.len()).collect();
+    order.sort_by_key(|&k| ((bounds[k] - requested).abs(), k));
+    // The nearest boundary is tried first; a boundary whose seams change the count or cut through
+    // a placed unit (Llama-3 merges ".\n\n" into one token) is skipped for the next-nearest one,
+    // and the extra distance shows up as snap.
+    let mut last_refusal = None;
+    for &k in order.iter().take(MAX_BOUNDARY_TRIES) {
+        let mut seq_units: Vec<&Placed> =
+            Vec::with_capacity(haystack.units.len() + ctx.moving.len());
+        seq_units.extend(haystack.units[..k].iter());
+        seq_units.extend(ctx.moving.iter());
+        seq_units.extend(haystack.units[k..].iter());
+        let mut seq = Vec::with_capacity(seq_units.len() + 2);
+        seq.push(ctx.prefix);
+        seq.extend(seq_units.iter().map(|p| p.seg));
+        seq.push(ctx.suffix);
+        let measured = engine.measure(&seq, spec.add_special_tokens, spec.verification)?;
+        if measured.ids.len() != length {
+            last_refusal = Some(refuse(
+                "cannot_reach_exact_length",
+                format!(
+                    "inserting the evidence near offset {requested} changes the total ({} != {length}) at every nearby boundary",
+                    measured.ids.len()
+                ),
+            ));
+            continue;
+        }
+        // Spans from the final offsets.
+        let mut spans = Vec::new();
+        let mut refusal = None;
+        for (i, p) in seq_units.iter().enumerate() {
+            if !matches!(p.kind, UnitKind::Evidence | UnitKind::Distractor) {
+                continue;
+            }
+            let seg_text = &engine.segments[p.seg as usize].text;
+            let byte_start = measured.unit_starts[i + 1];
+            let byte_end = byte_start + seg_text.len();
+            match token_span(
+                &measured.offsets,
+                byte_start,
+                byte_end,
+                head as usize,
+                tail as usize,
+            ) {
+                Ok((ts, te)) => {
+                    if p.kind == UnitKind::Evidence
+                        && ctx.canonical.get(&p.id).map(Vec::as_slice)
+                            != Some(&measured.ids[ts..te])
+                    {
+                        refusal = Some(refuse(
+                            "evidence_tokens_differ",
+                            format!("evidence {} tokenizes differently here than in its reference context", p.id),
+                        ));
+                    }
+                    spans.push(Span {
+                        unit_id: p.id.clone(),
+                        kind: p.kind,
+                        token_start: ts,
+                        token_end: te,
+                        char_start: measured.text[..byte_start].chars().count(),
+                        char_end: measured.text[..byte_start].chars().count()
+                            + seg_text.chars().count(),
+                        sha256: sha256_hex(seg_text.as_bytes()),
+                    });
+                }
+                Err(r) => refusal = Some(r),
+            }
+        }
+        if let Some(r) = refusal {
+            last_refusal = Some(r);
+            continue;
+        }
+        if spec.add_special_tokens && head > 0 && measured.ids.len() > head as usize {
+            if measured.ids[head as usize] == engine.tok.special_head[0] {
+                return Ok(Err(refuse(
+                    "doubled_bos",
+                    "the rendered text already starts with the BOS token and the tokenizer adds another; set add_special_tokens=false for this frame",
+                )));
+            }
+        }
+        let actual = spans
+            .iter()
+            .find(|s| {
+                ctx.moving
+                    .first()
+                    .map(|m| m.id == s.unit_id)
+                    .unwrap_or(false)
+            })
+            .map(|s| s.token_start);
+        // The region is read from the final offsets (exact for every tokenizer family); the
+        // arithmetic above only chose the boundary.
+        let body = &measured.offsets[..measured.offsets.len() - tail as usize];
+        let region_first = head as usize
+            + body[head as usize..].partition_point(|&(_, e)| e <= measured.unit_starts[1]);
+        let suffix_start = *measured.unit_starts.last().expect("suffix");
+        let region_last =
+            head as usize + body[head as usize..].partition_point(|&(s, _)| s < suffix_start);
+        let block_tokens: usize = spans
+            .iter()
+            .filter(|s| ctx.moving.iter().any(|m| m.id == s.unit_id))
+            .map(|s| s.token_end - s.token_start)
+            .sum();
+        let measured_h = region_last.saturating_sub(region_first + block_tokens) as i64;
+        let requested_abs = match position.depth {
+            Some(d) => region_first + (d * measured_h as f64).round() as usize,
+            None => (region_start + requested) as usize,
+        };
+        return Ok(Ok(Layout {
+            layout_id,
+            case_id: ctx.case.case_id.clone(),
+            target_tokens: length,
+            position: position.label.clone(),
+            status: Status::Ok,
+            reason_code: None,
+            reason: None,
+            total_tokens: measured.ids.len(),
+            region_start: region_first,
+            region_end: region_last,
+            snap_tokens: actual.map(|a| a as i64 - requested_abs as i64).unwrap_or(0),
+            requested_offset: Some(requested_abs),
+            actual_offset: actual,
+            token_ids: measured.ids,
+            text: measured.text,
+            add_special_tokens: spec.add_special_tokens,
+            spans,
+            verification: measured.used,
+            verification_note: measured.note,
+        }));
+    }
+    Ok(Err(last_refusal.unwrap_or_else(|| {
+        refuse(
+            "cannot_reach_exact_length",
+            "no insertion boundary in the haystack",
+        )
+    })))
+}
+
+/// Token span covering bytes [start, end) of the text; refuses when a token straddles an edge.
+fn token_span(
+    offsets: &[(usize, usize)],
+    start: usize,
+    end: usize,
+    skip: usize,
+    skip_tail: usize,
+) -> std::result::Result<(usize, usize), Refusal> {
+    let body = &offsets[skip..offsets.len() - skip_tail];
+    let ts = skip + body.partition_point(|&(_, e)| e <= start);
+    let te = skip + body.partition_point(|&(s, _)| s < end);
+    let straddle = |what: &str| {
+        refuse(
+            "evidence_straddles_token",
+            format!("a token crosses the {what} of a placed unit (bytes {start}..{end}); the unit cannot be located exactly"),
+        )
+    };
+    if ts >= te {
+        return Err(straddle("inside"));
+    }
+    // A leading separator may be trimmed out of a token's offsets (ByteLevel trim_offsets).
+    if offsets[ts].0 < start {
+        return Err(straddle("start"));
+    }
+    if offsets[te - 1].1 > end {
+        return Err(straddle("end"));
+    }
+    Ok((ts, te))
+}

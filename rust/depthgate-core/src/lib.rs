@@ -1,0 +1,28 @@
+//! depthgate-core: token-exact long-context layouts, in pure Rust (no Python).
+//!
+//! One direction of flow: a [`spec::BatchSpec`] (JSON from the Python front) → [`layout::build_layouts`]
+//! (rayon inside) → [`spec::Layout`]s whose ids are exactly `encode(text)` under the target
+//! tokenizer → [`checks::presend_check`] before sending, [`verify::verify_layout`] to re-check any
+//! stored layout from scratch.
+//!
+//! Modules: `tokenizer` (load, digest, special tokens, fast-verification soundness) · `layout`
+//! (placement, seams, exact length) · `verify` (full re-encode check) · `checks` (pre-send) ·
+//! `digest` · `error`.
+
+pub mod checks;
+pub mod digest;
+pub mod error;
+pub mod layout;
+pub mod spec;
+pub mod tokenizer;
+pub mod verify;
+
+pub use checks::{presend_check, CheckReport, SendContract};
+pub use error::{CoreError, Result};
+pub use layout::build_layouts;
+pub use spec::{BatchSpec, Layout, Span, Status, Verification};
+pub use tokenizer::TargetTokenizer;
+pub use verify::{verify_layout, Violation};
+
+/// Version of the assembly algorithm; part of every layout id.
+pub const ASSEMBLER_VERSION: &str = "depthgate-layout/1";

@@ -1,0 +1,318 @@
+//! Integration tests on the real tokenizer families in ../shared/tokenizers: every emitted layout
+//! must satisfy ids == encode(text), exact length, and spans read from the final offsets.
+
+use std::path::PathBuf;
+
+use depthgate_core::spec::{
+    AnchoredSpec, BatchSpec, CaseSpec, PositionSpec, UnitKind, UnitSpec, Verification,
+};
+use depthgate_core::{
+    build_layouts, presend_check, verify_layout, SendContract, Status, TargetTokenizer,
+};
+
+fn shared() -> PathBuf {
+    let here = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    // rust/depthgate-core -> repo -> its parent holds shared/
+    here.join("../../../shared")
+        .canonicalize()
+        .expect("shared/ next to the repository")
+}
+
+fn tokenizer(family: &str) -> TargetTokenizer {
+    TargetTokenizer::from_file(
+        &shared()
+            .join("tokenizers")
+            .join(family)
+            .join("tokenizer.json"),
+    )
+    .unwrap()
+}
+
+const FAMILIES: &[&str] = &[
+    "gpt2",
+    "smollm",
+    "llama2-tinyllama",
+    "mistral-7b-v1",
+    "llama3-from-gguf",
+    "bert-wordpiece",
+];
+
+fn filler(n: usize) -> Vec<String> {
+    let depts = [
+        "Procurement",
+        "Facilities",
+        "Legal",
+        "Warehouse",
+        "Finance",
+        "Security",
+    ];
+    let acts = [
+        "should review",
+        "must archive",
+        "may update",
+        "will confirm",
+    ];
+    let objs = [
+        "equipment loan forms",
+        "meeting room bookings",
+        "badge access logs",
+        "vendor contact lists",
+    ];
+    let times = [
+        "before the monthly close",
+        "every Friday",
+        "when a request is approved",
+        "during onboarding",
+    ];
+    (0..n)
+        .map(|i| {
+            if i % 9 == 0 {
+                format!("\n\nSection {}. Operations notes.", i / 9 + 1)
+            } else if i % 9 == 1 {
+                format!(
+                    "\n{} staff {} {} {}.",
+                    depts[i % 6],
+                    acts[i % 4],
+                    objs[(i / 4) % 4],
+                    times[(i / 16) % 4]
+                )
+            } else {
+                format!(
+                    " {} staff {} {} {}.",
+                    depts[i % 6],
+                    acts[(i / 6) % 4],
+                    objs[i % 4],
+                    times[(i / 3) % 4]
+                )
+            }
+        })
+        .collect()
+}
+
+fn pool() -> Vec<String> {
+    let mut out = vec![
+        " Noted.".to_string(),
+        " Forms are online.".to_string(),
+        " Ask the front desk.".to_string(),
+    ];
+    let words = [
+        "Copies", "of", "this", "handbook", "may", "be", "out", "of", "date", "so", "check", "the",
+        "intranet", "first",
+    ];
+    for n in 1..words.len() {
+        out.push(format!(" {}.", words[..n].join(" ")));
+    }
+    for n in 1..12 {
+        out.push(format!(
+            " Staff {} review the {} checklist.",
+            "should also".repeat(1 + n % 2),
+            "weekly ".repeat(n).trim_end()
+        ));
+    }
+    out
+}
+
+fn batch(verification: Verification, lengths: Vec<usize>) -> BatchSpec {
+    BatchSpec {
+        assembler_version: depthgate_core::ASSEMBLER_VERSION.into(),
+        template_digest: "raw".into(),
+        add_special_tokens: true,
+        verification,
+        window: None,
+        max_output_tokens: 12,
+        filler: filler(4000),
+        pool: pool(),
+        cases: vec![CaseSpec {
+            case_id: "hotel-china".into(),
+            case_digest: "d1".into(),
+            prefix: "Company Operations Handbook (excerpt)".into(),
+            suffix: "\n\nQuestion: What is the current maximum hotel rate in region China?\nAnswer: Under the current travel policy, the maximum hotel rate for business travel in region China is".into(),
+            moving: vec![UnitSpec {
+                id: "travel-v4".into(),
+                text: " Travel policy version 4 (2025), which replaces version 3: the maximum hotel rate for business travel in region China is 245 USD per night.".into(),
+                kind: UnitKind::Evidence,
+            }],
+            anchored: vec![
+                AnchoredSpec { id: "travel-v3".into(), text: " Travel policy version 3 (2023): the maximum hotel rate for business travel in region China is 180 USD per night.".into(), kind: UnitKind::Evidence, depth: 0.375 },
+                AnchoredSpec { id: "d-gulf".into(), text: " The maximum hotel rate for business travel in region Gulf States is 260 USD per night.".into(), kind: UnitKind::Distractor, depth: 0.1 },
+                AnchoredSpec { id: "d-sea".into(), text: " The maximum hotel rate for business travel in region South-East Asia is 265 USD per night 東京 😀.".into(), kind: UnitKind::Distractor, depth: 0.8 },
+            ],
+            filler_offset: 3,
+        }],
+        lengths,
+        positions: [0.0, 0.25, 0.5, 0.75, 1.0]
+            .iter()
+            .map(|d| PositionSpec { label: d.to_string(), depth: Some(*d), offset: None })
+            .chain(std::iter::once(PositionSpec { label: "@300".into(), depth: None, offset: Some(300) }))
+            .collect(),
+    }
+}
+
+#[test]
+fn every_family_meets_the_contract_in_full_mode() {
+    for family in FAMILIES {
+        let tok = tokenizer(family);
+        let spec = batch(Verification::Full, vec![512, 1024, 4096]);
+        let layouts = build_layouts(&tok, &spec).unwrap();
+        assert_eq!(layouts.len(), 3 * 6);
+        for l in &layouts {
+            assert_eq!(
+                l.status,
+                Status::Ok,
+                "{family} {} {}: {:?}",
+                l.target_tokens,
+                l.position,
+                l.reason
+            );
+            assert_eq!(l.total_tokens, l.target_tokens, "{family}");
+            let violations = verify_layout(
+                &tok,
+                &l.text,
+                &l.token_ids,
+                true,
+                Some(l.target_tokens),
+                &l.spans,
+            )
+            .unwrap();
+            assert!(
+                violations.is_empty(),
+                "{family} {} {}: {violations:?}",
+                l.target_tokens,
+                l.position
+            );
+            let ev = l.spans.iter().find(|s| s.unit_id == "travel-v4").unwrap();
+            // Evidence ids identical at every position of the case.
+            let first = &layouts[0];
+            let ev0 = first
+                .spans
+                .iter()
+                .find(|s| s.unit_id == "travel-v4")
+                .unwrap();
+            assert_eq!(
+                l.token_ids[ev.token_start..ev.token_end],
+                first.token_ids[ev0.token_start..ev0.token_end]
+            );
+            let contract = SendContract {
+                target_tokens: l.target_tokens,
+                window: Some(8192),
+                max_output_tokens: 12,
+                template_digest: "raw".into(),
+                bos_id: None,
+            };
+            let report = presend_check(
+                &l.layout_id,
+                &l.text,
+                &l.token_ids,
+                &l.spans,
+                "raw",
+                &contract,
+            );
+            assert!(report.ok, "{family}: {:?}", report.violations);
+        }
+        // Depth 0 puts the evidence at the start of the region, depth 1 ends it at the region end.
+        let at = |label: &str| {
+            layouts
+                .iter()
+                .find(|l| l.position == label && l.target_tokens == 1024)
+                .unwrap()
+        };
+        let d0 = at("0");
+        assert_eq!(d0.actual_offset, Some(d0.region_start), "{family}");
+        let d1 = at("1");
+        let ev = d1.spans.iter().find(|s| s.unit_id == "travel-v4").unwrap();
+        if *family == "gpt2" {
+            assert_eq!(ev.token_end, d1.region_end, "{family}");
+        } else {
+            // Llama-3 merges ".\n\n" across the seam to the question: the block then snaps one
+            // closing sentence earlier. The snap is recorded and small.
+            assert!(
+                ev.token_end <= d1.region_end && d1.region_end - ev.token_end <= 64,
+                "{family}"
+            );
+        }
+        for l in &layouts {
+            assert!(
+                l.snap_tokens.abs() <= 64,
+                "{family} {} snap {}",
+                l.position,
+                l.snap_tokens
+            );
+        }
+        assert_eq!(at("@300").requested_offset, Some(300));
+    }
+}
+
+#[test]
+fn fast_mode_equals_full_mode_where_sound() {
+    for family in FAMILIES {
+        let tok = tokenizer(family);
+        let full = build_layouts(&tok, &batch(Verification::Full, vec![2048])).unwrap();
+        let fast = build_layouts(&tok, &batch(Verification::Fast, vec![2048])).unwrap();
+        for (a, b) in full.iter().zip(&fast) {
+            assert_eq!(a.token_ids, b.token_ids, "{family} {}", a.position);
+            assert_eq!(a.spans, b.spans, "{family} {}", a.position);
+            assert_eq!(a.text, b.text);
+        }
+        assert!(
+            fast.iter().all(|l| l.status == Status::Ok),
+            "{family}: {:?}",
+            fast.iter().map(|l| &l.reason).collect::<Vec<_>>()
+        );
+        let used_fast = fast
+            .iter()
+            .filter(|l| l.verification == Verification::Fast)
+            .count();
+        if tok.fast_unsound_reason.is_none() {
+            assert!(used_fast > 0, "{family}: fast mode never applied");
+        } else {
+            assert_eq!(used_fast, 0, "{family}: fast mode used although unsound");
+        }
+    }
+}
+
+#[test]
+fn refusals_name_their_reason() {
+    let tok = tokenizer("gpt2");
+    let mut spec = batch(Verification::Full, vec![40]);
+    let layouts = build_layouts(&tok, &spec).unwrap();
+    assert!(layouts
+        .iter()
+        .all(|l| l.reason_code.as_deref() == Some("length_below_fixed_parts")));
+    spec.lengths = vec![1024];
+    spec.window = Some(1000);
+    let layouts = build_layouts(&tok, &spec).unwrap();
+    assert!(layouts
+        .iter()
+        .all(|l| l.reason_code.as_deref() == Some("window_too_small")));
+    spec.window = None;
+    spec.positions = vec![PositionSpec {
+        label: "@5000".into(),
+        depth: None,
+        offset: Some(5000),
+    }];
+    let layouts = build_layouts(&tok, &spec).unwrap();
+    assert_eq!(
+        layouts[0].reason_code.as_deref(),
+        Some("offset_outside_region")
+    );
+    spec.positions = vec![PositionSpec {
+        label: "1.5".into(),
+        depth: Some(1.5),
+        offset: None,
+    }];
+    assert!(build_layouts(&tok, &spec).is_err());
+    let mut spec = batch(Verification::Full, vec![1024]);
+    spec.cases[0].moving[0].text = " The code is <|endoftext|> 42.".into();
+    let err = build_layouts(&tok, &spec).unwrap_err().to_string();
+    assert!(err.contains("special-token"), "{err}");
+}
+
+#[test]
+fn a_different_tokenizer_changes_the_layout_id() {
+    let a = build_layouts(&tokenizer("gpt2"), &batch(Verification::Full, vec![512])).unwrap();
+    let b = build_layouts(&tokenizer("smollm"), &batch(Verification::Full, vec![512])).unwrap();
+    assert_ne!(a[0].layout_id, b[0].layout_id);
+    let a2 = build_layouts(&tokenizer("gpt2"), &batch(Verification::Full, vec![512])).unwrap();
+    assert_eq!(a[0].layout_id, a2[0].layout_id);
+    assert_eq!(a[0].token_ids, a2[0].token_ids);
+}
