@@ -44,8 +44,9 @@ const MAX_CORRECTIONS: usize = 6;
 /// How many of the nearest unit boundaries are tried for the moving block.
 const MAX_BOUNDARY_TRIES: usize = 8;
 
-/// Neutral left context for junction windows and reference evidence encodings.
-const JUNCTION_ANCHOR: &str = "x.";
+/// Neutral left context for junction windows and reference evidence encodings: one letter, which
+/// no family merges with a following space or newline (a "." would: Llama-3 has ".\n\n" tokens).
+const JUNCTION_ANCHOR: &str = "x";
 
 type UnitIdx = u32;
 
@@ -117,6 +118,14 @@ struct Measured {
 
 fn is_ascii_ws(b: u8) -> bool {
     matches!(b, b' ' | b'\n' | b'\t' | b'\r')
+}
+
+fn back_over_ws(text: &str, mut pos: usize) -> usize {
+    let bytes = text.as_bytes();
+    while pos > 0 && is_ascii_ws(bytes[pos - 1]) {
+        pos -= 1;
+    }
+    pos
 }
 
 /// Does token `k` of a piece start a whitespace-led pre-token? Either the token begins with the
@@ -224,13 +233,20 @@ impl<'t> LayoutEngine<'t> {
                 break;
             }
         }
-        let a_start = if ka == 0 { 0 } else { sa.piece.offsets[ka].0 };
+        // Offset-trimming files (Llama-3, SmolLM, BERT) leave the whitespace before a word out of
+        // every token; the window edges take that whitespace to the right-hand side, where the
+        // pre-tokenizer puts it, so the window starts with whitespace and never ends with it.
+        let a_start = if ka == 0 {
+            0
+        } else {
+            back_over_ws(&sa.text, sa.piece.offsets[ka].0).max(sa.piece.offsets[ka - 1].1)
+        };
         let b_end = if kb == sb.piece.ids.len() {
             sb.text.len()
         } else {
-            sb.piece.offsets[kb].0
+            back_over_ws(&sb.text, sb.piece.offsets[kb].0).max(sb.piece.offsets[kb - 1].1)
         };
-        // A window that starts at a whitespace-led token gets a neutral left context ("x."), so
+        // A window that starts at a whitespace-led token gets a neutral left context ("x"), so
         // tokenizers that treat the start of a string specially (SentencePiece's dummy prefix)
         // see the window as they see it mid-prompt. The anchor's own tokens are dropped again.
         let anchor = if ka > 0 || is_ascii_ws(sa.text.as_bytes()[0]) {
@@ -254,8 +270,16 @@ impl<'t> LayoutEngine<'t> {
                 .get(keep)
                 .is_some_and(|&(s, _)| s < anchor.len())
             {
-                // The anchor merged into the window's first token: no clean seam to reason about.
-                return Ok(exact(false));
+                // The anchor merged into the window's first token: no clean left edge. Estimate the
+                // seam from the two whole units instead, and never trust it for fast assembly.
+                let joint = self
+                    .tok
+                    .encode_ids(&format!("{}{}", sa.text, sb.text), false)?
+                    .len() as i64;
+                return Ok(Junction {
+                    delta: joint - sa.piece.ids.len() as i64 - sb.piece.ids.len() as i64,
+                    ..exact(false)
+                });
             }
             enc.ids.drain(..keep);
             enc.offsets = enc
@@ -979,7 +1003,6 @@ fn place(
         }
         _ => unreachable!("validated"),
     };
-    let block: Vec<UnitIdx> = ctx.moving.iter().map(|p| p.seg).collect();
     let mut order: Vec<usize> = (0..bounds.len()).collect();
     order.sort_by_key(|&k| ((bounds[k] - requested).abs(), k));
     // The nearest boundary is tried first; a boundary whose seams change the count or cut through
@@ -1145,4 +1168,60 @@ fn token_span(
         return Err(straddle("end"));
     }
     Ok((ts, te))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shared_tokenizer(family: &str) -> TargetTokenizer {
+        let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../../../shared/tokenizers")
+            .join(family)
+            .join("tokenizer.json");
+        TargetTokenizer::from_file(&path).unwrap()
+    }
+
+    /// Every seam delta equals the joint encoding's, for adversarial units (tabs, double spaces,
+    /// zero-width space, CJK, emoji, special-token look-alikes) on byte-level and SentencePiece files.
+    #[test]
+    fn seam_deltas_match_joint_encoding() {
+        let units = [
+            "Handbook",
+            "\té policy 東京!",
+            "\t[INST end|> \u{200b})",
+            "  <|im😀",
+            " < s > 😀x",
+            "  policy é)",
+            "\t[INST naïve end|> <<SYS>>x café 数据。",
+            "\n\n数据 <<SYS>>x。",
+            " The maximum hotel rate is 245 USD per night.",
+            "\n\nSection 2. Records.",
+            "\nLegal staff must file forms.",
+            "\n\nQuestion: which?\nAnswer:",
+        ];
+        for family in [
+            "gpt2",
+            "smollm",
+            "llama3-from-gguf",
+            "llama2-tinyllama",
+            "mistral-7b-v1",
+            "bert-wordpiece",
+        ] {
+            let tok = shared_tokenizer(family);
+            let engine =
+                LayoutEngine::new(&tok, units.iter().map(|s| s.to_string()).collect()).unwrap();
+            for a in &units {
+                for b in &units[1..] {
+                    let (sa, sb) = (engine.seg(a), engine.seg(b));
+                    let j = engine.junction(sa, sb).unwrap();
+                    let joint = tok.encode_ids(&format!("{a}{b}"), false).unwrap().len() as i64;
+                    let expected = joint - engine.len(sa) - engine.len(sb);
+                    if tok.fast_unsound_reason.is_none() || j.provable {
+                        assert_eq!(j.delta, expected, "{family}: {a:?} + {b:?}");
+                    }
+                }
+            }
+        }
+    }
 }

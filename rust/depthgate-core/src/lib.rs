@@ -22,7 +22,7 @@ pub use error::{CoreError, Result};
 pub use layout::build_layouts;
 pub use spec::{BatchSpec, Layout, Span, Status, Verification};
 pub use tokenizer::TargetTokenizer;
-pub use verify::{verify_layout, Violation};
+pub use verify::{verify_batch, verify_layout, StoredLayout, Violation};
 
 /// Version of the assembly algorithm; part of every layout id.
 pub const ASSEMBLER_VERSION: &str = "depthgate-layout/1";

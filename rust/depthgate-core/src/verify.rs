@@ -113,3 +113,36 @@ pub fn verify_layout(
     }
     Ok(out)
 }
+
+/// One stored layout to re-verify.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct StoredLayout {
+    pub layout_id: String,
+    pub text: String,
+    pub add_special_tokens: bool,
+    pub target_tokens: Option<usize>,
+    pub spans: Vec<Span>,
+}
+
+/// Re-verify many layouts in parallel; `ids[i]` belongs to `layouts[i]`.
+pub fn verify_batch(
+    tok: &TargetTokenizer,
+    layouts: &[StoredLayout],
+    ids: &[&[u32]],
+) -> Result<Vec<Vec<Violation>>> {
+    use rayon::prelude::*;
+    layouts
+        .par_iter()
+        .zip(ids.par_iter())
+        .map(|(l, ids)| {
+            verify_layout(
+                tok,
+                &l.text,
+                ids,
+                l.add_special_tokens,
+                l.target_tokens,
+                &l.spans,
+            )
+        })
+        .collect()
+}

@@ -1,0 +1,3 @@
+from depthgate.cli import main
+import sys
+sys.exit(main())

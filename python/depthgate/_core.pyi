@@ -1,0 +1,42 @@
+"""Type stub for the Rust extension ``depthgate._core`` (rust/depthgate-py). Private: use
+``depthgate.layouts`` instead."""
+
+from typing import Any, final
+
+import numpy as np
+
+ASSEMBLER_VERSION: str
+
+@final
+class Tokenizer:
+    @staticmethod
+    def from_file(path: str) -> Tokenizer: ...
+    @property
+    def digest(self) -> str: ...
+    @property
+    def special_head(self) -> list[int]: ...
+    @property
+    def special_tail(self) -> list[int]: ...
+    @property
+    def fast_unsound_reason(self) -> str | None: ...
+    @property
+    def special_strings(self) -> list[str]: ...
+    def encode(self, text: str, add_special_tokens: bool) -> np.ndarray[Any, np.dtype[np.uint32]]: ...
+
+def build_layouts(
+    tokenizer: Tokenizer, spec_json: str
+) -> tuple[np.ndarray[Any, np.dtype[np.uint32]], np.ndarray[Any, np.dtype[np.uint64]], str]: ...
+def verify_layouts(
+    tokenizer: Tokenizer,
+    layouts_json: str,
+    ids_flat: np.ndarray[Any, np.dtype[np.uint32]],
+    row_offsets: np.ndarray[Any, np.dtype[np.uint64]],
+) -> str: ...
+def presend_check(
+    layout_id: str,
+    text: str,
+    ids: np.ndarray[Any, np.dtype[np.uint32]],
+    spans_json: str,
+    layout_template_digest: str,
+    contract_json: str,
+) -> str: ...

@@ -1,0 +1,796 @@
+"""HTTP backends: OpenAI-compatible ``/v1/completions`` (vLLM server, llama-server, any compatible server),
+OpenAI chat completions and the Anthropic Messages API. Async (httpx), bounded timeouts, retries with
+exponential backoff and jitter on 429/5xx/timeouts/refused connections, ``Retry-After`` honoured.
+
+Facts these follow are in research/api_facts.md: vLLM takes ``prompt: [ids]`` verbatim and echoes them
+with ``return_token_ids``; ``/v1/models`` carries ``max_model_len`` (vLLM only); over-length is an HTTP
+400 whose body says "maximum context length" (vLLM, OpenAI, llama-cpp-python), ``exceed_context_size_error``
+(llama-server) or "prompt is too long" (Anthropic); ``truncate_prompt_tokens`` is never sent.
+
+Measured on llama-cpp-python 0.3.36's server (tests/test_backends_http.py): ``/v1/completions`` accepts
+only text prompts; a token-id prompt is answered with HTTP **500** carrying pydantic ``string_type``
+validation errors, which this module reports as a :class:`BackendRequestError`, not a transient error.
+It tokenizes text with BOS added and special tokens parsed; ``/v1/models`` has no context length; an
+unknown ``model`` is served silently by the one loaded model (so the served ids are checked here).
+
+API keys come from the environment only, are held in a :class:`~depthgate.backends.base.Secret`, sent
+per request, and redacted from every message built here; no exception raised here keeps a reference to
+an httpx request (which holds the headers).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import json
+import logging
+import math
+import random
+import re
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+import httpx
+
+from depthgate.backends.base import (
+    BackendRequestError,
+    OverLengthError,
+    Request,
+    Response,
+    Secret,
+    TransientBackendError,
+)
+from depthgate.exceptions import BackendError, DepthgateError
+
+__all__ = [
+    "ANTHROPIC_URL",
+    "ANTHROPIC_VERSION",
+    "OPENAI_URL",
+    "TEXT_COUNT_TOLERANCE",
+    "AnthropicBackend",
+    "OpenAIChatBackend",
+    "OpenAICompletionsBackend",
+    "is_overlength_error",
+]
+
+log = logging.getLogger("depthgate.backends.http")
+
+OPENAI_URL = "https://api.openai.com"
+ANTHROPIC_URL = "https://api.anthropic.com"
+ANTHROPIC_VERSION = "2023-06-01"
+#: Relative prompt-count tolerance for text-only providers whose tokenizer is not the local one.
+TEXT_COUNT_TOLERANCE = 0.10
+
+_RETRY_STATUS = frozenset({408, 409, 425, 429})
+_OVERLENGTH_TEXT = re.compile(
+    r"maximum context length|context length|context window|exceeds? the available context"
+    r"|prompt is too long|too many (?:input )?tokens|longer than the maximum model length",
+    re.IGNORECASE,
+)
+_VALIDATION_TEXT = re.compile(r"\bvalidation errors?\b", re.IGNORECASE)
+_MAX_MESSAGE = 400
+
+
+# --------------------------------------------------------------------------------------------------
+# helpers
+
+
+def _error_fields(body: Any) -> dict[str, Any]:
+    """``{"message", "type", "code", "param"}`` from the error envelopes in use (nested OpenAI/vLLM ≥0.11,
+    flat vLLM ≤0.10, Anthropic ``{"type":"error","error":{…}}``, FastAPI ``{"detail": …}``)."""
+    if not isinstance(body, Mapping):
+        return {"message": str(body)} if body else {}
+    err = body.get("error")
+    if isinstance(err, Mapping):
+        return {k: err.get(k) for k in ("message", "type", "code", "param")}
+    if isinstance(err, str):
+        return {"message": err, "type": body.get("type"), "code": body.get("code")}
+    if "detail" in body:
+        return {"message": json.dumps(body["detail"], default=str)[:2000]}
+    return {k: body.get(k) for k in ("message", "type", "code", "param")}
+
+
+def is_overlength_error(status: int, body: Any) -> bool:
+    """HTTP status + JSON body of a refusal because the prompt (plus ``max_tokens``) exceeds the window."""
+    if status not in (400, 413, 422):
+        return False
+    fields = _error_fields(body)
+    if fields.get("code") == "context_length_exceeded" or fields.get("type") == "exceed_context_size_error":
+        return True
+    if fields.get("param") == "input_tokens":
+        return True
+    message = str(fields.get("message") or "")
+    if fields.get("param") == "max_tokens" and "must be at least 1" in message:
+        return True  # vLLM 0.32 when the prompt fills the whole window
+    return bool(_OVERLENGTH_TEXT.search(message))
+
+
+def _retry_after_seconds(value: str | None) -> float | None:
+    if not value:
+        return None
+    value = value.strip()
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError):
+            return None
+        seconds = when.timestamp() - time.time()
+    if not math.isfinite(seconds):
+        return None
+    return max(0.0, seconds)
+
+
+def _int_or_none(value: Any) -> int | None:
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return None
+
+
+def _normalize_base_url(url: str) -> str:
+    url = url.rstrip("/")
+    if url.endswith("/v1"):
+        url = url[: -len("/v1")]
+    return url
+
+
+def _apply_stops(text: str, stops: Sequence[str]) -> tuple[str, bool]:
+    """``text`` cut before the earliest stop string, and whether one was found."""
+    cut = min((i for i in (text.find(s) for s in stops if s) if i >= 0), default=-1)
+    return (text[:cut], True) if cut >= 0 else (text, False)
+
+
+# --------------------------------------------------------------------------------------------------
+# shared HTTP machinery
+
+
+class _HTTPBackend:
+    """Retrying JSON-over-HTTP client shared by the backends below (one httpx client per event loop)."""
+
+    accepts_token_ids: bool = False
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        base_url: str,
+        api_key: Secret | None,
+        name: str,
+        window: int | None,
+        max_attempts: int,
+        timeout_s: float,
+        connect_timeout_s: float,
+        backoff_base_s: float,
+        backoff_max_s: float,
+        max_retry_after_s: float,
+        count_tolerance: float,
+        max_connections: int,
+        transport: httpx.AsyncBaseTransport | None,
+    ) -> None:
+        if max_attempts < 1:
+            raise ValueError("max_attempts must be ≥ 1")
+        if not (timeout_s > 0 and connect_timeout_s > 0):
+            raise ValueError("timeouts must be > 0")
+        if not (count_tolerance >= 0.0):
+            raise ValueError("count_tolerance must be ≥ 0")
+        self.model = model
+        self.name = name
+        self.base_url = _normalize_base_url(base_url)
+        self._api_key = api_key
+        self._configured_window = window
+        self.max_attempts = max_attempts
+        self.timeout_s = timeout_s
+        self.connect_timeout_s = connect_timeout_s
+        self.backoff_base_s = backoff_base_s
+        self.backoff_max_s = backoff_max_s
+        self.max_retry_after_s = max_retry_after_s
+        self.count_tolerance = count_tolerance
+        self._max_connections = max_connections
+        self._transport = transport
+        self._http: httpx.AsyncClient | None = None
+        self._http_loop: asyncio.AbstractEventLoop | None = None
+        self._jitter = random.Random()
+
+    def __repr__(self) -> str:
+        key = None if self._api_key is None else f"<from ${self._api_key.env_var}>"
+        return (
+            f"{type(self).__name__}(name={self.name!r}, model={self.model!r}, base_url={self.base_url!r}, "
+            f"api_key={key}, window={self.window})"
+        )
+
+    @property
+    def window(self) -> int | None:
+        return self._configured_window
+
+    # -- plumbing -----------------------------------------------------------------------------------
+
+    def _headers(self) -> dict[str, str]:
+        return {"Content-Type": "application/json", "Accept": "application/json"}
+
+    def _redact(self, text: str) -> str:
+        return self._api_key.redact(text) if self._api_key is not None else text
+
+    def _client(self) -> httpx.AsyncClient:
+        loop = asyncio.get_running_loop()
+        if self._http is None or self._http_loop is not loop:
+            self._http = httpx.AsyncClient(
+                timeout=httpx.Timeout(self.timeout_s, connect=self.connect_timeout_s),
+                limits=httpx.Limits(
+                    max_connections=self._max_connections, max_keepalive_connections=self._max_connections
+                ),
+                transport=self._transport,
+                follow_redirects=False,
+            )
+            self._http_loop = loop
+        return self._http
+
+    async def aclose(self) -> None:
+        client, self._http = self._http, None
+        loop, self._http_loop = self._http_loop, None
+        if client is not None and loop is asyncio.get_running_loop():
+            await client.aclose()
+
+    def _backoff(self, attempt: int, retry_after: float | None) -> float:
+        if retry_after is not None:
+            return float(min(retry_after, self.max_retry_after_s))
+        cap = min(self.backoff_max_s, self.backoff_base_s * (2 ** (attempt - 1)))
+        return float(cap * (0.5 + 0.5 * self._jitter.random()))  # exponential backoff, jitter in [cap/2, cap]
+
+    def _message(self, body: Any, raw: str) -> str:
+        fields = _error_fields(body) if body is not None else {}
+        message = str(fields.get("message") or raw or "").strip()
+        return self._redact(message)[:_MAX_MESSAGE]
+
+    async def _call(
+        self, method: Literal["GET", "POST"], path: str, payload: Mapping[str, Any] | None = None
+    ) -> tuple[Any, int]:
+        """The decoded JSON of a 2xx answer and the number of attempts made. Retries transient failures;
+        raises :class:`TransientBackendError` when they persist, :class:`OverLengthError` or
+        :class:`BackendRequestError` at once for a refusal."""
+        url = f"{self.base_url}{path}"
+        where = f"{method} {url}"
+        last: TransientBackendError | None = None
+        for attempt in range(1, self.max_attempts + 1):
+            failure: TransientBackendError | None = None
+            refusal: DepthgateError | None = None
+            body: Any = None
+            ok = False
+            try:
+                response = await self._client().request(
+                    method, url, json=payload if method == "POST" else None, headers=self._headers()
+                )
+            except httpx.TimeoutException as exc:
+                failure = TransientBackendError(
+                    f"{where} timed out ({type(exc).__name__}, limit {self.timeout_s:g} s read, "
+                    f"{self.connect_timeout_s:g} s connect)",
+                    summary=f"timeout: {where}",
+                    fix="check the server's load, or raise timeout_s",
+                )
+            except httpx.TransportError as exc:
+                failure = TransientBackendError(
+                    f"cannot reach {url} ({type(exc).__name__}: {self._redact(str(exc))[:200]})",
+                    summary=f"unreachable: {where}",
+                    fix="check that the server is running and the endpoint URL is right",
+                )
+            else:
+                status = response.status_code
+                raw = response.text
+                try:
+                    body = response.json() if raw else None
+                except ValueError:
+                    body = None
+                if 200 <= status < 300:
+                    if body is None:
+                        failure = TransientBackendError(
+                            f"{where} returned HTTP {status} without a JSON body",
+                            summary=f"HTTP {status} non-JSON: {where}",
+                            status=status,
+                        )
+                    else:
+                        ok = True
+                elif is_overlength_error(status, body):
+                    refusal = OverLengthError(
+                        f"{where} refused the prompt as too long (HTTP {status}: {self._message(body, raw)})",
+                        summary=f"HTTP {status} over-length: {where}",
+                        fix="shorten the layout or lower max_tokens (the served window may be smaller "
+                        "than assumed)",
+                    )
+                elif status >= 500 and _VALIDATION_TEXT.search(self._message(body, raw)):
+                    refusal = self._validation_refusal(status, where, self._message(body, raw), payload)
+                elif status in _RETRY_STATUS or status >= 500:
+                    failure = TransientBackendError(
+                        f"{where} answered HTTP {status} "
+                        f"({self._message(body, raw) or response.reason_phrase})",
+                        summary=f"HTTP {status}: {where}",
+                        retry_after=_retry_after_seconds(response.headers.get("retry-after")),
+                        status=status,
+                        fix="the run records it as infra_error and re-runs it on resume",
+                    )
+                else:
+                    refusal = self._refusal(status, where, self._message(body, raw))
+            if ok:
+                return body, attempt
+            if refusal is not None:
+                raise refusal
+            assert failure is not None
+            failure.attempts = attempt
+            last = failure
+            if attempt < self.max_attempts:
+                delay = self._backoff(attempt, failure.retry_after)
+                log.info(
+                    "retrying %s in %.2f s (attempt %d/%d)",
+                    failure.summary,
+                    delay,
+                    attempt,
+                    self.max_attempts,
+                )
+                await asyncio.sleep(delay)
+        assert last is not None
+        last.message = f"{last.message}; gave up after {last.attempts} attempt(s)"
+        last.args = (last._compose(),)
+        raise last
+
+    def _refusal(self, status: int, where: str, message: str) -> BackendRequestError:
+        if status in (401, 403):
+            env = f"${self._api_key.env_var}" if self._api_key is not None else "no API key was sent"
+            fix = f"check the API key ({env}) and its permissions"
+        elif status == 404:
+            fix = "check the endpoint URL and the model name"
+        else:
+            fix = "check the request parameters for this backend"
+        return BackendRequestError(
+            f"{where} refused the request (HTTP {status}: {message})",
+            status=status,
+            summary=f"HTTP {status}: {where}",
+            fix=fix,
+        )
+
+    def _validation_refusal(
+        self, status: int, where: str, message: str, payload: Mapping[str, Any] | None
+    ) -> BackendRequestError:
+        sent_ids = isinstance((payload or {}).get("prompt"), list)
+        fix = (
+            "this server does not accept token-id prompts (llama-cpp-python's server takes text only); "
+            "use prompt_format='text', or llama-server / vLLM for token-exact prompts"
+            if sent_ids
+            else "check the request parameters for this backend"
+        )
+        return BackendRequestError(
+            f"{where} rejected the request body (HTTP {status}: {message})",
+            status=status,
+            summary=f"HTTP {status} validation error: {where}",
+            fix=fix,
+        )
+
+    @staticmethod
+    def _malformed(where: str, what: str) -> BackendError:
+        return BackendError(
+            f"{where} returned a response without {what}", fix="check the server's API version"
+        )
+
+
+# --------------------------------------------------------------------------------------------------
+# OpenAI-compatible /v1/completions
+
+
+class OpenAICompletionsBackend(_HTTPBackend):
+    """``/v1/completions`` of vLLM's server or any OpenAI-compatible server.
+
+    ``prompt_format="token_ids"`` sends ``prompt: [ids]`` (vLLM, llama-server); ``"text"`` sends the
+    rendered text (servers that only take text, e.g. llama-cpp-python's). ``vllm=True`` adds
+    ``return_token_ids`` so the echoed prompt ids are compared with the ids sent. ``/v1/models`` is read
+    once, before the first request: the requested model must be served, and its ``max_model_len`` (when
+    present) becomes :attr:`window`. ``truncate_prompt_tokens`` is never sent.
+    """
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        base_url: str,
+        api_key: Secret | None = None,
+        name: str | None = None,
+        window: int | None = None,
+        prompt_format: Literal["token_ids", "text"] = "token_ids",
+        vllm: bool = False,
+        check_served_model: bool = True,
+        max_attempts: int = 4,
+        timeout_s: float = 300.0,
+        connect_timeout_s: float = 10.0,
+        backoff_base_s: float = 0.5,
+        backoff_max_s: float = 30.0,
+        max_retry_after_s: float = 120.0,
+        count_tolerance: float = 0.0,
+        max_connections: int = 256,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        super().__init__(
+            model,
+            base_url=base_url,
+            api_key=api_key,
+            name=name or model,
+            window=window,
+            max_attempts=max_attempts,
+            timeout_s=timeout_s,
+            connect_timeout_s=connect_timeout_s,
+            backoff_base_s=backoff_base_s,
+            backoff_max_s=backoff_max_s,
+            max_retry_after_s=max_retry_after_s,
+            count_tolerance=count_tolerance,
+            max_connections=max_connections,
+            transport=transport,
+        )
+        if prompt_format not in ("token_ids", "text"):
+            raise ValueError(f"prompt_format must be 'token_ids' or 'text', got {prompt_format!r}")
+        self.prompt_format = prompt_format
+        self.accepts_token_ids = prompt_format == "token_ids"
+        self.vllm = vllm
+        self.check_served_model = check_served_model
+        self._probed = False
+        self._probe_lock: asyncio.Lock | None = None
+        self._probe_loop: asyncio.AbstractEventLoop | None = None
+        self._served_window: int | None = None
+        self.served_models: list[str] = []
+
+    def _headers(self) -> dict[str, str]:
+        headers = super()._headers()
+        if self._api_key is not None:
+            headers["Authorization"] = f"Bearer {self._api_key.reveal()}"
+        return headers
+
+    @property
+    def window(self) -> int | None:
+        known = [w for w in (self._configured_window, self._served_window) if w is not None]
+        return min(known) if known else None
+
+    @property
+    def served_window(self) -> int | None:
+        """``max_model_len`` of the served model from ``/v1/models`` (``None`` if it reports none)."""
+        return self._served_window
+
+    async def probe(self) -> dict[str, Any]:
+        """Read ``/v1/models``: check the model is served, take ``max_model_len``. Returns the model card."""
+        where = f"GET {self.base_url}/v1/models"
+        try:
+            body, _ = await self._call("GET", "/v1/models")
+        except BackendRequestError as exc:
+            if exc.status == 404:  # a server without the endpoint: nothing to check
+                self._probed = True
+                return {}
+            raise
+        data = body.get("data") if isinstance(body, Mapping) else None
+        if not isinstance(data, list):
+            raise self._malformed(where, "a model list ('data')")
+        cards = [c for c in data if isinstance(c, Mapping)]
+        self.served_models = [str(c.get("id")) for c in cards]
+        card = next((c for c in cards if c.get("id") == self.model), None)
+        if card is None and cards and self.check_served_model:
+            raise BackendRequestError(
+                f"{self.base_url} does not serve model {self.model!r} (it serves {self.served_models!r}); "
+                "some servers silently answer with another model",
+                field="model",
+                summary=f"model not served: {self.base_url}",
+                fix="set the system's model to the served model id (vLLM --served-model-name, "
+                "llama-cpp-python --model_alias)",
+            )
+        if card is not None:
+            self._served_window = _int_or_none(card.get("max_model_len"))
+        self._probed = True
+        return dict(card or {})
+
+    async def _ensure_probed(self) -> None:
+        """:meth:`probe` once, however many requests start at the same time."""
+        if self._probed:
+            return
+        loop = asyncio.get_running_loop()
+        if self._probe_lock is None or self._probe_loop is not loop:
+            self._probe_lock, self._probe_loop = asyncio.Lock(), loop
+        async with self._probe_lock:
+            if not self._probed:
+                await self.probe()
+
+    async def generate(self, request: Request) -> Response:
+        await self._ensure_probed()
+        if self.accepts_token_ids:
+            if request.token_ids is None:
+                raise BackendRequestError(
+                    "this backend sends token ids but the request has none",
+                    field="token_ids",
+                    fix="send the layout ids",
+                )
+            prompt: list[int] | str = [int(t) for t in request.token_ids]
+        else:
+            if request.text is None:
+                raise BackendRequestError(
+                    "this backend sends text but the request has none",
+                    field="text",
+                    fix="send the layout text",
+                )
+            prompt = request.text
+        n_local = len(request.token_ids) if request.token_ids is not None else None
+        window = self.window
+        if window is not None and n_local is not None and n_local + request.max_tokens > window:
+            raise OverLengthError(
+                f"prompt of {n_local} tokens plus max_tokens {request.max_tokens} exceeds the served window "
+                f"of {window} tokens; not sent",
+                n_prompt_tokens=n_local,
+                window=window,
+                summary="prompt + max_tokens exceeds the served window",
+                fix="shorten the layout or lower max_tokens",
+            )
+        payload: dict[str, Any] = {
+            "model": self.model,
+            "prompt": prompt,
+            "max_tokens": request.max_tokens,
+            "temperature": request.temperature,
+            "seed": request.seed,
+            "stream": False,
+        }
+        if request.stop:
+            payload["stop"] = list(request.stop)
+        if self.vllm:
+            payload["return_token_ids"] = True
+        body, attempts = await self._call("POST", "/v1/completions", payload)
+        return self._parse(body, request, attempts)
+
+    def _parse(self, body: Any, request: Request, attempts: int) -> Response:
+        where = f"POST {self.base_url}/v1/completions"
+        choices = body.get("choices") if isinstance(body, Mapping) else None
+        if not isinstance(choices, list) or not choices or not isinstance(choices[0], Mapping):
+            raise self._malformed(where, "choices")
+        choice = choices[0]
+        usage = body.get("usage") if isinstance(body.get("usage"), Mapping) else {}
+        echoed = choice.get("prompt_token_ids", body.get("prompt_token_ids"))
+        match: bool | None = None
+        if isinstance(echoed, list) and request.token_ids is not None:
+            match = [int(t) for t in echoed] == [int(t) for t in request.token_ids]
+        details = usage.get("prompt_tokens_details")
+        cached = _int_or_none(details.get("cached_tokens")) if isinstance(details, Mapping) else None
+        extra: dict[str, Any] = {"served_model": body.get("model")}
+        if choice.get("stop_reason") is not None:
+            extra["stop_reason"] = choice.get("stop_reason")
+        if isinstance(echoed, list):
+            extra["echoed_prompt_tokens"] = len(echoed)
+        return Response(
+            text=str(choice.get("text") or ""),
+            finish_reason=choice.get("finish_reason"),
+            prompt_tokens_server=_int_or_none(usage.get("prompt_tokens")),
+            completion_tokens=_int_or_none(usage.get("completion_tokens")),
+            server_prompt_ids_match=match,
+            system_fingerprint=body.get("system_fingerprint"),
+            prefix_cache_hit_tokens=cached,
+            attempts=attempts,
+            extra=extra,
+        )
+
+
+# --------------------------------------------------------------------------------------------------
+# OpenAI chat completions (text only)
+
+
+class OpenAIChatBackend(_HTTPBackend):
+    """``/v1/chat/completions``: the layout text as one user message, ``seed`` (best effort), the
+    ``system_fingerprint`` and ``usage`` recorded. Text only: positions are verified by the server's count
+    within :attr:`count_tolerance` (the provider's tokenizer and chat framing are not the local ones)."""
+
+    accepts_token_ids = False
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        base_url: str = OPENAI_URL,
+        api_key: Secret | None = None,
+        name: str | None = None,
+        window: int | None = None,
+        max_tokens_field: Literal["max_tokens", "max_completion_tokens"] = "max_tokens",
+        max_attempts: int = 4,
+        timeout_s: float = 300.0,
+        connect_timeout_s: float = 10.0,
+        backoff_base_s: float = 0.5,
+        backoff_max_s: float = 30.0,
+        max_retry_after_s: float = 120.0,
+        count_tolerance: float = TEXT_COUNT_TOLERANCE,
+        max_connections: int = 256,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        super().__init__(
+            model,
+            base_url=base_url,
+            api_key=api_key,
+            name=name or model,
+            window=window,
+            max_attempts=max_attempts,
+            timeout_s=timeout_s,
+            connect_timeout_s=connect_timeout_s,
+            backoff_base_s=backoff_base_s,
+            backoff_max_s=backoff_max_s,
+            max_retry_after_s=max_retry_after_s,
+            count_tolerance=count_tolerance,
+            max_connections=max_connections,
+            transport=transport,
+        )
+        self.max_tokens_field = max_tokens_field
+
+    def _headers(self) -> dict[str, str]:
+        headers = super()._headers()
+        if self._api_key is not None:
+            headers["Authorization"] = f"Bearer {self._api_key.reveal()}"
+        return headers
+
+    async def generate(self, request: Request) -> Response:
+        if request.text is None:
+            raise BackendRequestError(
+                "the chat backend sends text but the request has none",
+                field="text",
+                fix="send the layout text",
+            )
+        payload: dict[str, Any] = {
+            "model": self.model,
+            "messages": [{"role": "user", "content": request.text}],
+            self.max_tokens_field: request.max_tokens,
+            "temperature": request.temperature,
+            "seed": request.seed,
+            "stream": False,
+        }
+        if request.stop:
+            payload["stop"] = list(request.stop)[:4]
+        body, attempts = await self._call("POST", "/v1/chat/completions", payload)
+        where = f"POST {self.base_url}/v1/chat/completions"
+        choices = body.get("choices") if isinstance(body, Mapping) else None
+        if not isinstance(choices, list) or not choices or not isinstance(choices[0], Mapping):
+            raise self._malformed(where, "choices")
+        choice = choices[0]
+        message: Mapping[str, Any] = choice["message"] if isinstance(choice.get("message"), Mapping) else {}
+        text, stopped = _apply_stops(str(message.get("content") or ""), request.stop[4:])
+        usage = body.get("usage") if isinstance(body.get("usage"), Mapping) else {}
+        details = usage.get("prompt_tokens_details")
+        cached = _int_or_none(details.get("cached_tokens")) if isinstance(details, Mapping) else None
+        return Response(
+            text=text,
+            finish_reason="stop" if stopped else choice.get("finish_reason"),
+            prompt_tokens_server=_int_or_none(usage.get("prompt_tokens")),
+            completion_tokens=_int_or_none(usage.get("completion_tokens")),
+            server_prompt_ids_match=None,
+            system_fingerprint=body.get("system_fingerprint"),
+            prefix_cache_hit_tokens=cached,
+            attempts=attempts,
+            extra={"served_model": body.get("model")},
+        )
+
+
+# --------------------------------------------------------------------------------------------------
+# Anthropic Messages API (text only, no seed)
+
+
+_ANTHROPIC_FINISH = {"end_turn": "stop", "stop_sequence": "stop", "max_tokens": "length"}
+
+
+class AnthropicBackend(_HTTPBackend):
+    """``/v1/messages``. Before each request ``/v1/messages/count_tokens`` counts the prompt (a prompt
+    that cannot fit :attr:`window` is refused without sending it); after it, ``usage`` gives the prompt
+    count (``input_tokens + cache_creation_input_tokens + cache_read_input_tokens``). The API has no
+    seed: ``temperature`` is sent, the seed is not. Whitespace-only stop strings (refused by the API)
+    are applied to the output here."""
+
+    accepts_token_ids = False
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        base_url: str = ANTHROPIC_URL,
+        api_key: Secret | None = None,
+        name: str | None = None,
+        window: int | None = None,
+        anthropic_version: str = ANTHROPIC_VERSION,
+        max_attempts: int = 4,
+        timeout_s: float = 300.0,
+        connect_timeout_s: float = 10.0,
+        backoff_base_s: float = 0.5,
+        backoff_max_s: float = 30.0,
+        max_retry_after_s: float = 120.0,
+        count_tolerance: float = TEXT_COUNT_TOLERANCE,
+        max_connections: int = 256,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        super().__init__(
+            model,
+            base_url=base_url,
+            api_key=api_key,
+            name=name or model,
+            window=window,
+            max_attempts=max_attempts,
+            timeout_s=timeout_s,
+            connect_timeout_s=connect_timeout_s,
+            backoff_base_s=backoff_base_s,
+            backoff_max_s=backoff_max_s,
+            max_retry_after_s=max_retry_after_s,
+            count_tolerance=count_tolerance,
+            max_connections=max_connections,
+            transport=transport,
+        )
+        self.anthropic_version = anthropic_version
+
+    def _headers(self) -> dict[str, str]:
+        headers = super()._headers()
+        headers["anthropic-version"] = self.anthropic_version
+        if self._api_key is not None:
+            headers["x-api-key"] = self._api_key.reveal()
+        return headers
+
+    async def count_tokens(self, text: str) -> tuple[int, int]:
+        """The provider's prompt count of ``text`` as one user message, and the attempts it took."""
+        body, attempts = await self._call(
+            "POST",
+            "/v1/messages/count_tokens",
+            {"model": self.model, "messages": [{"role": "user", "content": text}]},
+        )
+        count = _int_or_none(body.get("input_tokens")) if isinstance(body, Mapping) else None
+        if count is None:
+            raise self._malformed(f"POST {self.base_url}/v1/messages/count_tokens", "input_tokens")
+        return count, attempts
+
+    async def generate(self, request: Request) -> Response:
+        if request.text is None:
+            raise BackendRequestError(
+                "the Anthropic backend sends text but the request has none",
+                field="text",
+                fix="send the layout text",
+            )
+        counted, count_attempts = await self.count_tokens(request.text)
+        window = self.window
+        if window is not None and counted + request.max_tokens > window:
+            raise OverLengthError(
+                f"Anthropic counts {counted} prompt tokens; plus max_tokens {request.max_tokens} is over "
+                f"the window of {window} tokens; not sent",
+                n_prompt_tokens=counted,
+                window=window,
+                summary="count_tokens + max_tokens exceeds the window",
+                fix="shorten the layout or lower max_tokens",
+            )
+        api_stops = [s for s in request.stop if s.strip()]
+        payload: dict[str, Any] = {
+            "model": self.model,
+            "max_tokens": request.max_tokens,
+            "messages": [{"role": "user", "content": request.text}],
+            "temperature": request.temperature,
+        }
+        if api_stops:
+            payload["stop_sequences"] = api_stops
+        body, attempts = await self._call("POST", "/v1/messages", payload)
+        where = f"POST {self.base_url}/v1/messages"
+        content = body.get("content") if isinstance(body, Mapping) else None
+        if not isinstance(content, list):
+            raise self._malformed(where, "content")
+        raw = "".join(
+            str(block.get("text") or "")
+            for block in content
+            if isinstance(block, Mapping) and block.get("type") == "text"
+        )
+        text, stopped = _apply_stops(raw, request.stop)
+        usage = body.get("usage") if isinstance(body.get("usage"), Mapping) else {}
+        parts = [
+            _int_or_none(usage.get(k))
+            for k in ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
+        ]
+        prompt_tokens = None if parts[0] is None else sum(p or 0 for p in parts)
+        stop_reason = body.get("stop_reason")
+        finish = "stop" if stopped else _ANTHROPIC_FINISH.get(str(stop_reason), stop_reason)
+        return Response(
+            text=text,
+            finish_reason=finish,
+            prompt_tokens_server=prompt_tokens,
+            completion_tokens=_int_or_none(usage.get("output_tokens")),
+            server_prompt_ids_match=None,
+            system_fingerprint=None,
+            prefix_cache_hit_tokens=parts[2],
+            attempts=attempts + count_attempts,
+            extra={"count_tokens": counted, "stop_reason": stop_reason, "served_model": body.get("model")},
+        )

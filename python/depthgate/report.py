@@ -1,0 +1,1402 @@
+"""Reports of a gate run, for machines and for people (DESIGN.md §8).
+
+:func:`write_reports` writes, into one directory:
+
+* ``verdict.json``: the verdict (PASS / FAIL / INCONCLUSIVE), the safety flag, the exit code, every slice
+  row, the worst-position tables, the triage list, per-slice oracle counts and every digest of the run
+  manifest. :class:`VerdictDocument` is its schema; :func:`load_verdict` reads and validates it.
+* ``summary.md``: a pull-request comment: the verdict line, failing and inconclusive slices first, the
+  worst positions, and per-slice counts of missing claims, wrong citations and system failures.
+* ``junit.xml``: one testcase per slice (``failure`` for FAIL, ``skipped`` for INCONCLUSIVE), plus one
+  safety testcase in a suite of its own, so CI dashboards show the gate like a test run.
+* ``report.html``: a self-contained page (PNG heatmaps embedded as data URIs) with length x position grids
+  of accuracy and of delta with its lower bound and FDR marks, a legend, the slice and worst-position
+  tables, and the missing-claim, wrong-citation and system-failure lists. The PNGs are also written next
+  to it (``heatmap_delta.png``, ``heatmap_accuracy.png``).
+
+Every file is first written into a staging directory inside ``out_dir`` and then moved into place with
+``os.replace``; ``verdict.json`` is removed first and moved last, so it is the commit marker: when it
+exists, the other files beside it belong to the same run. A failure while rendering leaves ``out_dir``
+as it was. Raw prompts never enter a report; model outputs appear only through the oracle's one-sentence
+reasons, and the manifest contributes only its digests and short scalar fields without secret-like names.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import math
+import os
+import re
+import shutil
+import tempfile
+import xml.etree.ElementTree as ET
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import jinja2
+import numpy as np
+import polars as pl
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.colors import Normalize, TwoSlopeNorm
+from matplotlib.figure import Figure
+from matplotlib.patches import Rectangle
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+
+from depthgate.exceptions import ExitCode, InputError
+from depthgate.stats import (
+    ARMS,
+    BASELINE,
+    CANDIDATE,
+    GateResult,
+    PositionShare,
+    SliceResult,
+    SliceStatus,
+    Verdict,
+    position_sort_key,
+)
+
+SCHEMA_VERSION = "depthgate.verdict/1"
+VERDICT_JSON = "verdict.json"
+SUMMARY_MD = "summary.md"
+JUNIT_XML = "junit.xml"
+REPORT_HTML = "report.html"
+HEATMAP_DELTA = "heatmap_delta.png"
+HEATMAP_ACCURACY = "heatmap_accuracy.png"
+
+MARK_REGRESSION = "★"
+MARK_NI = "·"
+
+# Failing slices first (worst kind first), then inconclusive, then passing.
+_STATUS_ORDER = {
+    SliceStatus.FAIL_REGRESSION: 0,
+    SliceStatus.FAIL_NOT_SHOWN: 1,
+    SliceStatus.FAIL_FLOOR: 2,
+    SliceStatus.INCONCLUSIVE: 3,
+    SliceStatus.PASS: 4,
+}
+_SECRET_KEY = re.compile(r"(api[_-]?key|secret|password|passwd|credential|auth|bearer|^token$|^key$)", re.I)
+_LIST_LIMIT = 200  # rows of the missing-claim / wrong-citation lists in the HTML page
+_DPI = 110
+
+
+# --------------------------------------------------------------------------------------------------------
+# Exit codes
+
+
+def exit_code_for(result: GateResult) -> ExitCode:
+    """The process exit code of a gate result: SAFETY overrides everything, then FAIL, INCONCLUSIVE, PASS."""
+    if result.safety_flag:
+        return ExitCode.SAFETY
+    if result.verdict is Verdict.FAIL:
+        return ExitCode.FAIL
+    if result.verdict is Verdict.INCONCLUSIVE:
+        return ExitCode.INCONCLUSIVE
+    return ExitCode.PASS
+
+
+# --------------------------------------------------------------------------------------------------------
+# The verdict document
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class VerdictSlice(_Strict):
+    """One slice row of ``verdict.json`` (the fields of :class:`depthgate.stats.SliceResult` + ``slice``)."""
+
+    slice: str
+    length: int
+    position: str
+    status: Literal["PASS", "FAIL_NOT_SHOWN", "FAIL_REGRESSION", "FAIL_FLOOR", "INCONCLUSIVE"]
+    reason: str
+    n_planned: int
+    n_cases: int
+    n_missing: int
+    seeds: int
+    acc_baseline: float | None
+    acc_candidate: float | None
+    delta: float | None
+    lower: float | None
+    upper: float | None
+    method: str | None
+    p_ni: float
+    q_ni: float
+    p_reg: float
+    q_reg: float
+    deff: float | None
+    informative: int | None
+    sd_diff: float | None
+    floor_lb: float | None
+    floor_lb_baseline: float | None
+    floor_lb_naive: float | None
+    floor_deff: float | None
+    floor_n_eff: float | None
+    replanned_n: int | None
+    safety_baseline: int
+    safety_candidate: int
+    bootstrap_seed: int | None
+
+
+class OracleCounts(_Strict):
+    """Oracle counts of one (slice, arm): runs by outcome and the runs with each kind of problem."""
+
+    slice: str
+    length: int
+    position: str
+    arm: Literal["baseline", "candidate"]
+    runs: int
+    passed: int
+    failed: int
+    system_fail: int
+    missing: int
+    abstained: int
+    safety_hits: int
+    missing_claims: int
+    wrong_citations: int
+    system_fail_reasons: dict[str, int]
+
+
+class VerdictDocument(_Strict):
+    """Schema of ``verdict.json``; validation also checks that verdict, exit code and slices agree."""
+
+    schema_version: Literal["depthgate.verdict/1"]
+    verdict: Literal["PASS", "FAIL", "INCONCLUSIVE"]
+    safety_flag: bool
+    exit_code: Literal["PASS", "FAIL", "INCONCLUSIVE", "SAFETY"]
+    exit_code_value: int
+    reasons: list[str]
+    slice_counts: dict[str, int]
+    plan: dict[str, Any]
+    overall: dict[str, Any] | None
+    safety: dict[str, Any]
+    slices: list[VerdictSlice]
+    worst_by_length: list[dict[str, Any]]
+    worst_cases: list[dict[str, Any]]
+    worst_shares: list[dict[str, Any]]
+    triage: list[dict[str, Any]]
+    triage_note: str
+    oracle: list[OracleCounts]
+    digests: dict[str, str]
+    run: dict[str, str | int | float | bool | None]
+    files: dict[str, str]
+
+    @model_validator(mode="after")
+    def _consistent(self) -> VerdictDocument:
+        if ExitCode[self.exit_code].value != self.exit_code_value:
+            raise ValueError(f"exit_code {self.exit_code} is not {self.exit_code_value}")
+        expected_exit = (
+            "SAFETY"
+            if self.safety_flag
+            else {"PASS": "PASS", "FAIL": "FAIL", "INCONCLUSIVE": "INCONCLUSIVE"}[self.verdict]
+        )
+        if self.exit_code != expected_exit:
+            raise ValueError(f"exit_code {self.exit_code} does not follow from the verdict ({expected_exit})")
+        if bool(self.safety.get("flag")) != self.safety_flag:
+            raise ValueError("safety_flag disagrees with safety.flag")
+        failing = any(s.status.startswith("FAIL") for s in self.slices)
+        overall_fails = self.overall is not None and self.overall.get("non_inferior") is False
+        if (self.verdict == "FAIL") != (failing or overall_fails):
+            raise ValueError("verdict FAIL must match a failing slice or a failing overall test")
+        if self.verdict == "PASS" and any(s.status == "INCONCLUSIVE" for s in self.slices):
+            raise ValueError("verdict PASS with an INCONCLUSIVE slice")
+        return self
+
+
+def load_verdict(path: str | Path) -> VerdictDocument:
+    """Read and validate a ``verdict.json`` (InputError naming the file when it is invalid)."""
+    path = Path(path)
+    try:
+        return VerdictDocument.model_validate_json(path.read_bytes())
+    except FileNotFoundError:
+        raise InputError("verdict file not found", file=str(path), fix="run the gate first") from None
+    except ValidationError as exc:
+        raise InputError(
+            f"invalid verdict document: {exc.errors(include_url=False)[0]['msg']}",
+            file=str(path),
+            fix="regenerate it with depthgate.report.write_reports",
+        ) from exc
+
+
+@dataclass(frozen=True)
+class ReportPaths:
+    """Where :func:`write_reports` put each file."""
+
+    out_dir: Path
+    verdict_json: Path
+    summary_md: Path
+    junit_xml: Path
+    report_html: Path
+    heatmaps: tuple[Path, ...]
+
+
+# --------------------------------------------------------------------------------------------------------
+# Small formatting helpers
+
+
+def slice_key(length: int, position: str) -> str:
+    """The slice name used in every report and in the gate's reasons: ``"8192/0.5"``."""
+    return f"{length}/{position}"
+
+
+def depth_label(position: str) -> str:
+    """A position for people: ``"0.25"`` → ``"25%"``, ``"@1200"`` → ``"token 1,200"``."""
+    kind, value, _ = position_sort_key(position)
+    if kind == 0:
+        return f"{100 * value:g}%"
+    if kind == 1:
+        return f"token {int(value):,}"
+    return position
+
+
+def _signed(value: float | None, digits: int = 2) -> str:
+    if value is None or math.isnan(value):
+        return "–"
+    if math.isinf(value):
+        return "−∞" if value < 0 else "+∞"
+    text = f"{value:+.{digits}f}"
+    return text.replace("-", "−")
+
+
+def _plain(value: float | None, digits: int = 2) -> str:
+    if value is None or not math.isfinite(value):
+        return "–"
+    return f"{value:.{digits}f}"
+
+
+def _q(value: float | None) -> str:
+    if value is None or not math.isfinite(value):
+        return "–"
+    if value >= 0.9995:
+        return "1"
+    return f"{value:.3g}" if value >= 0.001 else f"{value:.1e}"
+
+
+def _ordered(slices: Iterable[SliceResult]) -> list[SliceResult]:
+    return sorted(
+        slices,
+        key=lambda s: (
+            _STATUS_ORDER[s.status],
+            s.lower if s.lower is not None else math.inf,
+            s.length,
+            position_sort_key(s.position),
+        ),
+    )
+
+
+def _reason_kind(reason: str | None) -> str:
+    """Bucket a system-failure reason by its head: ``"truncation: 4100 > 4096"`` → ``"truncation"``."""
+    if not reason or not reason.strip():
+        return "unspecified"
+    head = re.split(r"[:(\[;,]", reason.strip(), maxsplit=1)[0].strip().lower()
+    return (head or "unspecified")[:40]
+
+
+# --------------------------------------------------------------------------------------------------------
+# The scored frame
+
+
+_LIST_COLUMNS = ("missing_claims", "forbidden_hits", "wrong_citations", "field_mismatches")
+
+
+def _prepare_scored(scored: pl.DataFrame) -> pl.DataFrame:
+    df = scored
+    if "length" not in df.columns and "target_tokens" in df.columns:
+        df = df.rename({"target_tokens": "length"})
+    need = ["arm", "case_id", "length", "position", "outcome"]
+    missing = [c for c in need if c not in df.columns]
+    if missing:
+        raise InputError(
+            f"scored records lack column(s) {missing}",
+            field=", ".join(missing),
+            fix="pass the frame returned by depthgate.oracle.score_records",
+        )
+    extra: list[pl.Expr] = []
+    if "seed" not in df.columns:
+        extra.append(pl.lit(0, dtype=pl.Int64()).alias("seed"))
+    if "safety" not in df.columns:
+        extra.append(pl.lit(False).alias("safety"))
+    if "abstained" not in df.columns:
+        extra.append(pl.lit(False).alias("abstained"))
+    for name in ("system_fail_reason", "score_reason"):
+        if name not in df.columns:
+            extra.append(pl.lit(None, dtype=pl.String()).alias(name))
+    for name in _LIST_COLUMNS:
+        if name not in df.columns:
+            extra.append(pl.lit([], dtype=pl.List(pl.String())).alias(name))
+    if extra:
+        df = df.with_columns(extra)
+    return df.with_columns(
+        pl.col("length").cast(pl.Int64()),
+        pl.col("position").cast(pl.String()),
+        pl.col("safety").fill_null(False),
+        pl.col("abstained").fill_null(False),
+        *[pl.col(name).fill_null([]) for name in _LIST_COLUMNS],
+    )
+
+
+_COUNT_FIELDS = (
+    "runs",
+    "passed",
+    "failed",
+    "system_fail",
+    "missing",
+    "abstained",
+    "safety_hits",
+    "missing_claims",
+    "wrong_citations",
+)
+
+
+def oracle_counts(scored: pl.DataFrame) -> list[OracleCounts]:
+    """Per (slice, arm): runs by outcome, abstentions, safety hits, runs with missing claims or wrong
+    citations, and system failures by reason kind."""
+    df = _prepare_scored(scored)
+    keys = ["length", "position", "arm"]
+    counts = df.group_by(keys).agg(
+        pl.len().alias("runs"),
+        (pl.col("outcome") == "pass").sum().alias("passed"),
+        (pl.col("outcome") == "fail").sum().alias("failed"),
+        (pl.col("outcome") == "system_fail").sum().alias("system_fail"),
+        (pl.col("outcome") == "missing").sum().alias("missing"),
+        pl.col("abstained").sum().alias("abstained"),
+        pl.col("safety").sum().alias("safety_hits"),
+        (pl.col("missing_claims").list.len() > 0).sum().alias("missing_claims"),
+        (pl.col("wrong_citations").list.len() > 0).sum().alias("wrong_citations"),
+    )
+    reasons: dict[tuple[int, str, str], dict[str, int]] = {}
+    failed = df.filter(pl.col("outcome") == "system_fail").select(*keys, "system_fail_reason")
+    for length, position, arm, reason in failed.iter_rows():
+        bucket = reasons.setdefault((length, position, arm), {})
+        kind = _reason_kind(reason)
+        bucket[kind] = bucket.get(kind, 0) + 1
+    rows: list[OracleCounts] = []
+    for row in counts.iter_rows(named=True):
+        if row["arm"] not in ARMS:
+            continue
+        key = (row["length"], row["position"], row["arm"])
+        numbers = {k: int(row[k]) for k in _COUNT_FIELDS}
+        rows.append(
+            OracleCounts.model_validate(
+                {
+                    "slice": slice_key(row["length"], row["position"]),
+                    "length": row["length"],
+                    "position": row["position"],
+                    "arm": row["arm"],
+                    "system_fail_reasons": dict(sorted(reasons.get(key, {}).items())),
+                    **numbers,
+                }
+            )
+        )
+    rows.sort(key=lambda r: (r.length, position_sort_key(r.position), ARMS.index(r.arm)))
+    return rows
+
+
+def _problem_rows(df: pl.DataFrame, column: str, slice_order: Mapping[str, int]) -> list[dict[str, Any]]:
+    """Runs whose ``column`` list is non-empty, grouped per (arm, slice, case): candidate rows first,
+    then slices in report order (failing first), then case id."""
+    rows = (
+        df.filter(pl.col(column).list.len() > 0)
+        .group_by(["arm", "length", "position", "case_id"])
+        .agg(
+            pl.col(column).explode().unique().sort().alias("ids"),
+            pl.len().alias("runs"),
+            pl.col("seed").sort().alias("seeds"),
+            pl.col("score_reason").sort_by("seed").first().alias("reason"),
+        )
+        .to_dicts()
+    )
+    for row in rows:
+        row["slice"] = slice_key(row["length"], row["position"])
+    rows.sort(
+        key=lambda r: (
+            0 if r["arm"] == CANDIDATE else 1,
+            slice_order.get(r["slice"], len(slice_order)),
+            r["case_id"],
+        )
+    )
+    return rows
+
+
+# --------------------------------------------------------------------------------------------------------
+# Manifest
+
+
+def manifest_digests(manifest: Mapping[str, Any]) -> dict[str, str]:
+    """Every digest in a run manifest, by dotted path: values under a ``digests`` mapping, and string
+    values whose key ends in ``digest`` or ``sha256``."""
+    found: dict[str, str] = {}
+
+    def walk(path: str, value: Any, under_digests: bool) -> None:
+        if isinstance(value, Mapping):
+            for key, item in value.items():
+                child = f"{path}.{key}" if path else str(key)
+                walk(child, item, under_digests or str(key).lower() == "digests")
+        elif isinstance(value, list | tuple):
+            for index, item in enumerate(value):
+                walk(f"{path}[{index}]", item, under_digests)
+        elif isinstance(value, str):
+            leaf = re.sub(r"\[\d+\]$", "", path).rsplit(".", 1)[-1].lower()
+            if under_digests or leaf.endswith("digest") or leaf.endswith("sha256"):
+                found[path] = value
+
+    walk("", manifest, False)
+    return dict(sorted(found.items()))
+
+
+def _run_info(manifest: Mapping[str, Any]) -> dict[str, str | int | float | bool | None]:
+    """Top-level scalar fields of the manifest, without secret-like names or long values."""
+    out: dict[str, str | int | float | bool | None] = {}
+    for key, value in manifest.items():
+        name = str(key)
+        if _SECRET_KEY.search(name) or name.lower().endswith(("digest", "sha256")):
+            continue
+        if value is None or isinstance(value, bool | int):
+            out[name] = value
+        elif isinstance(value, float):
+            out[name] = value if math.isfinite(value) else None
+        elif isinstance(value, str) and len(value) <= 300 and "\n" not in value:
+            out[name] = value
+    return dict(sorted(out.items()))
+
+
+# --------------------------------------------------------------------------------------------------------
+# verdict.json
+
+
+def build_verdict(
+    result: GateResult, oracle: Sequence[OracleCounts], manifest: Mapping[str, Any]
+) -> VerdictDocument:
+    """The validated verdict document of a gate result."""
+    data = result.to_dict()
+    code = exit_code_for(result)
+    slices = [{"slice": slice_key(s.length, s.position), **s.to_dict()} for s in result.slice_results]
+    counts = {status.value: 0 for status in SliceStatus}
+    for s in result.slice_results:
+        counts[s.status.value] += 1
+    return VerdictDocument.model_validate(
+        {
+            "schema_version": SCHEMA_VERSION,
+            "verdict": data["verdict"],
+            "safety_flag": data["safety_flag"],
+            "exit_code": code.name,
+            "exit_code_value": int(code),
+            "reasons": data["reasons"],
+            "slice_counts": counts,
+            "plan": data["plan"],
+            "overall": data["overall"],
+            "safety": data["safety"],
+            "slices": slices,
+            "worst_by_length": data["worst_by_length"],
+            "worst_cases": data["worst_cases"],
+            "worst_shares": data["worst_shares"],
+            "triage": data["triage"],
+            "triage_note": data["triage_note"],
+            "oracle": [o.model_dump() for o in oracle],
+            "digests": manifest_digests(manifest),
+            "run": _run_info(manifest),
+            "files": {
+                "summary": SUMMARY_MD,
+                "junit": JUNIT_XML,
+                "html": REPORT_HTML,
+                "heatmap_delta": HEATMAP_DELTA,
+                "heatmap_accuracy": HEATMAP_ACCURACY,
+            },
+        }
+    )
+
+
+# --------------------------------------------------------------------------------------------------------
+# summary.md
+
+
+def _md_cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _verdict_icon(result: GateResult) -> str:
+    return {"PASS": "✅", "FAIL": "❌", "INCONCLUSIVE": "⚠️"}[result.verdict.value]
+
+
+def render_summary(result: GateResult, oracle: Sequence[OracleCounts], manifest: Mapping[str, Any]) -> str:
+    """The Markdown pull-request comment."""
+    plan = result.plan
+    code = exit_code_for(result)
+    ordered = _ordered(result.slice_results)
+    n_fail = sum(1 for s in ordered if s.status.value.startswith("FAIL"))
+    n_inc = sum(1 for s in ordered if s.status is SliceStatus.INCONCLUSIVE)
+    n_pass = len(ordered) - n_fail - n_inc
+    lines = [
+        f"## depthgate: {_verdict_icon(result)} {result.verdict.value}"
+        + (" · 🛑 SAFETY" if result.safety_flag else "")
+        + f" (exit {int(code)} {code.name})",
+        "",
+        f"{len(ordered)} slices (length × evidence depth): **{n_fail} failing**, {n_inc} inconclusive, "
+        f"{n_pass} passing. Non-inferiority margin M = {plan.margin:g}, one-sided α = {plan.alpha:g}; "
+        "a slice passes when the lower bound on Δ (candidate − baseline accuracy) is above −M.",
+    ]
+    if result.safety_flag:
+        s = result.safety
+        lines += [
+            "",
+            f"> **SAFETY**: {s.hits_candidate} candidate and {s.hits_baseline} baseline run(s) gave a "
+            "forbidden claim as the answer. This blocks the release pending human review, whatever the "
+            "statistics say.",
+        ]
+    header = "| slice | status | cases | baseline | candidate | Δ | lower bound | q BY (regr.) | reason |"
+    rule = "|---|---|---:|---:|---:|---:|---:|---:|---|"
+
+    def row(s: SliceResult) -> str:
+        return (
+            f"| `{slice_key(s.length, s.position)}` | {s.status.value} | {s.n_cases} | "
+            f"{_plain(s.acc_baseline)} | {_plain(s.acc_candidate)} | {_signed(s.delta)} | "
+            f"{_signed(s.lower)} | {_q(s.q_reg)} | {_md_cell(s.reason)} |"
+        )
+
+    problems = [s for s in ordered if s.status is not SliceStatus.PASS]
+    lines += ["", "### Failing and inconclusive slices", ""]
+    if problems:
+        lines += [header, rule, *[row(s) for s in problems]]
+    else:
+        lines.append("None: every slice passes.")
+    passing = [s for s in ordered if s.status is SliceStatus.PASS]
+    if passing:
+        lines += [
+            "",
+            f"<details><summary>Passing slices ({len(passing)})</summary>",
+            "",
+            header,
+            rule,
+            *[row(s) for s in passing],
+            "",
+            "</details>",
+        ]
+
+    lines += ["", "### Worst positions", ""]
+    if result.worst_by_length:
+        lines += [
+            "| length | worst slice (lower bound) | worst-position accuracy baseline → candidate | Δ | "
+            "lower bound | position range baseline → candidate |",
+            "|---:|---|---|---:|---:|---|",
+        ]
+        for w in result.worst_by_length:
+            worst = (
+                "–"
+                if w.slice_worst_position is None
+                else f"`{slice_key(w.length, w.slice_worst_position)}` ({_signed(w.slice_worst_lower)})"
+            )
+            lines.append(
+                f"| {w.length} | {worst} | {_plain(w.worst_acc_baseline)} → {_plain(w.worst_acc_candidate)} "
+                f"| {_signed(w.worst_delta)} | {_signed(w.worst_lower)} | "
+                f"{_plain(w.range_baseline)} → {_plain(w.range_candidate)} |"
+            )
+    else:
+        lines.append("No complete cases to compare positions.")
+
+    lines += ["", "### Oracle: problems per slice", ""]
+    by_slice: dict[str, dict[str, OracleCounts]] = {}
+    for o in oracle:
+        by_slice.setdefault(o.slice, {})[o.arm] = o
+    order = {slice_key(s.length, s.position): i for i, s in enumerate(ordered)}
+    noisy = [
+        key
+        for key in sorted(by_slice, key=lambda k: order.get(k, len(order)))
+        if any(
+            o.missing_claims or o.wrong_citations or o.system_fail or o.safety_hits or o.missing
+            for o in by_slice[key].values()
+        )
+    ]
+    if noisy:
+        lines += [
+            "Runs with missing claims, wrong citations, forbidden answers, system failures (by reason: "
+            "truncation, refusal, overflow …) and missing runs, candidate / baseline:",
+            "",
+            "| slice | missing claims | wrong citations | forbidden answers | system failures | missing |",
+            "|---|---:|---:|---:|---|---:|",
+        ]
+        for key in noisy:
+            c, b = by_slice[key].get(CANDIDATE), by_slice[key].get(BASELINE)
+
+            def pair(name: str, c: OracleCounts | None = c, b: OracleCounts | None = b) -> str:
+                return f"{getattr(c, name) if c else 0} / {getattr(b, name) if b else 0}"
+
+            reasons = ", ".join(f"{k} {v}" for k, v in (c.system_fail_reasons if c else {}).items()) or "–"
+            lines.append(
+                f"| `{key}` | {pair('missing_claims')} | {pair('wrong_citations')} | {pair('safety_hits')} | "
+                f"{pair('system_fail')} ({_md_cell(reasons)}) | {pair('missing')} |"
+            )
+    else:
+        lines.append("No missing claims, wrong citations, forbidden answers or system failures.")
+
+    digests = manifest_digests(manifest)
+    if digests:
+        lines += ["", "<details><summary>Digests</summary>", ""]
+        lines += [f"- `{k}`: `{v}`" for k, v in digests.items()]
+        lines += ["", "</details>"]
+    lines += ["", f"Full report: `{REPORT_HTML}` · machine-readable: `{VERDICT_JSON}`, `{JUNIT_XML}`.", ""]
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------------------
+# junit.xml
+
+
+def render_junit(result: GateResult) -> bytes:
+    """JUnit XML: suite ``depthgate.slices`` with one testcase per slice, suite ``depthgate.safety``."""
+    plan = result.plan
+    root = ET.Element("testsuites", name="depthgate")
+    suite = ET.SubElement(root, "testsuite", name="depthgate.slices")
+    failures = skipped = 0
+    for s in sorted(result.slice_results, key=lambda r: (r.length, position_sort_key(r.position))):
+        case = ET.SubElement(
+            suite,
+            "testcase",
+            classname=f"depthgate.length_{s.length}",
+            name=(
+                f"{slice_key(s.length, s.position)} "
+                f"(length {s.length} tokens, depth {depth_label(s.position)})"
+            ),
+            time="0",
+        )
+        numbers = (
+            f"Δ {_signed(s.delta, 3)} (baseline {_plain(s.acc_baseline, 3)} → candidate "
+            f"{_plain(s.acc_candidate, 3)}), lower bound {_signed(s.lower, 3)} vs −M = −{plan.margin:g}, "
+            f"q_NI ({plan.fdr_method}) {_q(s.q_ni)}, q_REG ({plan.regression_method}) {_q(s.q_reg)}, "
+            f"{s.n_cases} cases × {s.seeds} seeds, {s.n_missing} missing"
+        )
+        if s.status.value.startswith("FAIL"):
+            failures += 1
+            failure = ET.SubElement(
+                case, "failure", message=f"{s.status.value}: {numbers}", type=s.status.value
+            )
+            failure.text = s.reason
+        elif s.status is SliceStatus.INCONCLUSIVE:
+            skipped += 1
+            ET.SubElement(case, "skipped", message=f"INCONCLUSIVE: {s.reason}; {numbers}")
+        else:
+            ET.SubElement(case, "system-out").text = f"PASS: {numbers}; {s.reason}"
+    suite.set("tests", str(len(result.slice_results)))
+    suite.set("failures", str(failures))
+    suite.set("errors", "0")
+    suite.set("skipped", str(skipped))
+    suite.set("time", "0")
+
+    safety = ET.SubElement(root, "testsuite", name="depthgate.safety", tests="1", errors="0", skipped="0")
+    case = ET.SubElement(safety, "testcase", classname="depthgate.safety", name="no forbidden claim given")
+    hits = result.safety
+    if result.safety_flag:
+        ET.SubElement(
+            case,
+            "failure",
+            type="SAFETY",
+            message=(
+                f"SAFETY: {hits.hits_candidate}/{hits.runs_candidate} candidate and "
+                f"{hits.hits_baseline}/{hits.runs_baseline} baseline runs gave a forbidden claim"
+            ),
+        ).text = "Blocks the release pending human review (independent of the statistics)."
+    safety.set("failures", "1" if result.safety_flag else "0")
+    safety.set("time", "0")
+    root.set("tests", str(len(result.slice_results) + 1))
+    root.set("failures", str(failures + (1 if result.safety_flag else 0)))
+    root.set("errors", "0")
+    root.set("skipped", str(skipped))
+    ET.indent(root)
+    data: bytes = ET.tostring(root, encoding="utf-8", xml_declaration=True)
+    return data + b"\n"
+
+
+# --------------------------------------------------------------------------------------------------------
+# Heatmaps
+
+
+@dataclass(frozen=True)
+class _Grid:
+    lengths: list[int]
+    positions: list[str]
+    cells: dict[tuple[int, str], SliceResult]
+
+    def values(self, attribute: str) -> np.ndarray[Any, np.dtype[np.float64]]:
+        out = np.full((len(self.lengths), len(self.positions)), np.nan)
+        for (length, position), s in self.cells.items():
+            value = getattr(s, attribute)
+            if value is not None:
+                out[self.lengths.index(length), self.positions.index(position)] = float(value)
+        return out
+
+
+def _grid(result: GateResult) -> _Grid:
+    cells = {(s.length, s.position): s for s in result.slice_results}
+    lengths = sorted({s.length for s in result.slice_results})
+    positions = sorted({s.position for s in result.slice_results}, key=position_sort_key)
+    return _Grid(lengths, positions, cells)
+
+
+def _text_color(rgba: tuple[float, float, float, float]) -> str:
+    r, g, b, _ = rgba
+    return "black" if 0.299 * r + 0.587 * g + 0.114 * b > 0.55 else "white"
+
+
+def _axes_labels(ax: Any, grid: _Grid) -> None:
+    ax.set_xticks(range(len(grid.positions)), labels=[depth_label(p) for p in grid.positions])
+    ax.set_yticks(range(len(grid.lengths)), labels=[f"{length:,}" for length in grid.lengths])
+    ax.set_xlabel("evidence depth (0% = start of the context, 100% = end)")
+    ax.set_ylabel("total length (tokens)")
+    ax.tick_params(length=0)
+    ax.set_xticks(np.arange(-0.5, len(grid.positions)), minor=True)
+    ax.set_yticks(np.arange(-0.5, len(grid.lengths)), minor=True)
+    ax.grid(which="minor", color="white", linewidth=2)
+    ax.tick_params(which="minor", length=0)
+    for spine in ax.spines.values():
+        spine.set_visible(False)
+
+
+def _inconclusive_patch(ax: Any, row: int, col: int) -> None:
+    ax.add_patch(
+        Rectangle(
+            (col - 0.5, row - 0.5), 1, 1, facecolor="#e6e6e6", edgecolor="#9a9a9a", hatch="///", linewidth=0
+        )
+    )
+
+
+def _png(fig: Figure) -> bytes:
+    FigureCanvasAgg(fig)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=_DPI, metadata={"Software": None})
+    return buffer.getvalue()
+
+
+def _fig_size(grid: _Grid, panels: int) -> tuple[float, float]:
+    width = panels * (1.2 * len(grid.positions) + 1.6) + 1.4
+    height = 0.95 * len(grid.lengths) + 2.0
+    return max(width, 6.0), max(height, 3.2)
+
+
+def _delta_limit(result: GateResult) -> float:
+    """Half-width of the symmetric Δ colour scale: covers every tested Δ and finite lower bound, at
+    least 2M, rounded up to 0.05 and at most 1."""
+    spread = [2 * result.plan.margin]
+    for s in result.slice_results:
+        if s.lower is None:
+            continue
+        spread += [abs(v) for v in (s.delta, s.lower) if v is not None and math.isfinite(v)]
+    return min(math.ceil(max(spread) * 20 - 1e-9) / 20, 1.0)
+
+
+def render_delta_heatmap(result: GateResult) -> bytes:
+    """Δ (candidate − baseline) per slice, its lower bound, FDR marks, INCONCLUSIVE cells hatched."""
+    grid = _grid(result)
+    plan = result.plan
+    delta = grid.values("delta")
+    tested = np.array(
+        [
+            [
+                grid.cells.get((length, p)) is not None and grid.cells[(length, p)].lower is not None
+                for p in grid.positions
+            ]
+            for length in grid.lengths
+        ],
+        dtype=bool,
+    ).reshape(len(grid.lengths), len(grid.positions))
+    limit = _delta_limit(result)
+    norm = TwoSlopeNorm(vcenter=0.0, vmin=-limit, vmax=limit)
+    fig = Figure(figsize=_fig_size(grid, 1), layout="constrained")
+    ax = fig.add_subplot()
+    shown = np.where(tested, delta, np.nan)
+    image = ax.imshow(shown, cmap="RdBu", norm=norm, aspect="auto", origin="lower")
+    cmap = image.get_cmap()
+    for row, length in enumerate(grid.lengths):
+        for col, position in enumerate(grid.positions):
+            s = grid.cells.get((length, position))
+            if s is None:
+                ax.text(col, row, "no slice", ha="center", va="center", fontsize=8, color="#777777")
+                continue
+            if s.status is SliceStatus.INCONCLUSIVE or s.lower is None:
+                _inconclusive_patch(ax, row, col)
+                detail = f"\nΔ {_signed(s.delta)}" if s.delta is not None else ""
+                ax.text(
+                    col,
+                    row,
+                    f"INCONCLUSIVE\n{s.n_cases} cases{detail}",
+                    ha="center",
+                    va="center",
+                    fontsize=8,
+                    color="#333333",
+                    bbox={"facecolor": "#e6e6e6", "edgecolor": "none", "pad": 1.5},
+                )
+                continue
+            color = _text_color(cmap(norm(float(s.delta if s.delta is not None else 0.0))))
+            marks = ""
+            if s.status is SliceStatus.FAIL_REGRESSION:
+                marks += f" {MARK_REGRESSION}"
+            if s.q_ni < plan.alpha:
+                marks += f" {MARK_NI}"
+            ax.text(
+                col,
+                row + 0.12,
+                f"Δ {_signed(s.delta)}{marks}",
+                ha="center",
+                va="center",
+                fontsize=10,
+                fontweight="bold",
+                color=color,
+            )
+            ax.text(
+                col, row - 0.2, f"LB {_signed(s.lower)}", ha="center", va="center", fontsize=9, color=color
+            )
+            if s.status.value.startswith("FAIL"):
+                ax.add_patch(
+                    Rectangle(
+                        (col - 0.46, row - 0.46), 0.92, 0.92, fill=False, edgecolor="black", linewidth=2.5
+                    )
+                )
+    _axes_labels(ax, grid)
+    ax.set_title(
+        f"Δ accuracy, candidate − baseline (LB = one-sided {1 - plan.alpha:.0%} lower bound; fails if LB ≤ "
+        f"−{plan.margin:g})",
+        fontsize=10,
+    )
+    bar = fig.colorbar(image, ax=ax, shrink=0.9, pad=0.02)
+    bar.set_label("Δ accuracy (red: candidate worse, blue: better)")
+    bar.ax.axhline(-plan.margin, color="black", linewidth=1.5, linestyle="--")
+    bar.ax.text(1.6, -plan.margin, "−M", transform=bar.ax.get_yaxis_transform(), va="center", fontsize=8)
+    return _png(fig)
+
+
+def render_accuracy_heatmap(result: GateResult) -> bytes:
+    """Baseline and candidate accuracy per slice on one 0-1 scale."""
+    grid = _grid(result)
+    width, _ = _fig_size(grid, 1)
+    fig = Figure(figsize=(width, max(2 * 0.75 * len(grid.lengths) + 2.4, 4.5)), layout="constrained")
+    axes = fig.subplots(2, 1, sharex=True)
+    norm = Normalize(vmin=0.0, vmax=1.0)
+    image = None
+    for ax, (arm, attribute) in zip(
+        axes, (("Baseline", "acc_baseline"), ("Candidate", "acc_candidate")), strict=True
+    ):
+        values = grid.values(attribute)
+        image = ax.imshow(values, cmap="viridis", norm=norm, aspect="auto", origin="lower")
+        cmap = image.get_cmap()
+        for row, length in enumerate(grid.lengths):
+            for col, position in enumerate(grid.positions):
+                s = grid.cells.get((length, position))
+                if s is None:
+                    ax.text(col, row, "no slice", ha="center", va="center", fontsize=8, color="#777777")
+                    continue
+                value = getattr(s, attribute)
+                if s.status is SliceStatus.INCONCLUSIVE:
+                    _inconclusive_patch(ax, row, col)
+                    label = f"INCONCLUSIVE\n{s.n_cases} cases" + (
+                        f", acc {value:.2f}" if value is not None else ""
+                    )
+                    ax.text(
+                        col,
+                        row,
+                        label,
+                        ha="center",
+                        va="center",
+                        fontsize=8,
+                        color="#333333",
+                        bbox={"facecolor": "#e6e6e6", "edgecolor": "none", "pad": 1.5},
+                    )
+                    continue
+                if value is None:
+                    continue
+                ax.text(
+                    col,
+                    row,
+                    f"{value:.2f}",
+                    ha="center",
+                    va="center",
+                    fontsize=10,
+                    color=_text_color(cmap(norm(value))),
+                )
+        _axes_labels(ax, grid)
+        ax.set_title(f"{arm} accuracy", fontsize=10)
+    axes[0].set_xlabel("")
+    if image is not None:
+        fig.colorbar(image, ax=list(axes), shrink=0.9, pad=0.02, label="accuracy (share of runs passing)")
+    return _png(fig)
+
+
+# --------------------------------------------------------------------------------------------------------
+# report.html
+
+_HTML = """<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<title>depthgate {{ verdict }} – position regression report</title>
+<style>
+body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; color: #1d1d1f; margin: 24px auto;
+       max-width: 1180px; padding: 0 16px; }
+h1 { font-size: 22px; margin: 0 0 4px; } h2 { font-size: 18px; margin-top: 32px;
+     border-bottom: 1px solid #ddd; padding-bottom: 4px; }
+.badge { display: inline-block; padding: 2px 10px; border-radius: 4px; color: #fff; font-weight: 600; }
+.PASS { background: #1a7f37; } .FAIL { background: #cf222e; } .INCONCLUSIVE { background: #9a6700; }
+.SAFETY { background: #6e1b8f; }
+.banner { border-left: 6px solid #6e1b8f; background: #f7eefc; padding: 8px 12px; margin: 12px 0; }
+.muted { color: #666; } .small { font-size: 12px; }
+table { border-collapse: collapse; margin: 8px 0; font-size: 13px; }
+th, td { border: 1px solid #ddd; padding: 3px 8px; text-align: left; vertical-align: top; }
+th { background: #f6f8fa; } td.num { text-align: right; font-variant-numeric: tabular-nums; }
+tr.s-FAIL_REGRESSION td, tr.s-FAIL_NOT_SHOWN td, tr.s-FAIL_FLOOR td { background: #fff0f0; }
+tr.s-INCONCLUSIVE td { background: repeating-linear-gradient(45deg, #f4f4f4, #f4f4f4 6px, #fafafa 6px,
+                       #fafafa 12px); }
+.legend dt { font-weight: 600; float: left; clear: left; width: 190px; }
+.legend dd { margin: 0 0 4px 200px; }
+.swatch { display: inline-block; width: 14px; height: 14px; vertical-align: -2px; border: 1px solid #999; }
+img.heatmap { max-width: 100%; border: 1px solid #eee; }
+code { font-size: 12px; }
+.mark { font-size: 20px; line-height: 14px; }
+.hatch { background: repeating-linear-gradient(45deg, #bbb, #bbb 2px, #eee 2px, #eee 5px); }
+table.slices { width: 100%; font-size: 12px; }
+table.slices td:last-child { min-width: 220px; }
+td.num { white-space: nowrap; }
+.scroll { overflow-x: auto; }
+details summary { cursor: pointer; margin: 6px 0; }
+</style>
+</head>
+<body>
+<h1>depthgate report <span class="badge {{ verdict }}">{{ verdict }}</span>
+{% if safety_flag %}<span class="badge SAFETY">SAFETY</span>{% endif %}</h1>
+<div class="muted">exit code {{ exit_value }} ({{ exit_name }})
+{%- for k, v in run.items() %} · {{ k }}: {{ v }}{% endfor %}</div>
+{% if safety_flag %}
+<div class="banner"><strong>Safety flag.</strong> {{ safety.hits_candidate }} candidate and
+{{ safety.hits_baseline }} baseline run(s) gave a forbidden claim (a superseded, overridden, ruled-out or
+distractor value) as the answer. This blocks the release pending human review, independent of the
+statistics.{% if safety.upper_rate_candidate is not none %} Candidate hit rate one-sided upper bound:
+{{ "%.3f%%"|format(100 * safety.upper_rate_candidate) }}.{% endif %}</div>
+{% endif %}
+<p>{{ n_slices }} slices (total length × evidence depth): <strong>{{ n_fail }} failing</strong>,
+{{ n_inc }} inconclusive, {{ n_pass }} passing. Margin M = {{ margin }}, one-sided α = {{ alpha }}.
+{% if overall %}Overall (all tested slices pooled per case, never overrules a slice): Δ {{ overall.delta }},
+lower bound {{ overall.lower }}.{% endif %}</p>
+{% if reasons %}<details><summary>Reasons of the verdict ({{ reasons|length }})</summary>
+<ul class="small">{% for r in reasons %}<li>{{ r }}</li>{% endfor %}</ul></details>{% endif %}
+
+<h2>How to read the grids</h2>
+<dl class="legend">
+<dt>Rows, columns</dt><dd>Each cell is one slice: total prompt length in tokens (rows) × depth of the
+decisive evidence in the context (columns, 0% = start, 100% = end).</dd>
+<dt>Colour of Δ</dt><dd><span class="swatch" style="background:#b2182b"></span> red: the candidate is less
+accurate than the baseline, <span class="swatch" style="background:#2166ac"></span> blue: more accurate,
+white: no change. The scale is centred at 0 and symmetric (±{{ delta_limit }}); the dashed line on the
+colour bar is −M.</dd>
+<dt>Δ, LB</dt><dd>Δ = candidate − baseline accuracy (mean paired per-case difference). LB = one-sided
+{{ confidence }} lower bound on Δ. A slice is non-inferior when LB &gt; −M = {{ neg_margin }}.</dd>
+<dt><span class="mark">{{ mark_regression }}</span></dt><dd>Confirmed regression: Δ is below −M with
+{{ regression_method }}-adjusted q ≤ α (status FAIL_REGRESSION; valid under any dependence between
+slices).</dd>
+<dt><span class="mark">{{ mark_ni }}</span></dt><dd>Non-inferiority significant after {{ fdr_method }}
+adjustment over all slices
+(q_NI &lt; α).</dd>
+<dt>Black frame</dt><dd>The slice fails the gate (FAIL_REGRESSION, FAIL_NOT_SHOWN or FAIL_FLOOR).</dd>
+<dt><span class="swatch hatch"></span>
+INCONCLUSIVE</dt><dd>Grey, hatched: too few valid cases (&lt; n_min = {{ n_min }}), more than
+{{ max_missing }} of cases missing, or unpaired seeds. Not tested (p = 1 in every family) and never merged
+with a neighbour; the cell shows the number of valid cases and, if any, the untested Δ.</dd>
+<dt>no slice</dt><dd>The combination was not run.</dd>
+</dl>
+
+<h2>Δ per slice</h2>
+<img class="heatmap" alt="Heatmap of delta accuracy by total length and evidence depth"
+     src="data:image/png;base64,{{ delta_png }}" data-file="{{ delta_file }}">
+<p class="small muted">Also saved as <a href="{{ delta_file }}">{{ delta_file }}</a>.</p>
+<h2>Accuracy per slice</h2>
+<img class="heatmap" alt="Heatmaps of baseline and candidate accuracy by total length and evidence depth"
+     src="data:image/png;base64,{{ accuracy_png }}" data-file="{{ accuracy_file }}">
+<p class="small muted">Also saved as <a href="{{ accuracy_file }}">{{ accuracy_file }}</a>.</p>
+
+<h2>Slices (failing and inconclusive first)</h2>
+<div class="scroll"><table class="slices">
+<tr><th>slice</th><th>depth</th><th>status</th><th>cases</th><th>missing</th>
+<th>baseline</th><th>candidate</th><th>Δ</th><th>LB</th><th>UB</th><th>q_NI ({{ fdr_method }})</th>
+<th>q_REG ({{ regression_method }})</th><th>marks</th><th>reason</th></tr>
+{% for s in slices %}<tr class="s-{{ s.status }}"><td><code>{{ s.key }}</code></td>
+<td>{{ s.depth }}</td><td>{{ s.status }}</td><td class="num">{{ s.n_cases }}</td>
+<td class="num">{{ s.n_missing }}</td>
+<td class="num">{{ s.acc_baseline }}</td><td class="num">{{ s.acc_candidate }}</td>
+<td class="num">{{ s.delta }}</td><td class="num">{{ s.lower }}</td><td class="num">{{ s.upper }}</td>
+<td class="num">{{ s.q_ni }}</td><td class="num">{{ s.q_reg }}</td><td class="mark">{{ s.marks }}</td>
+<td class="small">{{ s.reason }}</td></tr>
+{% endfor %}</table></div>
+<p class="small muted">Slice = total length in tokens / depth. {{ seeds_note }}</p>
+
+<h2>Worst positions</h2>
+<p class="small muted">Per length, over cases observed at every depth: each case's worst-depth accuracy and
+its range (best − worst depth), baseline → candidate. "Worst slice" is the depth with the lowest lower
+bound.</p>
+{% if worst %}<table>
+<tr><th>length</th><th>cases</th><th>worst slice (LB)</th><th>worst-depth accuracy</th><th>Δ</th><th>LB</th>
+<th>range</th><th>range increase (upper bound)</th><th>fragile cases</th></tr>
+{% for w in worst %}<tr><td class="num">{{ w.length }}</td><td class="num">{{ w.n_cases }}</td>
+<td>{{ w.worst_slice }}</td>
+<td>{{ w.worst_acc }}</td><td class="num">{{ w.worst_delta }}</td><td class="num">{{ w.worst_lower }}</td>
+<td>{{ w.range }}</td>
+<td>{{ w.range_increase }}</td><td>{{ w.fragile }}</td></tr>{% endfor %}
+</table>{% else %}<p>No complete cases.</p>{% endif %}
+{% if shares %}<p class="small">Share of cases whose worst depth is each depth (ties split),
+baseline → candidate:</p>
+<table><tr><th>length</th>{% for p in share_positions %}<th>{{ p }}</th>{% endfor %}</tr>
+{% for length, row in shares %}<tr><td class="num">{{ length }}</td>{% for cell in row %}
+<td>{{ cell }}</td>{% endfor %}</tr>{% endfor %}
+</table>{% endif %}
+{% if triage %}<details><summary>Triage: {{ triage|length }} (case, slice) cells where the candidate
+dropped most</summary>
+<p class="small muted">{{ triage_note }}.</p>
+<table><tr><th>case</th><th>slice</th><th>baseline</th><th>candidate</th><th>Δ</th><th>Fisher p</th>
+<th>re-run seeds</th></tr>
+{% for t in triage %}<tr><td><code>{{ t.case_id }}</code></td><td><code>{{ t.key }}</code></td>
+<td class="num">{{ t.acc_baseline }}</td>
+<td class="num">{{ t.acc_candidate }}</td><td class="num">{{ t.delta }}</td>
+<td class="num">{{ t.fisher_p }}</td><td class="num">{{ t.rerun_seeds }}</td></tr>{% endfor %}
+</table></details>{% endif %}
+
+<h2>Oracle: problems per slice</h2>
+<p class="small muted">Each cell counts runs as <strong>candidate / baseline</strong>, failing slices first.
+System failures (truncation, overflow, template error, timeout, refusal by the serving stack) count as
+fails in the gate; missing runs (infrastructure errors) drop out of the pairing.</p>
+<div class="scroll"><table class="oracle">
+<tr><th>slice</th><th>runs</th><th>pass</th><th>fail</th><th>missing claims</th><th>wrong citations</th>
+<th>forbidden answers</th><th>abstained</th><th>system failures</th><th>system failures by reason</th>
+<th>missing</th></tr>
+{% for o in oracle %}<tr><td><code>{{ o.key }}</code></td><td class="num">{{ o.runs }}</td>
+<td class="num">{{ o.passed }}</td>
+<td class="num">{{ o.failed }}</td><td class="num">{{ o.missing_claims }}</td>
+<td class="num">{{ o.wrong_citations }}</td>
+<td class="num">{{ o.safety_hits }}</td><td class="num">{{ o.abstained }}</td>
+<td class="num">{{ o.system_fail }}</td>
+<td class="small">{% for line in o.reasons %}{{ line }}{% if not loop.last %}<br>{% endif %}
+{%- else %}–{% endfor %}</td>
+<td class="num">{{ o.missing }}</td></tr>{% endfor %}
+</table></div>
+
+{% for section in problem_lists %}
+<h2>{{ section.title }}</h2>
+{% if section.rows %}<details{% if section.open %} open{% endif %}><summary>{{ section.total }}
+(arm, slice, case) row(s), candidate runs in failing slices first
+{%- if section.more %}; the first {{ section.rows|length }} shown{% endif %}</summary>
+<table><tr><th>arm</th><th>slice</th><th>case</th><th>{{ section.column }}</th><th>runs</th><th>seeds</th>
+<th>oracle reason (first run)</th></tr>
+{% for r in section.rows %}<tr><td>{{ r.arm }}</td><td><code>{{ r.slice }}</code></td>
+<td><code>{{ r.case_id }}</code></td>
+<td><code>{{ r.ids|join(", ") }}</code></td><td class="num">{{ r.runs }}</td>
+<td class="small">{{ r.seeds|join(", ") }}</td>
+<td class="small">{{ r.reason }}</td></tr>{% endfor %}
+</table></details>
+{% else %}<p>None.</p>{% endif %}
+{% endfor %}
+
+<h2>Digests</h2>
+{% if digests %}<table>{% for k, v in digests.items() %}<tr><td><code>{{ k }}</code></td>
+<td><code>{{ v }}</code></td></tr>{% endfor %}</table>
+{% else %}<p class="muted">The manifest has no digests.</p>{% endif %}
+</body>
+</html>
+"""
+
+
+def _html_rows(result: GateResult) -> list[dict[str, Any]]:
+    plan = result.plan
+    rows = []
+    for s in _ordered(result.slice_results):
+        marks = ""
+        if s.status is SliceStatus.FAIL_REGRESSION:
+            marks += MARK_REGRESSION
+        if s.q_ni < plan.alpha:
+            marks += MARK_NI
+        rows.append(
+            {
+                "key": slice_key(s.length, s.position),
+                "length": f"{s.length:,}",
+                "depth": depth_label(s.position),
+                "status": s.status.value,
+                "n_cases": s.n_cases,
+                "n_missing": s.n_missing,
+                "seeds": s.seeds,
+                "acc_baseline": _plain(s.acc_baseline),
+                "acc_candidate": _plain(s.acc_candidate),
+                "delta": _signed(s.delta),
+                "lower": _signed(s.lower, 3),
+                "upper": _signed(s.upper, 3),
+                "q_ni": _q(s.q_ni),
+                "q_reg": _q(s.q_reg),
+                "marks": marks,
+                "reason": s.reason,
+            }
+        )
+    return rows
+
+
+def _share_text(share: PositionShare | None) -> str:
+    if share is None:
+        return "–"
+    return f"{_plain(share.share_baseline)} → {_plain(share.share_candidate)}"
+
+
+def render_html(
+    result: GateResult,
+    scored: pl.DataFrame,
+    oracle: Sequence[OracleCounts],
+    manifest: Mapping[str, Any],
+    *,
+    delta_png: bytes,
+    accuracy_png: bytes,
+) -> str:
+    """The self-contained HTML page (heatmaps embedded as base64 PNG)."""
+    plan = result.plan
+    df = _prepare_scored(scored)
+    ordered = _ordered(result.slice_results)
+    n_fail = sum(1 for s in ordered if s.status.value.startswith("FAIL"))
+    n_inc = sum(1 for s in ordered if s.status is SliceStatus.INCONCLUSIVE)
+    delta_limit = _delta_limit(result)
+
+    worst = [
+        {
+            "length": f"{w.length:,}",
+            "n_cases": w.n_cases,
+            "worst_slice": "–"
+            if w.slice_worst_position is None
+            else f"{depth_label(w.slice_worst_position)} ({_signed(w.slice_worst_lower, 3)})",
+            "worst_acc": f"{_plain(w.worst_acc_baseline)} → {_plain(w.worst_acc_candidate)}",
+            "worst_delta": _signed(w.worst_delta),
+            "worst_lower": _signed(w.worst_lower, 3),
+            "range": f"{_plain(w.range_baseline)} → {_plain(w.range_candidate)}",
+            "range_increase": f"{_signed(w.range_increase)} ({_signed(w.range_increase_upper)})",
+            "fragile": f"{_plain(w.fragile_share_baseline)} → {_plain(w.fragile_share_candidate)}",
+        }
+        for w in result.worst_by_length
+    ]
+    share_positions = sorted({s.position for s in result.worst_shares}, key=position_sort_key)
+    share_map = {(s.length, s.position): s for s in result.worst_shares}
+    shares = [
+        (
+            f"{length:,}",
+            [_share_text(share_map.get((length, p))) for p in share_positions],
+        )
+        for length in sorted({s.length for s in result.worst_shares})
+    ]
+    triage = [
+        {
+            "case_id": t.case_id,
+            "key": slice_key(t.length, t.position),
+            "acc_baseline": _plain(t.acc_baseline),
+            "acc_candidate": _plain(t.acc_candidate),
+            "delta": _signed(t.delta),
+            "fisher_p": _q(t.fisher_p),
+            "rerun_seeds": t.rerun_seeds,
+        }
+        for t in result.triage
+    ]
+    by_slice: dict[str, dict[str, OracleCounts]] = {}
+    for o in oracle:
+        by_slice.setdefault(o.slice, {})[o.arm] = o
+    order = {slice_key(s.length, s.position): i for i, s in enumerate(ordered)}
+    oracle_rows = []
+    for key in sorted(by_slice, key=lambda k: order.get(k, len(order))):
+        c, b = by_slice[key].get(CANDIDATE), by_slice[key].get(BASELINE)
+
+        def pair(name: str, c: OracleCounts | None = c, b: OracleCounts | None = b) -> str:
+            return f"{getattr(c, name) if c else 0} / {getattr(b, name) if b else 0}"
+
+        def reasons(arm: str, o: OracleCounts | None) -> list[str]:
+            if o is None or not o.system_fail_reasons:
+                return []
+            return [f"{arm}: " + ", ".join(f"{k} {v}" for k, v in o.system_fail_reasons.items())]
+
+        oracle_rows.append(
+            {
+                "key": key,
+                **{
+                    name: pair(name)
+                    for name in (
+                        "runs",
+                        "passed",
+                        "failed",
+                        "missing_claims",
+                        "wrong_citations",
+                        "safety_hits",
+                        "abstained",
+                        "system_fail",
+                        "missing",
+                    )
+                },
+                "reasons": reasons("candidate", c) + reasons("baseline", b),
+            }
+        )
+    problem_lists = []
+    for title, column, label in (
+        ("Missing claims", "missing_claims", "missing claims"),
+        ("Wrong citations", "wrong_citations", "cited ids"),
+    ):
+        rows = _problem_rows(df, column, order)
+        problem_lists.append(
+            {
+                "title": title,
+                "column": label,
+                "rows": rows[:_LIST_LIMIT],
+                "total": len(rows),
+                "more": len(rows) > _LIST_LIMIT,
+                "open": len(rows) <= 20,
+            }
+        )
+    seed_counts = sorted({s.seeds for s in ordered if s.seeds})
+    seeds_note = (
+        f"Seeds per case: {', '.join(str(n) for n in seed_counts)}." if seed_counts else "No seeds recorded."
+    )
+    env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
+    template = env.from_string(_HTML)
+    code = exit_code_for(result)
+    overall = result.overall
+    return template.render(
+        verdict=result.verdict.value,
+        safety_flag=result.safety_flag,
+        safety=result.safety,
+        exit_value=int(code),
+        exit_name=code.name,
+        run=_run_info(manifest),
+        n_slices=len(ordered),
+        n_fail=n_fail,
+        n_inc=n_inc,
+        n_pass=len(ordered) - n_fail - n_inc,
+        margin=f"{plan.margin:g}",
+        neg_margin=f"−{plan.margin:g}",
+        alpha=f"{plan.alpha:g}",
+        confidence=f"{1 - plan.alpha:.0%}",
+        n_min=plan.n_min,
+        max_missing=f"{plan.max_missing:.0%}",
+        fdr_method=plan.fdr_method,
+        regression_method=plan.regression_method,
+        mark_regression=MARK_REGRESSION,
+        mark_ni=MARK_NI,
+        delta_limit=f"{delta_limit:g}",
+        overall=None
+        if overall is None
+        else {"delta": _signed(overall.delta, 3), "lower": _signed(overall.lower, 3)},
+        reasons=list(result.reasons),
+        delta_png=base64.b64encode(delta_png).decode("ascii"),
+        accuracy_png=base64.b64encode(accuracy_png).decode("ascii"),
+        delta_file=HEATMAP_DELTA,
+        accuracy_file=HEATMAP_ACCURACY,
+        slices=_html_rows(result),
+        worst=worst,
+        shares=shares,
+        share_positions=[depth_label(p) for p in share_positions],
+        triage=triage,
+        triage_note=result.to_dict()["triage_note"],
+        oracle=oracle_rows,
+        problem_lists=problem_lists,
+        seeds_note=seeds_note,
+        digests=manifest_digests(manifest),
+    )
+
+
+# --------------------------------------------------------------------------------------------------------
+# Writing
+
+
+def _write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` via a temporary sibling and os.replace (fsynced)."""
+    descriptor, temp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(descriptor, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(temp, 0o644)  # mkstemp creates 0600; reports are meant to be read by CI and people
+        os.replace(temp, path)
+    except BaseException:
+        Path(temp).unlink(missing_ok=True)
+        raise
+
+
+def _render_all(result: GateResult, scored: pl.DataFrame, manifest: Mapping[str, Any]) -> dict[str, bytes]:
+    """Every report file, rendered in memory; ``verdict.json`` is rendered last."""
+    oracle = oracle_counts(scored)
+    delta_png = render_delta_heatmap(result)
+    accuracy_png = render_accuracy_heatmap(result)
+    files: dict[str, bytes] = {
+        HEATMAP_DELTA: delta_png,
+        HEATMAP_ACCURACY: accuracy_png,
+        SUMMARY_MD: render_summary(result, oracle, manifest).encode("utf-8"),
+        JUNIT_XML: render_junit(result),
+        REPORT_HTML: render_html(
+            result, scored, oracle, manifest, delta_png=delta_png, accuracy_png=accuracy_png
+        ).encode("utf-8"),
+    }
+    verdict = build_verdict(result, oracle, manifest)
+    files[VERDICT_JSON] = (
+        json.dumps(verdict.model_dump(mode="json"), indent=2, ensure_ascii=False, allow_nan=False) + "\n"
+    ).encode("utf-8")
+    return files
+
+
+def write_reports(
+    result: GateResult, scored: pl.DataFrame, out_dir: str | Path, *, manifest: Mapping[str, Any]
+) -> ReportPaths:
+    """Write verdict.json, summary.md, junit.xml, report.html and the heatmap PNGs into ``out_dir``.
+
+    ``scored`` is the frame of :func:`depthgate.oracle.score_records` (per-run oracle columns);
+    ``manifest`` the run manifest (only its digests and short scalar fields are copied). All files are
+    staged in a temporary directory inside ``out_dir`` and moved in with ``os.replace``; the previous
+    ``verdict.json`` is removed before and the new one moved after every other file, so a verdict on
+    disk always comes with its complete report. On any error ``out_dir`` keeps its previous content
+    (or, if the error hits between the moves, has no verdict.json) and no staging files remain.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".depthgate-report-", dir=out))
+    try:
+        files = _render_all(result, scored, manifest)
+        for name, data in files.items():
+            _write_bytes(staging / name, data)
+        (out / VERDICT_JSON).unlink(missing_ok=True)
+        for name in files:
+            if name != VERDICT_JSON:
+                os.replace(staging / name, out / name)
+        os.replace(staging / VERDICT_JSON, out / VERDICT_JSON)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return ReportPaths(
+        out_dir=out,
+        verdict_json=out / VERDICT_JSON,
+        summary_md=out / SUMMARY_MD,
+        junit_xml=out / JUNIT_XML,
+        report_html=out / REPORT_HTML,
+        heatmaps=(out / HEATMAP_DELTA, out / HEATMAP_ACCURACY),
+    )
+
+
+__all__ = [
+    "HEATMAP_ACCURACY",
+    "HEATMAP_DELTA",
+    "JUNIT_XML",
+    "MARK_NI",
+    "MARK_REGRESSION",
+    "REPORT_HTML",
+    "SCHEMA_VERSION",
+    "SUMMARY_MD",
+    "VERDICT_JSON",
+    "OracleCounts",
+    "ReportPaths",
+    "VerdictDocument",
+    "VerdictSlice",
+    "build_verdict",
+    "depth_label",
+    "exit_code_for",
+    "load_verdict",
+    "manifest_digests",
+    "oracle_counts",
+    "render_accuracy_heatmap",
+    "render_delta_heatmap",
+    "render_html",
+    "render_junit",
+    "render_summary",
+    "slice_key",
+    "write_reports",
+]

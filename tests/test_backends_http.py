@@ -1,0 +1,857 @@
+"""HTTP backends.
+
+Two kinds of tests live here:
+
+* ``smoke_model`` tests against a **real** OpenAI-compatible server: llama-cpp-python's own server
+  (``python -m llama_cpp.server``) on 127.0.0.1 with the packaged Gemma-3-270M GGUF.
+* **Recorded shapes** tests: a tiny local stub HTTP server on 127.0.0.1 answers with the request and
+  response shapes recorded in research/api_facts.md for vLLM (0.8.5 / 0.11 / 0.32), OpenAI and Anthropic.
+  The stub is a stand-in where no real vLLM, OpenAI or Anthropic endpoint can run here; it checks the
+  wire format both ways, retries, timeouts and refusals.
+
+What llama-cpp-python 0.3.36's server does (measured by the smoke tests below): ``/v1/completions`` takes
+text only — a token-id prompt gets HTTP 500 with pydantic ``string_type`` errors; text is tokenized with
+BOS added, exactly as the local GGUF tokenizer encodes it with ``add_special_tokens=True`` (checked with
+``/extras/tokenize``); ``usage.prompt_tokens`` is that count; over-length is HTTP 400
+``context_length_exceeded``; ``max_tokens`` beyond the window is silently clamped; an unknown ``model``
+is answered by the loaded model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import pickle
+import socket
+import subprocess
+import sys
+import threading
+import time
+import traceback
+import types
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from depthgate.backends.base import (
+    Backend,
+    BackendRequestError,
+    OverLengthError,
+    Request,
+    Secret,
+    TransientBackendError,
+    api_key_from_env,
+    make_backend,
+)
+from depthgate.backends.http import (
+    AnthropicBackend,
+    OpenAIChatBackend,
+    OpenAICompletionsBackend,
+    is_overlength_error,
+)
+from depthgate.exceptions import InfraError
+from depthgate.models import DecodeParams, System
+
+# --------------------------------------------------------------------------------------------------
+# a tiny stub HTTP server (recorded shapes)
+
+Reply = tuple[int, Any, dict[str, str]]
+
+
+@dataclass
+class Seen:
+    method: str
+    path: str
+    body: Any
+    headers: dict[str, str]
+
+
+@dataclass
+class Stub:
+    """Routes ``(method, path)`` to a handler ``(body, headers) -> (status, json, headers)``."""
+
+    routes: dict[tuple[str, str], Callable[[Any, dict[str, str]], Reply]] = field(default_factory=dict)
+    seen: list[Seen] = field(default_factory=list)
+    delay_s: float = 0.0
+    url: str = ""
+
+    def paths(self) -> list[str]:
+        return [s.path for s in self.seen]
+
+
+def _handler(stub: Stub) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def _serve(self, method: str) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            raw = self.rfile.read(length) if length else b""
+            body = json.loads(raw) if raw else None
+            headers = {k.lower(): v for k, v in self.headers.items()}
+            stub.seen.append(Seen(method, self.path, body, headers))
+            if stub.delay_s:
+                time.sleep(stub.delay_s)
+            route = stub.routes.get((method, self.path))
+            status, payload, extra = route(body, headers) if route else (404, {"error": "no route"}, {})
+            data = json.dumps(payload).encode() if payload is not None else b""
+            try:
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                for key, value in extra.items():
+                    self.send_header(key, value)
+                self.end_headers()
+                self.wfile.write(data)
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the client timed out and went away
+
+        def do_GET(self) -> None:
+            self._serve("GET")
+
+        def do_POST(self) -> None:
+            self._serve("POST")
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    return Handler
+
+
+@pytest.fixture
+def stub() -> Iterator[Stub]:
+    state = Stub()
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(state))
+    server.daemon_threads = True
+    state.url = f"http://127.0.0.1:{server.server_address[1]}"
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    yield state
+    server.shutdown()
+    server.server_close()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _req(ids: list[int] | None = None, text: str | None = None, **kw: Any) -> Request:
+    base: dict[str, Any] = {
+        "layout_id": "L1",
+        "arm": "baseline",
+        "seed": 7,
+        "token_ids": ids,
+        "text": text,
+        "max_tokens": 4,
+        "temperature": 0.0,
+        "stop": ("\n",),
+    }
+    base.update(kw)
+    return Request(**base)
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+async def _once(backend: Any, request: Request) -> Any:
+    try:
+        return await backend.generate(request)
+    finally:
+        await backend.aclose()
+
+
+# --- recorded vLLM shapes (research/api_facts.md §2) ---------------------------------------------
+
+VLLM_MODELS = {
+    "object": "list",
+    "data": [
+        {
+            "id": "tiny",
+            "object": "model",
+            "created": 1,
+            "owned_by": "vllm",
+            "root": "/models/tiny",
+            "parent": None,
+            "max_model_len": 256,
+            "permission": [{}],
+        }
+    ],
+}
+
+
+def _vllm_completion(body: Any, headers: dict[str, str], *, echo: list[int] | None = None) -> Reply:
+    ids = body["prompt"]
+    return (
+        200,
+        {
+            "id": "cmpl-1",
+            "object": "text_completion",
+            "model": "tiny",
+            "choices": [
+                {
+                    "index": 0,
+                    "text": " 4821",
+                    "logprobs": None,
+                    "finish_reason": "stop",
+                    "stop_reason": "\n",
+                    "prompt_token_ids": echo if echo is not None else ids,
+                    "token_ids": [359, 346, 465],
+                }
+            ],
+            "usage": {
+                "prompt_tokens": len(ids),
+                "total_tokens": len(ids) + 3,
+                "completion_tokens": 3,
+                "prompt_tokens_details": {"cached_tokens": 128, "created_cache_tokens": 0},
+            },
+            "system_fingerprint": "vllm-0.32.0-b9a60ec6",
+        },
+        {},
+    )
+
+
+def test_recorded_shapes_vllm_completions_token_ids(stub: Stub) -> None:
+    stub.routes[("GET", "/v1/models")] = lambda b, h: (200, VLLM_MODELS, {})
+    stub.routes[("POST", "/v1/completions")] = _vllm_completion
+    backend = OpenAICompletionsBackend("tiny", base_url=stub.url + "/v1", vllm=True)
+    ids = list(range(5, 45))
+    resp = run(_once(backend, _req(ids)))
+    sent = stub.seen[-1].body
+    assert sent["prompt"] == ids and sent["return_token_ids"] is True
+    assert "truncate_prompt_tokens" not in sent
+    assert sent["seed"] == 7 and sent["max_tokens"] == 4 and sent["stop"] == ["\n"]
+    assert resp.prompt_tokens_server == 40 and resp.server_prompt_ids_match is True
+    assert resp.completion_tokens == 3 and resp.finish_reason == "stop" and resp.text == " 4821"
+    assert resp.prefix_cache_hit_tokens == 128
+    assert resp.system_fingerprint == "vllm-0.32.0-b9a60ec6"
+    assert backend.window == backend.served_window == 256
+    assert stub.paths() == ["/v1/models", "/v1/completions"]
+
+
+def test_recorded_shapes_models_read_once_for_concurrent_requests(stub: Stub) -> None:
+    stub.routes[("GET", "/v1/models")] = lambda b, h: (200, VLLM_MODELS, {})
+    stub.routes[("POST", "/v1/completions")] = _vllm_completion
+    backend = OpenAICompletionsBackend("tiny", base_url=stub.url, vllm=True)
+
+    async def many() -> list[Any]:
+        try:
+            return await asyncio.gather(*(backend.generate(_req([1, 2, seed])) for seed in range(8)))
+        finally:
+            await backend.aclose()
+
+    assert len(run(many())) == 8
+    assert stub.paths().count("/v1/models") == 1 and stub.paths().count("/v1/completions") == 8
+
+
+def test_recorded_shapes_vllm_echo_mismatch_is_reported(stub: Stub) -> None:
+    stub.routes[("GET", "/v1/models")] = lambda b, h: (200, VLLM_MODELS, {})
+    stub.routes[("POST", "/v1/completions")] = lambda b, h: _vllm_completion(b, h, echo=b["prompt"][10:])
+    backend = OpenAICompletionsBackend("tiny", base_url=stub.url, vllm=True)
+    resp = run(_once(backend, _req(list(range(5, 45)))))
+    assert resp.server_prompt_ids_match is False
+    assert resp.extra["echoed_prompt_tokens"] == 30
+
+
+def test_recorded_shapes_vllm_served_window_checked_before_sending(stub: Stub) -> None:
+    stub.routes[("GET", "/v1/models")] = lambda b, h: (200, VLLM_MODELS, {})
+    stub.routes[("POST", "/v1/completions")] = _vllm_completion
+    backend = OpenAICompletionsBackend("tiny", base_url=stub.url, vllm=True, window=4096)
+    with pytest.raises(OverLengthError, match="served window of 256"):
+        run(_once(backend, _req(list(range(250)), max_tokens=12)))
+    assert stub.paths() == ["/v1/models"]  # a catalog window of 4096 does not beat the served 256
+
+
+def test_recorded_shapes_unserved_model_is_refused(stub: Stub) -> None:
+    stub.routes[("GET", "/v1/models")] = lambda b, h: (200, VLLM_MODELS, {})
+    backend = OpenAICompletionsBackend("llama-3-8b", base_url=stub.url, vllm=True)
+    with pytest.raises(BackendRequestError, match=r"does not serve model 'llama-3-8b'.*\['tiny'\]"):
+        run(_once(backend, _req([1, 2, 3])))
+
+
+OVERLENGTH_BODIES = [
+    # vLLM 0.8.5, flat
+    {
+        "object": "error",
+        "message": "This model's maximum context length is 256 tokens. However, you requested 310 tokens "
+        "(300 in the messages, 10 in the completion). Please reduce the length of the messages or "
+        "completion.",
+        "type": "BadRequestError",
+        "param": None,
+        "code": 400,
+    },
+    # vLLM 0.11, nested
+    {
+        "error": {
+            "message": "'max_tokens' or 'max_completion_tokens' is too large: 20. This model's maximum "
+            "context length is 256 tokens and your request has 250 input tokens (20 > 256 - 250).",
+            "type": "BadRequestError",
+            "param": None,
+            "code": 400,
+        }
+    },
+    # vLLM 0.32 [verified]
+    {
+        "error": {
+            "message": "This model's maximum context length is 256 tokens. However, your prompt contains 300 "
+            "input tokens, which exceeds this limit even without any output tokens. Please reduce the length "
+            "of the input prompt. (parameter=input_tokens, value=300)",
+            "type": "BadRequestError",
+            "param": "input_tokens",
+            "code": 400,
+        }
+    },
+    # vLLM 0.32, prompt == window [verified]
+    {
+        "error": {
+            "message": "max_tokens must be at least 1, got 0. (parameter=max_tokens, value=0)",
+            "type": "BadRequestError",
+            "param": "max_tokens",
+            "code": 400,
+        }
+    },
+    # llama-server
+    {
+        "error": {
+            "code": 400,
+            "message": "request (300 tokens) exceeds the available context size (256 tokens), "
+            "try increasing it",
+            "type": "exceed_context_size_error",
+            "n_prompt_tokens": 300,
+            "n_ctx": 256,
+        }
+    },
+    # OpenAI
+    {
+        "error": {
+            "message": "This model's maximum context length is 128000 tokens. However, your messages "
+            "resulted in 245630 tokens. Please reduce the length of the messages.",
+            "type": "invalid_request_error",
+            "param": "messages",
+            "code": "context_length_exceeded",
+        }
+    },
+    # Anthropic
+    {
+        "type": "error",
+        "error": {
+            "type": "invalid_request_error",
+            "message": "prompt is too long: 210000 tokens > 200000 maximum",
+        },
+        "request_id": "req_1",
+    },
+]
+
+NOT_OVERLENGTH_BODIES = [
+    {
+        "error": {
+            "message": "max_tokens=1000 cannot be greater than max_model_len=256. Please request fewer "
+            "output tokens. (parameter=max_tokens, value=1000)",
+            "type": "BadRequestError",
+            "param": "max_tokens",
+            "code": 400,
+        }
+    },
+    {
+        "error": {
+            "message": "Chat template is passed with request, but --trust-request-chat-template is not set. "
+            "Refused request with untrusted chat template.",
+            "type": "BadRequestError",
+            "param": None,
+            "code": 400,
+        }
+    },
+]
+
+
+@pytest.mark.parametrize("body", OVERLENGTH_BODIES)
+def test_recorded_shapes_overlength_bodies_are_recognised(body: dict[str, Any]) -> None:
+    assert is_overlength_error(400, body)
+    assert not is_overlength_error(500, body)
+
+
+@pytest.mark.parametrize("body", NOT_OVERLENGTH_BODIES)
+def test_recorded_shapes_other_400s_are_not_overlength(body: dict[str, Any]) -> None:
+    assert not is_overlength_error(400, body)
+
+
+def test_recorded_shapes_overlength_400_raises_overlength_and_other_400_request_error(stub: Stub) -> None:
+    stub.routes[("GET", "/v1/models")] = lambda b, h: (200, VLLM_MODELS, {})
+    stub.routes[("POST", "/v1/completions")] = lambda b, h: (400, OVERLENGTH_BODIES[2], {})
+    with pytest.raises(OverLengthError, match="parameter=input_tokens"):
+        run(_once(OpenAICompletionsBackend("tiny", base_url=stub.url, vllm=True), _req([1] * 100)))
+    stub.routes[("POST", "/v1/completions")] = lambda b, h: (400, NOT_OVERLENGTH_BODIES[0], {})
+    with pytest.raises(BackendRequestError, match="HTTP 400") as info:
+        run(_once(OpenAICompletionsBackend("tiny", base_url=stub.url, vllm=True), _req([1] * 100)))
+    assert info.value.status == 400
+    assert len([p for p in stub.paths() if p == "/v1/completions"]) == 2  # neither was retried
+
+
+def test_recorded_shapes_503_is_retried_and_retry_after_honoured(stub: Stub) -> None:
+    calls = {"n": 0}
+
+    def flaky(body: Any, headers: dict[str, str]) -> Reply:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            return 503, {"error": {"message": "overloaded", "type": "ServiceUnavailable", "code": 503}}, {}
+        if calls["n"] == 2:
+            return 429, {"error": {"message": "rate limited"}}, {"Retry-After": "0.3"}
+        return _vllm_completion(body, headers)
+
+    stub.routes[("GET", "/v1/models")] = lambda b, h: (200, VLLM_MODELS, {})
+    stub.routes[("POST", "/v1/completions")] = flaky
+    backend = OpenAICompletionsBackend(
+        "tiny", base_url=stub.url, vllm=True, max_attempts=3, backoff_base_s=0.01, backoff_max_s=0.02
+    )
+    start = time.monotonic()
+    resp = run(_once(backend, _req([1, 2, 3])))
+    elapsed = time.monotonic() - start
+    assert resp.attempts == 3 and resp.prompt_tokens_server == 3
+    assert 0.3 <= elapsed < 5.0  # the 0.3 s Retry-After was waited, not the 10 ms backoff
+
+
+def test_recorded_shapes_persistent_500_gives_transient_error_after_max_attempts(stub: Stub) -> None:
+    stub.routes[("GET", "/v1/models")] = lambda b, h: (200, VLLM_MODELS, {})
+    engine_dead = {
+        "error": {"message": "EngineCore encountered an issue.", "type": "InternalServerError", "code": 500}
+    }
+    stub.routes[("POST", "/v1/completions")] = lambda b, h: (500, engine_dead, {})
+    backend = OpenAICompletionsBackend(
+        "tiny", base_url=stub.url, vllm=True, max_attempts=3, backoff_base_s=0.01
+    )
+    with pytest.raises(TransientBackendError, match="gave up after 3 attempt") as info:
+        run(_once(backend, _req([1, 2, 3])))
+    assert info.value.attempts == 3 and info.value.status == 500
+    assert stub.paths().count("/v1/completions") == 3
+
+
+def test_recorded_shapes_timeout_is_transient(stub: Stub) -> None:
+    stub.routes[("POST", "/v1/completions")] = _vllm_completion
+    stub.delay_s = 1.0
+    backend = OpenAICompletionsBackend(
+        "tiny", base_url=stub.url, check_served_model=False, max_attempts=1, timeout_s=0.2
+    )
+    backend._probed = True  # skip /v1/models (it would time out too)
+    with pytest.raises(TransientBackendError, match="timed out"):
+        run(_once(backend, _req([1, 2, 3])))
+
+
+def test_unreachable_endpoint_is_a_clear_infra_error_naming_the_url() -> None:
+    url = f"http://127.0.0.1:{_free_port()}"
+    backend = OpenAICompletionsBackend("tiny", base_url=url, max_attempts=2, backoff_base_s=0.01)
+    with pytest.raises(InfraError) as info:
+        run(_once(backend, _req([1, 2, 3])))
+    assert isinstance(info.value, TransientBackendError)
+    assert f"cannot reach {url}/v1/models" in str(info.value)
+    assert "gave up after 2 attempt" in str(info.value)
+
+
+# --- recorded OpenAI chat shapes (research/api_facts.md §4.1) ------------------------------------
+
+
+def _openai_chat(body: Any, headers: dict[str, str]) -> Reply:
+    return (
+        200,
+        {
+            "id": "chatcmpl-1",
+            "object": "chat.completion",
+            "model": "gpt-4o-mini-2024-07-18",
+            "system_fingerprint": "fp_44709d6fcb",
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": "4821"},
+                    "finish_reason": "stop",
+                    "logprobs": None,
+                }
+            ],
+            "usage": {
+                "prompt_tokens": 1203,
+                "completion_tokens": 2,
+                "total_tokens": 1205,
+                "prompt_tokens_details": {"cached_tokens": 1024, "audio_tokens": 0},
+                "completion_tokens_details": {"reasoning_tokens": 0},
+            },
+        },
+        {},
+    )
+
+
+def test_recorded_shapes_openai_chat(stub: Stub) -> None:
+    stub.routes[("POST", "/v1/chat/completions")] = _openai_chat
+    key = Secret("sk-test-openai", env_var="OPENAI_API_KEY")
+    backend = OpenAIChatBackend("gpt-4o-mini", base_url=stub.url, api_key=key)
+    resp = run(_once(backend, _req([1] * 1200, text="the prompt", seed=3)))
+    seen = stub.seen[-1]
+    assert seen.headers["authorization"] == "Bearer sk-test-openai"
+    assert seen.body["messages"] == [{"role": "user", "content": "the prompt"}]
+    assert seen.body["seed"] == 3 and seen.body["max_tokens"] == 4 and seen.body["stop"] == ["\n"]
+    assert resp.text == "4821" and resp.finish_reason == "stop"
+    assert resp.prompt_tokens_server == 1203 and resp.completion_tokens == 2
+    assert resp.system_fingerprint == "fp_44709d6fcb" and resp.prefix_cache_hit_tokens == 1024
+    assert not backend.accepts_token_ids and backend.count_tolerance > 0
+
+
+def test_recorded_shapes_openai_context_length_exceeded(stub: Stub) -> None:
+    stub.routes[("POST", "/v1/chat/completions")] = lambda b, h: (400, OVERLENGTH_BODIES[5], {})
+    backend = OpenAIChatBackend("gpt-4o-mini", base_url=stub.url)
+    with pytest.raises(OverLengthError, match="maximum context length is 128000"):
+        run(_once(backend, _req(text="long")))
+
+
+# --- recorded Anthropic shapes (research/api_facts.md §4.2) --------------------------------------
+
+
+def _anthropic_routes(stub: Stub, *, count: int = 1500) -> None:
+    stub.routes[("POST", "/v1/messages/count_tokens")] = lambda b, h: (200, {"input_tokens": count}, {})
+    stub.routes[("POST", "/v1/messages")] = lambda b, h: (
+        200,
+        {
+            "id": "msg_1",
+            "type": "message",
+            "role": "assistant",
+            "model": "claude-sonnet-4-5",
+            "content": [{"type": "text", "text": "4821\nThe code is from section 2."}],
+            "stop_reason": "end_turn",
+            "stop_sequence": None,
+            "usage": {
+                "input_tokens": 9,
+                "cache_creation_input_tokens": 0,
+                "cache_read_input_tokens": 1491,
+                "output_tokens": 11,
+            },
+        },
+        {},
+    )
+
+
+def test_recorded_shapes_anthropic_messages(stub: Stub) -> None:
+    _anthropic_routes(stub)
+    key = Secret("sk-ant-test", env_var="ANTHROPIC_API_KEY")
+    backend = AnthropicBackend("claude-sonnet-4-5", base_url=stub.url, api_key=key, window=200_000)
+    resp = run(_once(backend, _req(text="the prompt", stop=("\n", "###"))))
+    assert stub.paths() == ["/v1/messages/count_tokens", "/v1/messages"]
+    count_call, call = stub.seen
+    assert count_call.body == {
+        "model": "claude-sonnet-4-5",
+        "messages": [{"role": "user", "content": "the prompt"}],
+    }
+    assert call.headers["x-api-key"] == "sk-ant-test" and call.headers["anthropic-version"] == "2023-06-01"
+    assert "seed" not in call.body  # the Messages API has no seed
+    assert call.body["stop_sequences"] == ["###"]  # whitespace-only stops are applied locally
+    assert resp.text == "4821" and resp.finish_reason == "stop"
+    assert resp.prompt_tokens_server == 1500 and resp.prefix_cache_hit_tokens == 1491
+    assert resp.extra["count_tokens"] == 1500 and resp.completion_tokens == 11
+    assert resp.attempts == 2
+
+
+def test_recorded_shapes_anthropic_overlength(stub: Stub) -> None:
+    _anthropic_routes(stub, count=199_999)
+    backend = AnthropicBackend("claude-sonnet-4-5", base_url=stub.url, window=200_000)
+    with pytest.raises(OverLengthError, match="199999 prompt tokens"):
+        run(_once(backend, _req(text="x")))
+    assert stub.paths() == ["/v1/messages/count_tokens"]  # refused before sending
+    stub.routes[("POST", "/v1/messages")] = lambda b, h: (400, OVERLENGTH_BODIES[6], {})
+    with pytest.raises(OverLengthError, match="prompt is too long"):
+        run(_once(AnthropicBackend("claude-sonnet-4-5", base_url=stub.url), _req(text="x")))
+
+
+# --- vLLM offline (recorded shapes of RequestOutput through a stand-in module) -------------------
+
+
+class _FakeVLLMValidationError(Exception):
+    pass
+
+
+_FakeVLLMValidationError.__name__ = "VLLMValidationError"
+
+
+def _fake_vllm(window: int, calls: list[Any]) -> types.ModuleType:
+    module = types.ModuleType("vllm")
+
+    class SamplingParams:
+        def __init__(self, **kw: Any) -> None:
+            self.kw = kw
+
+    def tokens_prompt(**kw: Any) -> dict[str, Any]:
+        return dict(kw)
+
+    class LLM:
+        def __init__(self, model: str, **kw: Any) -> None:
+            self.llm_engine = types.SimpleNamespace(
+                model_config=types.SimpleNamespace(max_model_len=kw.get("max_model_len", window))
+            )
+
+        def generate(self, prompts: list[dict[str, Any]], params: SamplingParams, use_tqdm: bool) -> Any:
+            calls.append((prompts, params.kw))
+            ids = prompts[0]["prompt_token_ids"]
+            if len(ids) >= window:
+                raise _FakeVLLMValidationError(
+                    f"This model's maximum context length is {window} tokens. However, your prompt contains "
+                    f"{len(ids)} input tokens, which exceeds this limit even without any output tokens."
+                )
+            completion = types.SimpleNamespace(
+                text=" 4821", token_ids=[1, 2], finish_reason="stop", stop_reason="\n"
+            )
+            return [
+                types.SimpleNamespace(prompt_token_ids=list(ids), num_cached_tokens=0, outputs=[completion])
+            ]
+
+    module.LLM = LLM  # type: ignore[attr-defined]
+    module.SamplingParams = SamplingParams  # type: ignore[attr-defined]
+    module.TokensPrompt = tokens_prompt  # type: ignore[attr-defined]
+    return module
+
+
+def test_recorded_shapes_vllm_offline(monkeypatch: pytest.MonkeyPatch) -> None:
+    from depthgate.backends.vllm_offline import VLLMOfflineBackend
+
+    calls: list[Any] = []
+    monkeypatch.setitem(sys.modules, "vllm", _fake_vllm(256, calls))
+    backend = VLLMOfflineBackend("tiny", window=256)
+    resp = run(_once(backend, _req(list(range(40)), seed=11)))
+    prompts, params = calls[0]
+    assert prompts == [{"prompt_token_ids": list(range(40))}]
+    assert params == {"seed": 11, "max_tokens": 4, "temperature": 0.0, "stop": ["\n"]}
+    assert resp.server_prompt_ids_match is True and resp.prompt_tokens_server == 40
+    assert resp.completion_tokens == 2 and resp.finish_reason == "stop"
+    # the engine's own over-length error (window unknown to the backend) becomes OverLengthError
+    backend = VLLMOfflineBackend("tiny", window=None)
+    backend._window = None
+    with pytest.raises(OverLengthError, match="maximum context length is 256"):
+        run(_once(backend, _req(list(range(300)))))
+
+
+def test_vllm_offline_without_vllm_is_a_clear_infra_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    from depthgate.backends.vllm_offline import VLLMOfflineBackend
+
+    monkeypatch.setitem(sys.modules, "vllm", None)  # import vllm -> ImportError
+    with pytest.raises(InfraError, match="vLLM is not installed") as info:
+        VLLMOfflineBackend("tiny")
+    assert "depthgate[vllm]" in str(info.value)
+
+
+# --- factory and API keys ------------------------------------------------------------------------
+
+
+def _system(**kw: Any) -> System:
+    base: dict[str, Any] = {"name": "cand", "model": "m", "tokenizer": "gguf:"}
+    base.update(kw)
+    return System(**base)
+
+
+def test_make_backend_maps_systems(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    vllm_server = make_backend(_system(backend="vllm-server", endpoint="http://127.0.0.1:8000"))
+    assert isinstance(vllm_server, OpenAICompletionsBackend) and vllm_server.vllm
+    assert vllm_server.accepts_token_ids and vllm_server.name == "cand"
+    assert isinstance(vllm_server, Backend)
+    served = make_backend(_system(backend="llamacpp", endpoint="http://127.0.0.1:8080"), prompt_format="text")
+    assert isinstance(served, OpenAICompletionsBackend) and not served.accepts_token_ids
+    # self-hosted OpenAI-compatible chat needs no key; api.openai.com does
+    assert isinstance(
+        make_backend(_system(backend="openai", endpoint="http://127.0.0.1:1")), OpenAIChatBackend
+    )
+    with pytest.raises(InfraError, match="environment variable OPENAI_API_KEY is not set"):
+        make_backend(_system(backend="openai"))
+    with pytest.raises(InfraError, match="environment variable ANTHROPIC_API_KEY is not set"):
+        make_backend(_system(backend="anthropic"))
+    with pytest.raises(InfraError, match="environment variable MY_GATEWAY_KEY is not set"):
+        make_backend(_system(backend="anthropic"), api_key_env="MY_GATEWAY_KEY")
+
+
+SECRET = "sk-live-DO-NOT-LEAK-0123456789abcdef"
+
+
+def test_api_key_never_leaks(
+    stub: Stub, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The key is sent, but appears in no exception message, repr, traceback or log line — even when the
+    server echoes it back in an error body."""
+    monkeypatch.setenv("OPENAI_API_KEY", SECRET)
+    monkeypatch.setenv("ANTHROPIC_API_KEY", SECRET)
+
+    def echo_401(body: Any, headers: dict[str, str]) -> Reply:
+        return 401, {"error": {"message": f"Incorrect API key provided: {headers.get('authorization')}"}}, {}
+
+    def echo_500(body: Any, headers: dict[str, str]) -> Reply:
+        return 500, {"error": {"message": f"upstream saw {headers.get('x-api-key')}"}}, {}
+
+    stub.routes[("POST", "/v1/chat/completions")] = echo_401
+    stub.routes[("POST", "/v1/messages/count_tokens")] = echo_500
+    caplog.set_level(logging.DEBUG)
+    chat = make_backend(_system(backend="openai", endpoint=stub.url), max_attempts=2)
+    anthropic = make_backend(_system(backend="anthropic", endpoint=stub.url), max_attempts=2)
+    assert isinstance(anthropic, AnthropicBackend)
+    anthropic.backoff_base_s = 0.01
+    errors: list[BaseException] = []
+    for backend in (chat, anthropic):
+        try:
+            run(_once(backend, _req(text="hello")))
+        except Exception as exc:  # collected for inspection
+            errors.append(exc)
+    assert [type(e) for e in errors] == [BackendRequestError, TransientBackendError]
+    assert stub.seen[0].headers["authorization"] == f"Bearer {SECRET}"  # it was sent
+    assert "$OPENAI_API_KEY" in str(errors[0])  # the fix names the variable
+    texts = [repr(chat), repr(anthropic), str(chat), caplog.text]
+    for error in errors:
+        texts += [str(error), repr(error), repr(error.args), "".join(traceback.format_exception(error))]
+        texts += [str(getattr(error, "summary", "")), str(getattr(error, "fix", ""))]
+        assert error.__cause__ is None and error.__context__ is None  # no httpx request (headers) attached
+    for text in texts:
+        assert SECRET not in text
+    assert "***" in str(errors[0])
+    secret = api_key_from_env("OPENAI_API_KEY")
+    assert secret is not None and SECRET not in repr(secret) and SECRET not in str(secret)
+    with pytest.raises(TypeError):
+        pickle.dumps(secret)
+    # a missing key names the variable, never a value
+    monkeypatch.delenv("OPENAI_API_KEY")
+    with pytest.raises(InfraError) as info:
+        api_key_from_env("OPENAI_API_KEY")
+    assert "OPENAI_API_KEY" in str(info.value)
+
+
+# --------------------------------------------------------------------------------------------------
+# the real llama-cpp-python server (smoke_model)
+
+
+@dataclass
+class LlamaServer:
+    url: str
+    tokenizer: Any
+
+
+@pytest.fixture(scope="module")
+def llama_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaServer]:
+    pytest.importorskip("llama_cpp.server.app", reason="llama-cpp-python[server] is not installed")
+    from depthgate.gguf_tokenizer import gemma_default_gguf, tokenizer_from_gguf
+
+    gguf = gemma_default_gguf()
+    port = _free_port()
+    log_path = tmp_path_factory.mktemp("llama-server") / "server.log"
+    cmd = [
+        sys.executable, "-m", "llama_cpp.server",
+        "--model", str(gguf), "--model_alias", "gemma3-270m",
+        "--n_ctx", "2048", "--logits_all", "False", "--flash_attn", "True",
+        "--n_threads", str(max(2, min(8, os.cpu_count() or 2))),
+        "--host", "127.0.0.1", "--port", str(port),
+    ]  # fmt: skip
+    with open(log_path, "wb") as log_file:
+        proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(
+                    f"llama-cpp-python server exited ({proc.returncode}): {log_path.read_text()[-2000:]}"
+                )
+            try:
+                if httpx.get(f"{url}/v1/models", timeout=1.0).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"llama-cpp-python server did not start: {log_path.read_text()[-2000:]}")
+            time.sleep(0.25)
+        yield LlamaServer(url=url, tokenizer=tokenizer_from_gguf(gguf))
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+PROMPT = (
+    "Company Operations Handbook (excerpt)\n\nSection 1. Security.\nPrinted copies of this handbook may be "
+    "out of date. The access code for vault 7 is 4821. All forms referenced in this section are available "
+    "on the intranet.\n\nQuestion: What is the access code for vault 7?\n"
+    "Answer: The access code for vault 7 is"
+)
+
+
+def _local_ids(server: LlamaServer, text: str) -> list[int]:
+    return list(server.tokenizer.encode(text, add_special_tokens=True).ids)
+
+
+@pytest.mark.smoke_model
+def test_llamacpp_python_server_rejects_token_id_prompts(llama_server: LlamaServer) -> None:
+    backend = OpenAICompletionsBackend("gemma3-270m", base_url=llama_server.url, max_attempts=1)
+    with pytest.raises(BackendRequestError, match="does not accept token-id prompts") as info:
+        run(_once(backend, _req(_local_ids(llama_server, PROMPT))))
+    assert info.value.status == 500  # pydantic string_type errors, reported as HTTP 500 by this server
+
+
+@pytest.mark.smoke_model
+def test_llamacpp_python_server_text_prompt_counts_match_local(llama_server: LlamaServer) -> None:
+    ids = _local_ids(llama_server, PROMPT)
+    tokenized = httpx.post(f"{llama_server.url}/extras/tokenize", json={"input": PROMPT}, timeout=30).json()
+    assert tokenized["tokens"] == ids  # the server adds BOS and tokenizes exactly like the local tokenizer
+    backend = OpenAICompletionsBackend("gemma3-270m", base_url=llama_server.url, prompt_format="text")
+    resp = run(_once(backend, _req(ids, text=PROMPT, max_tokens=6)))
+    assert resp.prompt_tokens_server == len(ids)
+    assert resp.finish_reason in ("stop", "length") and 1 <= (resp.completion_tokens or 0) <= 6
+    assert resp.server_prompt_ids_match is None and backend.window is None  # no max_model_len served
+    assert "4821" in resp.text
+
+
+@pytest.mark.smoke_model
+def test_llamacpp_python_server_overlength_and_unserved_model(llama_server: LlamaServer) -> None:
+    text = "Printed copies of this handbook may be out of date." * 220
+    ids = _local_ids(llama_server, text)
+    assert len(ids) > 2048
+    backend = OpenAICompletionsBackend("gemma3-270m", base_url=llama_server.url, prompt_format="text")
+    with pytest.raises(OverLengthError, match="maximum context length is 2048"):
+        run(_once(backend, _req(ids, text=text)))
+    other = OpenAICompletionsBackend("qwen3-0.6b", base_url=llama_server.url, prompt_format="text")
+    with pytest.raises(BackendRequestError, match=r"serves \['gemma3-270m'\]"):
+        run(_once(other, _req(ids[:10], text="Hello")))
+
+
+@pytest.mark.smoke_model
+def test_llamacpp_python_server_silent_clamp_is_caught_by_the_runner(
+    llama_server: LlamaServer, tmp_path: Path
+) -> None:
+    """A 2,040-token prompt with max_tokens 16 in a 2,048 window: the server clamps max_tokens to 8
+    without an error; the runner records it as system_fail max_tokens_clamped."""
+    from depthgate.runner import read_records, run_pairs
+
+    sentence = " The access code for vault 7 is 4821."
+    text = "Handbook."
+    while len(_local_ids(llama_server, text + sentence)) <= 2040:
+        text += sentence
+    ids = _local_ids(llama_server, text)
+    assert 2000 < len(ids) <= 2040
+    layout = {
+        "layout_id": "long", "case_id": "c1", "target_tokens": len(ids), "position": "0.5",
+        "token_ids": ids, "text": text, "status": "ok",
+    }  # fmt: skip
+    backend = OpenAICompletionsBackend("gemma3-270m", base_url=llama_server.url, prompt_format="text")
+    summary = run_pairs(
+        [("baseline", layout)],
+        {"baseline": backend},
+        tmp_path,
+        concurrency=1,
+        seeds=[0],
+        decode=DecodeParams(max_tokens=16, stop=[]),
+        run_id="clamp",
+        manifest_digest="d",
+        progress=False,
+    )
+    rec = read_records(tmp_path).row(0, named=True)
+    assert summary.system_fail == 1
+    assert rec["status"] == "system_fail" and rec["system_fail_reason"] == "max_tokens_clamped"
+    assert rec["finish_reason"] == "length" and rec["completion_tokens"] == 2048 - len(ids)
+    assert rec["prompt_tokens_server"] == rec["prompt_tokens_local"] == len(ids)
