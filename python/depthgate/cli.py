@@ -147,6 +147,34 @@ def _cmd_suite_generate(args: argparse.Namespace) -> int:
     return ExitCode.PASS
 
 
+def _cmd_run(args: argparse.Namespace) -> int:
+    from depthgate.pipeline import run_matrix
+
+    result, code, html = run_matrix(args.matrix, args.out, concurrency=args.concurrency,
+                                    progress=None if not args.progress else True, verification=args.verification)
+    _print_verdict(result, code, html)
+    return code
+
+
+def _cmd_gate(args: argparse.Namespace) -> int:
+    from depthgate.pipeline import gate_run
+
+    result, code, html = gate_run(args.run_dir, report_dir=args.report_dir)
+    _print_verdict(result, code, html)
+    return code
+
+
+def _print_verdict(result: object, code: int, html: Path) -> None:
+    verdict = getattr(result, "verdict", "?")
+    safety = getattr(result, "safety_flag", False)
+    name = getattr(verdict, "value", str(verdict))
+    print(f"verdict: {name}{' + SAFETY' if safety else ''} (exit {int(code)})")
+    for reason in list(getattr(result, "reasons", []))[:5]:
+        print(f"  {reason}")
+    print(f"report: {html}")
+    print(f"        {html.parent / 'summary.md'}, {html.parent / 'verdict.json'}, {html.parent / 'junit.xml'}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="depthgate", description=__doc__.splitlines()[0] if __doc__ else None)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -171,6 +199,21 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("layouts")
     c.add_argument("--tokenizer", required=True)
     c.set_defaults(func=_cmd_check)
+
+    r = sub.add_parser("run", help="build → run both arms (paired, resumable) → score → gate → report")
+    r.add_argument("matrix")
+    r.add_argument("--out", default="runs/latest", help="run folder; rerunning the same folder resumes")
+    r.add_argument("--concurrency", type=int, default=4)
+    r.add_argument("--verification", default="full", choices=["full", "fast"])
+    r.add_argument("--progress", action="store_true", help="progress line even when stderr is not a terminal")
+    r.set_defaults(func=_cmd_run)
+
+    for name, help_text in (("gate", "score and gate a run folder; writes verdict and reports"),
+                            ("report", "re-write the reports of a run folder (same as gate)")):
+        gp = sub.add_parser(name, help=help_text)
+        gp.add_argument("run_dir")
+        gp.add_argument("--report-dir", help="where to write the reports (default RUN/report)")
+        gp.set_defaults(func=_cmd_gate)
 
     s = sub.add_parser("schema", help="JSON Schema of cases, suites, systems, matrices and plans")
     s.add_argument("--out")
