@@ -100,7 +100,7 @@ def test_correct_continuation_passes(suites: dict[str, Suite], language: str, pa
 
 @pytest.mark.parametrize("language", ["en", "zh"])
 @pytest.mark.parametrize("pattern", ["override", "exception", "order", "negation"])
-def test_superseded_value_as_answer_fails_with_safety(
+def test_superseded_value_as_answer_fails_without_safety(
     suites: dict[str, Suite], language: str, pattern: str
 ) -> None:
     for case in cases_of(suites[language], pattern):
@@ -108,7 +108,8 @@ def test_superseded_value_as_answer_fails_with_safety(
         assert old.id in ("competing", "ruled_out")
         result = run(case, continuation(case, old))
         assert result.outcome == "fail", (case.id, result)
-        assert result.safety
+        # Built-in superseded values have severity "wrong": a position failure, not a safety event.
+        assert not result.safety
         assert result.forbidden_hits == [old.id]
         assert result.missing_claims == ["answer"]
         assert "forbidden" in result.reason
@@ -135,7 +136,20 @@ def test_forbidden_value_given_first_flags_even_if_the_right_one_follows(
     case = cases_of(suites[language], "override")[0]
     text = continuation(case, case.forbidden_claims[0]) + continuation(case, case.required_claims[0])
     result = run(case, text)
-    assert result.outcome == "fail" and result.safety and result.forbidden_hits == ["competing"]
+    assert result.outcome == "fail" and not result.safety and result.forbidden_hits == ["competing"]
+
+
+@pytest.mark.parametrize("language", ["en", "zh"])
+def test_safety_severity_claim_given_as_answer_flags_safety(suites: dict[str, Suite], language: str) -> None:
+    case = cases_of(suites[language], "override")[0]
+    old = case.forbidden_claims[0]
+    strict = case.model_copy(
+        update={"forbidden_claims": [old.model_copy(update={"severity": "safety"}), *case.forbidden_claims[1:]]}
+    )
+    result = run(strict, continuation(strict, old))
+    assert result.outcome == "fail" and result.safety and result.forbidden_hits == [old.id]
+    # Copied on after the right answer, even a safety claim is not what the model answered.
+    assert not run(strict, continuation(strict, case.required_claims[0]) + case.competing[0].text).safety
 
 
 @pytest.mark.parametrize("language", ["en", "zh"])
@@ -146,7 +160,7 @@ def test_distractor_value_fails(suites: dict[str, Suite], language: str, pattern
         result = run(case, continuation(case, distractor))
         assert result.outcome == "fail", (case.id, result)
         assert result.forbidden_hits == [distractor.id]
-        assert result.safety  # a distractor's value given as the answer is a forbidden claim
+        assert not result.safety  # a distractor's value is a wrong answer (severity "wrong")
 
 
 def test_other_value_fails_without_safety(suites: dict[str, Suite]) -> None:
@@ -227,7 +241,7 @@ def test_hallucinated_value_on_absent_case_fails(suites: dict[str, Suite], langu
         result = run(case, continuation(case, distractor))
         assert result.outcome == "fail", (case.id, result)
         assert "hallucinated" in result.reason.lower()
-        assert result.forbidden_hits == [distractor.id] and result.safety
+        assert result.forbidden_hits == [distractor.id] and not result.safety
         assert not result.abstained
 
 
@@ -422,7 +436,7 @@ def test_score_records_feeds_the_gate(suites: dict[str, Suite]) -> None:
         for r in scored.iter_rows(named=True)
         if r["case_id"] == suite.cases[1].id
     }
-    assert by_key[("candidate", "0.5")]["outcome"] == "fail" and by_key[("candidate", "0.5")]["safety"]
+    assert by_key[("candidate", "0.5")]["outcome"] == "fail" and by_key[("candidate", "0.5")]["forbidden_hits"]
     assert by_key[("baseline", "0.5")]["outcome"] == "pass"
     first = scored.filter((pl.col("case_id") == suite.cases[0].id) & (pl.col("position") == "1.0"))
     assert first.filter(pl.col("arm") == "candidate")["outcome"].to_list() == ["system_fail"]
@@ -431,7 +445,7 @@ def test_score_records_feeds_the_gate(suites: dict[str, Suite]) -> None:
     assert absent["abstained"].all()
 
     result = gate(scored, GatePlan(n_min=10, bootstrap_reps=199))
-    assert result.safety_flag
+    assert not result.safety_flag  # wrong values are failures; only severity="safety" claims flag
     statuses = {s.position: s.status.value for s in result.slice_results}
     assert statuses["0.5"].startswith("FAIL")
     assert statuses["0.0"] == "PASS"

@@ -190,6 +190,10 @@ class Claim(_Frozen):
     aliases: list[str] = Field(default_factory=list)
     value: str | None = None
     unit: str | None = None
+    # As a forbidden claim: "safety" (a leak, a harmful or prohibited statement: raises the SAFETY flag
+    # whatever the statistics say) or "wrong" (a superseded version, a distractor's value: a plain
+    # wrong answer, scored as a fail with the claim named). The default is the strict one.
+    severity: Literal["safety", "wrong"] = "safety"
 
     @field_validator("aliases")
     @classmethod

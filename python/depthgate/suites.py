@@ -605,6 +605,7 @@ def _build_case(case_id: str, pattern: EvidencePattern, fact: FactType, draw: _D
                 aliases=writer.aliases(fact, old),
                 value=writer.value(fact, old),
                 unit=writer.unit(fact),
+                severity="wrong",
             )
         )
 
@@ -682,6 +683,7 @@ def _build_case(case_id: str, pattern: EvidencePattern, fact: FactType, draw: _D
                 aliases=writer.aliases(fact, value),
                 value=writer.value(fact, value),
                 unit=writer.unit(fact),
+                severity="wrong",
             )
         )
 

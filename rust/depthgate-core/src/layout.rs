@@ -913,11 +913,22 @@ fn plan_haystack(
                 ),
             )));
         }
-        let Some(closers) = pool.close(gap, salt) else {
-            return Ok(Err(refuse(
-                "cannot_reach_exact_length",
-                format!("no combination of closing sentences has exactly {gap} tokens; add shorter pool sentences"),
-            )));
+        // A gap smaller than every pool sentence cannot be closed: give back the last filler units
+        // (never anchored ones) until the gap is closable.
+        let mut gap = gap;
+        let closers = loop {
+            if let Some(closers) = pool.close(gap, salt) {
+                break closers;
+            }
+            let Some(pos) = units.iter().rposition(|p| p.kind == UnitKind::Filler) else {
+                return Ok(Err(refuse(
+                    "cannot_reach_exact_length",
+                    format!("no combination of closing sentences has exactly {gap} tokens; add shorter pool sentences"),
+                )));
+            };
+            let removed = units.remove(pos);
+            let before = if pos == 0 { ctx.prefix } else { units[pos - 1].seg };
+            gap += engine.len(removed.seg) + engine.junction(before, removed.seg)?.delta;
         };
         units.extend(closers.into_iter().map(|seg| Placed {
             seg,
