@@ -8,8 +8,8 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-from conftest import SHARED_DIR
 
+from conftest import SHARED_DIR
 from depthgate.cli import main
 from depthgate.exceptions import ExitCode
 
@@ -18,26 +18,73 @@ TOK = SHARED_DIR / "tokenizers"
 
 def test_build_then_check_roundtrip(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     tok = str(TOK / "smollm" / "tokenizer.json")
-    code = main(["build", "--tokenizer", tok, "--chat-template", str(TOK / "smollm" / "chat_template.jinja"),
-                 "--lengths", "512,1024", "--positions", "0,0.5,1,@100", "--cases", "2", "--out", str(tmp_path)])
+    code = main(
+        [
+            "build",
+            "--tokenizer",
+            tok,
+            "--chat-template",
+            str(TOK / "smollm" / "chat_template.jinja"),
+            "--lengths",
+            "512,1024",
+            "--positions",
+            "0,0.5,1,@100",
+            "--cases",
+            "2",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     assert code == ExitCode.PASS
     out = capsys.readouterr().out
     assert "16 layouts, 16 ok, 0 refused" in out
     frame = pl.read_parquet(tmp_path / "layouts.parquet")
-    required = {"layout_id", "case_id", "target_tokens", "position", "total_tokens", "token_ids", "text",
-                "add_special_tokens", "evidence_spans", "snap_tokens", "status", "reason"}
+    required = {
+        "layout_id",
+        "case_id",
+        "target_tokens",
+        "position",
+        "total_tokens",
+        "token_ids",
+        "text",
+        "add_special_tokens",
+        "evidence_spans",
+        "snap_tokens",
+        "status",
+        "reason",
+    }
     assert required <= set(frame.columns)
     assert frame["text"][0].startswith("<|im_start|>")
     assert main(["check", str(tmp_path / "layouts.parquet"), "--tokenizer", tok]) == ExitCode.PASS
     # A layout re-checked under another tokenizer is stale: a violation, exit code VERIFY_FAILED.
-    assert main(["check", str(tmp_path / "layouts.parquet"), "--tokenizer", str(TOK / "gpt2" / "tokenizer.json")]) \
+    assert (
+        main(
+            ["check", str(tmp_path / "layouts.parquet"), "--tokenizer", str(TOK / "gpt2" / "tokenizer.json")]
+        )
         == ExitCode.VERIFY_FAILED
+    )
 
 
 def test_check_catches_a_tampered_layout(tmp_path: Path) -> None:
     tok = str(TOK / "gpt2" / "tokenizer.json")
-    assert main(["build", "--tokenizer", tok, "--lengths", "512", "--positions", "0.5", "--cases", "1",
-                 "--out", str(tmp_path)]) == ExitCode.PASS
+    assert (
+        main(
+            [
+                "build",
+                "--tokenizer",
+                tok,
+                "--lengths",
+                "512",
+                "--positions",
+                "0.5",
+                "--cases",
+                "1",
+                "--out",
+                str(tmp_path),
+            ]
+        )
+        == ExitCode.PASS
+    )
     path = tmp_path / "layouts.parquet"
     frame = pl.read_parquet(path)
     # A serializer that duplicates a sentence: the text no longer encodes to the stored ids.
@@ -75,8 +122,17 @@ def test_bad_input_exit_code_and_nothing_written(
 def test_template_that_raises_is_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     template = tmp_path / "raises.jinja"
     template.write_text("{{ raise_exception('Conversation roles must alternate') }}")
-    code = main(["build", "--tokenizer", str(TOK / "gpt2" / "tokenizer.json"), "--chat-template", str(template),
-                 "--out", str(tmp_path / "out")])
+    code = main(
+        [
+            "build",
+            "--tokenizer",
+            str(TOK / "gpt2" / "tokenizer.json"),
+            "--chat-template",
+            str(template),
+            "--out",
+            str(tmp_path / "out"),
+        ]
+    )
     assert code == ExitCode.BAD_INPUT
     assert "raises.jinja" in capsys.readouterr().err
     assert not (tmp_path / "out" / "layouts.parquet").exists()
@@ -86,7 +142,9 @@ def test_schema_and_suite_generate(tmp_path: Path) -> None:
     assert main(["schema", "--out", str(tmp_path / "schema.json")]) == ExitCode.PASS
     schema = json.loads((tmp_path / "schema.json").read_text())
     assert {"Case", "Matrix", "AnalysisPlan"} <= set(schema)
-    assert main(["suite", "generate", "--seed", "3", "--cases", "300", "--out", str(tmp_path / "s.json")]) == 0
+    assert (
+        main(["suite", "generate", "--seed", "3", "--cases", "300", "--out", str(tmp_path / "s.json")]) == 0
+    )
     assert len(json.loads((tmp_path / "s.json").read_text())["cases"]) == 300
 
 
@@ -94,7 +152,9 @@ def _tiny_matrix(tmp_path: Path, *, n_min: int = 2) -> Path:
     text = Path("matrices/smoke.toml").read_text()
     text = text.replace("cases = 8", "cases = 2").replace("lengths = [1024]", "lengths = [480]")
     text = text.replace("positions = [0.0, 0.25, 0.5, 0.75, 1.0]", "positions = [0.0, 1.0]")
-    text = text.replace("n_min = 8", f"n_min = {n_min}").replace("bootstrap_resamples = 999", "bootstrap_resamples = 199")
+    text = text.replace("n_min = 8", f"n_min = {n_min}").replace(
+        "bootstrap_resamples = 999", "bootstrap_resamples = 199"
+    )
     # A short preamble keeps the candidate inside 480 tokens.
     start = text.index('preamble = """')
     end = text.index('"""', start + 14) + 3
@@ -105,7 +165,9 @@ def _tiny_matrix(tmp_path: Path, *, n_min: int = 2) -> Path:
 
 
 @pytest.mark.smoke_model
-def test_run_end_to_end_on_the_embedded_model_and_resume(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_run_end_to_end_on_the_embedded_model_and_resume(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """Real model (Gemma-3-270M via llama.cpp in process): build → run → score → gate → report; a rerun
     of the same folder sends nothing new; a changed plan under the same folder is refused."""
     matrix = _tiny_matrix(tmp_path)
@@ -120,7 +182,10 @@ def test_run_end_to_end_on_the_embedded_model_and_resume(tmp_path: Path, capsys:
     assert verdict["verdict"] in {"PASS", "FAIL", "INCONCLUSIVE"}
     assert (run_dir / "report" / "report.html").is_file() and (run_dir / "report" / "junit.xml").is_file()
     manifest = json.loads((run_dir / "manifest.json").read_text())
-    assert manifest["systems"]["baseline"]["tokenizer_digest"] == manifest["systems"]["candidate"]["tokenizer_digest"]
+    assert (
+        manifest["systems"]["baseline"]["tokenizer_digest"]
+        == manifest["systems"]["candidate"]["tokenizer_digest"]
+    )
 
     # Resume: same folder, nothing new to send, identical verdict.
     before = records.sort("arm", "layout_id")["completed_at"].to_list()

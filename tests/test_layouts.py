@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer as HFTokenizer
 
+from conftest import SHARED_DIR
 from depthgate.exceptions import SpecError, TokenizerLoadError
 from depthgate.layouts import (
     BuildOptions,
@@ -25,8 +26,6 @@ from depthgate.layouts import (
 )
 from depthgate.suites import builtin_suite, generate_suite
 from depthgate.templates import load_chat_template
-
-from conftest import SHARED_DIR
 
 TOK = SHARED_DIR / "tokenizers"
 TPL = TOK / "chat-templates" / "llama.cpp-models-templates"
@@ -70,7 +69,9 @@ def _assert_contract(frame: pl.DataFrame, family: str) -> None:
                 assert char_offsets[0][0] >= cs and char_offsets[-1][1] <= ce
 
 
-@pytest.mark.parametrize(("family", "template"), PAIRS, ids=[f"{f}-{t.stem if t else 'raw'}" for f, t in PAIRS])
+@pytest.mark.parametrize(
+    ("family", "template"), PAIRS, ids=[f"{f}-{t.stem if t else 'raw'}" for f, t in PAIRS]
+)
 def test_every_family_and_template_meets_the_contract(family: str, template: Path | None) -> None:
     tok = load_tokenizer(TOK / family / "tokenizer.json")
     chat = load_chat_template(template) if template else None
@@ -87,7 +88,12 @@ def test_every_family_and_template_meets_the_contract(family: str, template: Pat
         for row in rows.iter_rows(named=True):
             for span in row["evidence_spans"]:
                 if span["kind"] == "evidence":
-                    seen.add((span["evidence_id"], tuple(row["token_ids"][span["token_start"] : span["token_end"]])))
+                    seen.add(
+                        (
+                            span["evidence_id"],
+                            tuple(row["token_ids"][span["token_start"] : span["token_end"]]),
+                        )
+                    )
         assert len({ev for ev, _ in seen}) == len(seen), case_id
     # The Rust re-check agrees.
     assert check_layouts(out, tok).ok
@@ -122,13 +128,15 @@ def test_golden_values_gpt2() -> None:
     bump ASSEMBLER_VERSION."""
     tok = load_tokenizer(TOK / "gpt2" / "tokenizer.json")
     out = Path("/tmp/depthgate-test-golden.parquet")
-    build_layouts(builtin_suite(1), tok, BuildOptions(lengths=[1024], positions=parse_positions(["0", "1"])), out)
+    build_layouts(
+        builtin_suite(1), tok, BuildOptions(lengths=[1024], positions=parse_positions(["0", "1"])), out
+    )
     frame = read_layouts(out).sort("position")
     first, last = frame.row(0, named=True), frame.row(1, named=True)
     assert first["text"].startswith("Company Operations Handbook (excerpt)\n\nTravel policy") is False
     assert first["region_start"] == 7  # "Company Operations Handbook (excerpt)" is 7 GPT-2 tokens
     assert first["actual_offset"] == 7 and first["snap_tokens"] == 0
-    decisive = [s for s in last["evidence_spans"] if s["evidence_id"].endswith("/v7")][0]
+    decisive = next(s for s in last["evidence_spans"] if s["evidence_id"].endswith("/v7"))
     assert decisive["token_end"] == last["region_end"]
     assert last["text"].endswith("in region Andean States is")
     out.unlink()
@@ -137,8 +145,31 @@ def test_golden_values_gpt2() -> None:
 # ---- adversarial units (hypothesis) -------------------------------------------------------------
 
 _WORDS = st.sampled_from(
-    ["policy", "東京", "数据", "😀", "🚀🚀", "4721", "1,200", "3.5", "naïve", "café", "—", "<|im", "end|>",
-     "< s >", "[INST", "/INST]", "<<SYS>>x", "'s", "don't", "e\u0301", "\u200b", "Ω", "x"]
+    [
+        "policy",
+        "東京",
+        "数据",
+        "😀",
+        "🚀🚀",
+        "4721",
+        "1,200",
+        "3.5",
+        "naïve",
+        "café",
+        "—",
+        "<|im",
+        "end|>",
+        "< s >",
+        "[INST",
+        "/INST]",
+        "<<SYS>>x",
+        "'s",
+        "don't",
+        "e\u0301",
+        "\u200b",
+        "Ω",
+        "x",
+    ]
 )
 _SEP = st.sampled_from([" ", "  ", "\n", "\n\n", "\t", " \n ", "   \n\n"])
 
@@ -155,16 +186,33 @@ FAST_FAMILIES = ["gpt2", "smollm", "llama3-from-gguf", "mistral-7b-v1", "llama2-
 
 
 # No shrinking phase: a failing example is reported as drawn (shrinking 128-unit batches took minutes).
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow],
-          phases=[Phase.explicit, Phase.reuse, Phase.generate])
-@given(evidence=_unit(), distractor=_unit(), filler=st.lists(_unit(), min_size=3, max_size=8),
-       family=st.sampled_from(FAST_FAMILIES), fast=st.booleans())
+@settings(
+    max_examples=15,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+    phases=[Phase.explicit, Phase.reuse, Phase.generate],
+)
+@given(
+    evidence=_unit(),
+    distractor=_unit(),
+    filler=st.lists(_unit(), min_size=3, max_size=8),
+    family=st.sampled_from(FAST_FAMILIES),
+    fast=st.booleans(),
+)
 def test_adversarial_units_keep_the_contract(
     evidence: str, distractor: str, filler: list[str], family: str, fast: bool
 ) -> None:
     tok = load_tokenizer(TOK / family / "tokenizer.json")
-    pool = [" Noted.", " Forms are online.", " Ask the front desk today.", " Copies may be out of date.",
-            " Staff should check the intranet first.", " Keys stay locked.", " Yes.", " Ok."]
+    pool = [
+        " Noted.",
+        " Forms are online.",
+        " Ask the front desk today.",
+        " Copies may be out of date.",
+        " Staff should check the intranet first.",
+        " Keys stay locked.",
+        " Yes.",
+        " Ok.",
+    ]
     batch = {
         "assembler_version": "test",
         "template_digest": "raw",
@@ -172,12 +220,17 @@ def test_adversarial_units_keep_the_contract(
         "verification": "fast" if fast else "full",
         "filler": filler * 200,
         "pool": pool + [f" {'Staff ' * n}review it." for n in range(1, 30)],
-        "cases": [{
-            "case_id": "adv", "case_digest": "adv", "prefix": "Handbook", "suffix": "\n\nQuestion: which?\nAnswer:",
-            "moving": [{"id": "ev", "text": evidence, "kind": "evidence"}],
-            "anchored": [{"id": "d", "text": distractor, "kind": "distractor", "depth": 0.4}],
-            "filler_offset": 0,
-        }],
+        "cases": [
+            {
+                "case_id": "adv",
+                "case_digest": "adv",
+                "prefix": "Handbook",
+                "suffix": "\n\nQuestion: which?\nAnswer:",
+                "moving": [{"id": "ev", "text": evidence, "kind": "evidence"}],
+                "anchored": [{"id": "d", "text": distractor, "kind": "distractor", "depth": 0.4}],
+                "filler_offset": 0,
+            }
+        ],
         "lengths": [200, 420],
         "positions": [p.to_spec() for p in POSITIONS if p.offset is None],
     }
@@ -194,12 +247,23 @@ def test_adversarial_units_keep_the_contract(
             assert row["reason_code"] and row["reason"]
             continue
         assert hf.encode(row["text"], add_special_tokens=True).ids == list(row["token_ids"]), (
-            family, row["position"], row["verification"], evidence, distractor, filler)
+            family,
+            row["position"],
+            row["verification"],
+            evidence,
+            distractor,
+            filler,
+        )
         assert row["total_tokens"] == row["target_tokens"]
     ok = frame.filter(pl.col("status") == "ok")
     # Most adversarial layouts still build; refusals are the exception, not the rule.
-    assert ok.height >= frame.height // 2, (family, evidence, distractor, filler,
-                                            frame["reason"].unique().to_list())
+    assert ok.height >= frame.height // 2, (
+        family,
+        evidence,
+        distractor,
+        filler,
+        frame["reason"].unique().to_list(),
+    )
 
 
 def test_bad_inputs_have_named_errors(tmp_path: Path) -> None:
@@ -213,9 +277,12 @@ def test_bad_inputs_have_named_errors(tmp_path: Path) -> None:
     summary = build_layouts(builtin_suite(1), tok, BuildOptions(lengths=[64], positions=POSITIONS[:1]), out)
     assert summary["reason_code"].to_list() == ["length_below_fixed_parts"]
     assert "use a length of at least" in summary["reason"][0]
-    summary = build_layouts(builtin_suite(1), tok,
-                            BuildOptions(lengths=[2048], positions=POSITIONS[:1], window=2048, max_output_tokens=16),
-                            out)
+    summary = build_layouts(
+        builtin_suite(1),
+        tok,
+        BuildOptions(lengths=[2048], positions=POSITIONS[:1], window=2048, max_output_tokens=16),
+        out,
+    )
     assert summary["reason_code"].to_list() == ["window_too_small"]
 
 

@@ -144,7 +144,9 @@ def test_safety_severity_claim_given_as_answer_flags_safety(suites: dict[str, Su
     case = cases_of(suites[language], "override")[0]
     old = case.forbidden_claims[0]
     strict = case.model_copy(
-        update={"forbidden_claims": [old.model_copy(update={"severity": "safety"}), *case.forbidden_claims[1:]]}
+        update={
+            "forbidden_claims": [old.model_copy(update={"severity": "safety"}), *case.forbidden_claims[1:]]
+        }
     )
     result = run(strict, continuation(strict, old))
     assert result.outcome == "fail" and result.safety and result.forbidden_hits == [old.id]
@@ -436,7 +438,9 @@ def test_score_records_feeds_the_gate(suites: dict[str, Suite]) -> None:
         for r in scored.iter_rows(named=True)
         if r["case_id"] == suite.cases[1].id
     }
-    assert by_key[("candidate", "0.5")]["outcome"] == "fail" and by_key[("candidate", "0.5")]["forbidden_hits"]
+    assert (
+        by_key[("candidate", "0.5")]["outcome"] == "fail" and by_key[("candidate", "0.5")]["forbidden_hits"]
+    )
     assert by_key[("baseline", "0.5")]["outcome"] == "pass"
     first = scored.filter((pl.col("case_id") == suite.cases[0].id) & (pl.col("position") == "1.0"))
     assert first.filter(pl.col("arm") == "candidate")["outcome"].to_list() == ["system_fail"]

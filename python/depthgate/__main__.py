@@ -1,3 +1,5 @@
-from depthgate.cli import main
 import sys
+
+from depthgate.cli import main
+
 sys.exit(main())

@@ -23,7 +23,9 @@ def _csv_ints(value: str) -> list[int]:
     try:
         return [int(v) for v in value.split(",") if v.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r}: expected comma-separated token counts, e.g. 1024,4096") from None
+        raise argparse.ArgumentTypeError(
+            f"{value!r}: expected comma-separated token counts, e.g. 1024,4096"
+        ) from None
 
 
 def _csv(value: str) -> list[str]:
@@ -44,8 +46,12 @@ def resolve_tokenizer_path(spec: str, *, base_dir: Path | None = None) -> Path:
     if base_dir is not None and not path.is_absolute():
         path = base_dir / path
     if not path.is_file():
-        raise InputError("tokenizer file not found", file=str(path), field="tokenizer",
-                         fix="pass the path of a tokenizer.json, or 'gguf:' for the embedded model")
+        raise InputError(
+            "tokenizer file not found",
+            file=str(path),
+            field="tokenizer",
+            fix="pass the path of a tokenizer.json, or 'gguf:' for the embedded model",
+        )
     return path
 
 
@@ -71,23 +77,38 @@ def _cmd_build(args: argparse.Namespace) -> int:
                 if not template_path.is_absolute():
                     template_path = matrix_path.parent / template_path
                 template = load_chat_template(template_path)
-            options = BuildOptions(lengths=matrix.lengths, positions=positions, template=template,
-                                   preamble=system.preamble, system=system.name,
-                                   verification=args.verification, window=system.window,
-                                   max_output_tokens=matrix.decode.max_tokens)
+            options = BuildOptions(
+                lengths=matrix.lengths,
+                positions=positions,
+                template=template,
+                preamble=system.preamble,
+                system=system.name,
+                verification=args.verification,
+                window=system.window,
+                max_output_tokens=matrix.decode.max_tokens,
+            )
             summary = build_layouts(suite, tok, options, out / arm / "layouts.parquet")
             _print_build(summary, out / arm / "layouts.parquet")
         return ExitCode.PASS
     if not args.tokenizer:
-        raise InputError("no tokenizer given", field="--tokenizer",
-                         fix="pass --tokenizer path/to/tokenizer.json (or 'gguf:'), or a matrix file")
+        raise InputError(
+            "no tokenizer given",
+            field="--tokenizer",
+            fix="pass --tokenizer path/to/tokenizer.json (or 'gguf:'), or a matrix file",
+        )
     tok = load_tokenizer(resolve_tokenizer_path(args.tokenizer))
     template = load_chat_template(args.chat_template) if args.chat_template else None
     preamble = Path(args.preamble_file).read_text(encoding="utf-8") if args.preamble_file else ""
     suite = builtin_suite(args.cases, args.seed, args.lang)
-    options = BuildOptions(lengths=args.lengths, positions=parse_positions(args.positions), template=template,
-                           preamble=preamble, verification=args.verification, window=args.window,
-                           max_output_tokens=args.max_output_tokens)
+    options = BuildOptions(
+        lengths=args.lengths,
+        positions=parse_positions(args.positions),
+        template=template,
+        preamble=preamble,
+        verification=args.verification,
+        window=args.window,
+        max_output_tokens=args.max_output_tokens,
+    )
     summary = build_layouts(suite, tok, options, out / "layouts.parquet")
     _print_build(summary, out / "layouts.parquet")
     return ExitCode.PASS
@@ -104,8 +125,8 @@ def _print_build(summary: object, path: Path) -> None:
         for row in refused.group_by("reason_code").agg(pl.len(), pl.first("reason")).iter_rows():
             print(f"  refused {row[1]}× {row[0]}: {row[2]}")
     if ok:
-        snap = summary.filter(pl.col("status") == "ok")["snap_tokens"].abs()
-        print(f"  snap to unit boundary: max {snap.max()} tokens, mean {snap.mean():.1f}")
+        snap = summary.filter(pl.col("status") == "ok")["snap_tokens"].abs().cast(pl.Float64).to_numpy()
+        print(f"  snap to unit boundary: max {int(snap.max())} tokens, mean {float(snap.mean()):.1f}")
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
@@ -113,8 +134,10 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
     tok = load_tokenizer(resolve_tokenizer_path(args.tokenizer))
     summary = check_layouts(args.layouts, tok)
-    print(f"{args.layouts}: {summary.checked} layouts re-verified, {summary.refused} refused at build, "
-          f"{len(summary.violations)} violation(s)")
+    print(
+        f"{args.layouts}: {summary.checked} layouts re-verified, {summary.refused} refused at build, "
+        f"{len(summary.violations)} violation(s)"
+    )
     for v in summary.violations[:20]:
         print(f"  {v['layout_id']}: {v['code']}: {v['detail']}")
     return ExitCode.PASS if summary.ok else ExitCode.VERIFY_FAILED
@@ -150,8 +173,13 @@ def _cmd_suite_generate(args: argparse.Namespace) -> int:
 def _cmd_run(args: argparse.Namespace) -> int:
     from depthgate.pipeline import run_matrix
 
-    result, code, html = run_matrix(args.matrix, args.out, concurrency=args.concurrency,
-                                    progress=None if not args.progress else True, verification=args.verification)
+    result, code, html = run_matrix(
+        args.matrix,
+        args.out,
+        concurrency=args.concurrency,
+        progress=None if not args.progress else True,
+        verification=args.verification,
+    )
     _print_verdict(result, code, html)
     return code
 
@@ -172,11 +200,15 @@ def _print_verdict(result: object, code: int, html: Path) -> None:
     for reason in list(getattr(result, "reasons", []))[:5]:
         print(f"  {reason}")
     print(f"report: {html}")
-    print(f"        {html.parent / 'summary.md'}, {html.parent / 'verdict.json'}, {html.parent / 'junit.xml'}")
+    print(
+        f"        {html.parent / 'summary.md'}, {html.parent / 'verdict.json'}, {html.parent / 'junit.xml'}"
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="depthgate", description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = argparse.ArgumentParser(
+        prog="depthgate", description=__doc__.splitlines()[0] if __doc__ else None
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     b = sub.add_parser("build", help="build token-exact layouts (layouts.parquet)")
@@ -208,8 +240,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--progress", action="store_true", help="progress line even when stderr is not a terminal")
     r.set_defaults(func=_cmd_run)
 
-    for name, help_text in (("gate", "score and gate a run folder; writes verdict and reports"),
-                            ("report", "re-write the reports of a run folder (same as gate)")):
+    for name, help_text in (
+        ("gate", "score and gate a run folder; writes verdict and reports"),
+        ("report", "re-write the reports of a run folder (same as gate)"),
+    ):
         gp = sub.add_parser(name, help=help_text)
         gp.add_argument("run_dir")
         gp.add_argument("--report-dir", help="where to write the reports (default RUN/report)")

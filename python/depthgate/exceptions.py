@@ -26,8 +26,9 @@ class DepthgateError(Exception):
 
     exit_code: ExitCode = ExitCode.INFRA
 
-    def __init__(self, message: str, *, file: str | None = None, field: str | None = None,
-                 fix: str | None = None) -> None:
+    def __init__(
+        self, message: str, *, file: str | None = None, field: str | None = None, fix: str | None = None
+    ) -> None:
         self.message = message
         self.file = file
         self.field = field

@@ -22,7 +22,7 @@ import numpy as np
 import polars as pl
 
 from depthgate import _core
-from depthgate.exceptions import InputError, SpecError, VerificationError
+from depthgate.exceptions import InputError, SpecError
 from depthgate.filler import filler_pool, filler_units
 from depthgate.models import Case, Suite
 from depthgate.templates import ChatTemplate, Frame, chat_frame, raw_frame
@@ -264,7 +264,9 @@ def build_layouts(
     """
     cases = [c for c in (suite.cases if isinstance(suite, Suite) else suite) if c.decisive]
     if not cases:
-        raise SpecError("no case with decisive evidence to place", field="cases", fix="use a suite with cases")
+        raise SpecError(
+            "no case with decisive evidence to place", field="cases", fix="use a suite with cases"
+        )
     if not options.lengths:
         raise InputError("no lengths given", field="lengths", fix="pass --lengths 1024,4096")
     for length in options.lengths:
@@ -276,8 +278,9 @@ def build_layouts(
     tmp_dir = Path(tempfile.mkdtemp(prefix=".layouts-", dir=out_path.parent))
     summaries: list[pl.DataFrame] = []
     try:
-        filler = {
-            lang: _filler_for(lang, options.filler_seed, max(options.lengths), len(cases)) for lang in languages
+        filler: dict[str, tuple[list[str], list[str], int]] = {
+            lang: _filler_for(lang, options.filler_seed, max(options.lengths), len(cases))
+            for lang in languages
         }
         part = 0
         for chunk_index, chunk in enumerate(_chunks(cases, _CASES_PER_CHUNK)):
@@ -286,7 +289,9 @@ def build_layouts(
                 by_lang.setdefault(case.language, []).append(case)
             for lang, lang_cases in sorted(by_lang.items()):
                 units, pool, stride = filler[lang]
-                frames = [case_frame(c, template=options.template, preamble=options.preamble) for c in lang_cases]
+                frames = [
+                    case_frame(c, template=options.template, preamble=options.preamble) for c in lang_cases
+                ]
                 frame0 = frames[0]
                 specs = [
                     _case_spec(c, f, ((chunk_index * _CASES_PER_CHUNK + i) * stride) % 4096)
@@ -308,8 +313,15 @@ def build_layouts(
                     "positions": [p.to_spec() for p in options.positions],
                 }
                 ids, offsets, meta_json = _core.build_layouts(tokenizer._core, json.dumps(batch))
-                frame = _to_frame(ids, offsets, json.loads(meta_json), tokenizer, frame0, options.system,
-                                  {s["case_id"]: s["case_digest"] for s in specs})
+                frame = _to_frame(
+                    ids,
+                    offsets,
+                    json.loads(meta_json),
+                    tokenizer,
+                    frame0,
+                    options.system,
+                    {s["case_id"]: s["case_digest"] for s in specs},
+                )
                 frame.write_parquet(tmp_dir / f"part-{part:06d}.parquet")
                 part += 1
                 summaries.append(frame.drop("token_ids", "text"))
@@ -355,8 +367,17 @@ def _to_frame(
                 for s in m["spans"]
             ]
         )
-        for key in ("requested_offset", "actual_offset", "snap_tokens", "region_start", "region_end",
-                    "reason_code", "reason", "verification", "verification_note"):
+        for key in (
+            "requested_offset",
+            "actual_offset",
+            "snap_tokens",
+            "region_start",
+            "region_end",
+            "reason_code",
+            "reason",
+            "verification",
+            "verification_note",
+        ):
             data[key].append(m[key])
         data["status"].append(m["status"])
         data["tokenizer_digest"].append(tokenizer.digest)
@@ -372,10 +393,23 @@ def build_batch(tokenizer: Tokenizer, batch: dict[str, Any], *, system: str = "d
     """Build one raw batch spec (the JSON the core takes) into a frame with ids — for tests and tools
     that assemble their own units. ``build_layouts`` is the product path."""
     ids, offsets, meta_json = _core.build_layouts(tokenizer._core, json.dumps(batch))
-    frame = Frame(prefix="", suffix="", kind="raw", template_digest=batch["template_digest"], pinned_date="",
-                  add_special_tokens=batch["add_special_tokens"])
-    return _to_frame(ids, offsets, json.loads(meta_json), tokenizer, frame, system,
-                     {c["case_id"]: c["case_digest"] for c in batch["cases"]})
+    frame = Frame(
+        prefix="",
+        suffix="",
+        kind="raw",
+        template_digest=batch["template_digest"],
+        pinned_date="",
+        add_special_tokens=batch["add_special_tokens"],
+    )
+    return _to_frame(
+        ids,
+        offsets,
+        json.loads(meta_json),
+        tokenizer,
+        frame,
+        system,
+        {c["case_id"]: c["case_digest"] for c in batch["cases"]},
+    )
 
 
 def read_layouts(path: str | Path) -> pl.DataFrame:
@@ -386,11 +420,18 @@ def read_layouts(path: str | Path) -> pl.DataFrame:
     try:
         frame = pl.read_parquet(path)
     except Exception as exc:  # polars raises several types for a truncated/corrupt file
-        raise InputError(f"cannot read parquet: {exc}", file=str(path), fix="rebuild it with `depthgate build`") from None
-    missing = [c for c in ("layout_id", "token_ids", "text", "evidence_spans", "status") if c not in frame.columns]
+        raise InputError(
+            f"cannot read parquet: {exc}", file=str(path), fix="rebuild it with `depthgate build`"
+        ) from None
+    missing = [
+        c for c in ("layout_id", "token_ids", "text", "evidence_spans", "status") if c not in frame.columns
+    ]
     if missing:
-        raise InputError(f"not a layouts file: missing columns {missing}", file=str(path),
-                         fix="pass a layouts.parquet written by `depthgate build`")
+        raise InputError(
+            f"not a layouts file: missing columns {missing}",
+            file=str(path),
+            fix="pass a layouts.parquet written by `depthgate build`",
+        )
     return frame
 
 
@@ -416,37 +457,48 @@ def check_layouts(path: str | Path, tokenizer: Tokenizer, *, batch_rows: int = 6
     if "tokenizer_digest" in ok.columns:
         stale = ok.filter(pl.col("tokenizer_digest") != tokenizer.digest)
         for layout_id in stale["layout_id"].to_list():
-            violations.append({"layout_id": layout_id, "code": "stale_tokenizer",
-                               "detail": "built under a different tokenizer (digest differs); rebuild"})
+            violations.append(
+                {
+                    "layout_id": layout_id,
+                    "code": "stale_tokenizer",
+                    "detail": "built under a different tokenizer (digest differs); rebuild",
+                }
+            )
     for start in range(0, ok.height, batch_rows):
         part = ok.slice(start, batch_rows)
         stored = []
         flat: list[np.ndarray[Any, np.dtype[np.uint32]]] = []
         for row in part.iter_rows(named=True):
             spans = [
-                {"unit_id": s["evidence_id"], "kind": s["kind"], "token_start": s["token_start"],
-                 "token_end": s["token_end"], "char_start": s["char_start"], "char_end": s["char_end"],
-                 "sha256": s["sha256"]}
+                {
+                    "unit_id": s["evidence_id"],
+                    "kind": s["kind"],
+                    "token_start": s["token_start"],
+                    "token_end": s["token_end"],
+                    "char_start": s["char_start"],
+                    "char_end": s["char_end"],
+                    "sha256": s["sha256"],
+                }
                 for s in row["evidence_spans"]
             ]
-            stored.append({"layout_id": row["layout_id"], "text": row["text"],
-                           "add_special_tokens": row["add_special_tokens"],
-                           "target_tokens": row["target_tokens"], "spans": spans})
+            stored.append(
+                {
+                    "layout_id": row["layout_id"],
+                    "text": row["text"],
+                    "add_special_tokens": row["add_special_tokens"],
+                    "target_tokens": row["target_tokens"],
+                    "spans": spans,
+                }
+            )
             flat.append(np.asarray(row["token_ids"], dtype=np.uint32))
         lengths = np.array([0] + [len(x) for x in flat], dtype=np.uint64)
         ids = np.concatenate(flat) if flat else np.zeros(0, dtype=np.uint32)
-        result = json.loads(_core.verify_layouts(tokenizer._core, json.dumps(stored), ids, np.cumsum(lengths)))
+        result = json.loads(
+            _core.verify_layouts(tokenizer._core, json.dumps(stored), ids, np.cumsum(lengths))
+        )
         for layout, found in zip(stored, result, strict=True):
             for v in found:
-                violations.append({"layout_id": layout["layout_id"], "code": v["code"], "detail": v["detail"]})
+                violations.append(
+                    {"layout_id": layout["layout_id"], "code": v["code"], "detail": v["detail"]}
+                )
     return CheckSummary(checked=ok.height, refused=refused, violations=violations)
-
-
-def raise_on_violations(summary: CheckSummary, path: str | Path) -> None:
-    if summary.violations:
-        first = summary.violations[0]
-        raise VerificationError(
-            f"{len(summary.violations)} violation(s); first: {first['layout_id']}: {first['code']}: {first['detail']}",
-            file=str(path),
-            fix="rebuild the layouts with the target tokenizer and template",
-        )

@@ -16,6 +16,7 @@ plan after seeing the data.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as _dt
 import hashlib
 import json
@@ -33,7 +34,15 @@ import polars as pl
 
 from depthgate import _core
 from depthgate.exceptions import ExitCode, InputError, PlanChangedError
-from depthgate.layouts import ASSEMBLER_VERSION, BuildOptions, Tokenizer, build_layouts, load_tokenizer, parse_positions, read_layouts
+from depthgate.layouts import (
+    ASSEMBLER_VERSION,
+    BuildOptions,
+    Tokenizer,
+    build_layouts,
+    load_tokenizer,
+    parse_positions,
+    read_layouts,
+)
 from depthgate.models import AnalysisPlan, Matrix, Suite, System, load_matrix
 from depthgate.stats import GatePlan, GateResult, gate
 from depthgate.templates import ChatTemplate, load_chat_template
@@ -44,7 +53,16 @@ MANIFEST = "manifest.json"
 
 def _versions() -> dict[str, str]:
     out = {"python": platform.python_version(), "depthgate_assembler": ASSEMBLER_VERSION}
-    for dist in ("depthgate", "tokenizers", "polars", "numpy", "statsmodels", "pydantic", "llama_cpp_python", "jinja2"):
+    for dist in (
+        "depthgate",
+        "tokenizers",
+        "polars",
+        "numpy",
+        "statsmodels",
+        "pydantic",
+        "llama_cpp_python",
+        "jinja2",
+    ):
         try:
             out[dist] = metadata.version(dist.replace("_", "-"))
         except metadata.PackageNotFoundError:
@@ -85,7 +103,9 @@ def _arm_setup(arm: str, system: System, matrix_dir: Path) -> ArmSetup:
     from depthgate.cli import resolve_tokenizer_path
 
     tok = load_tokenizer(resolve_tokenizer_path(system.tokenizer, base_dir=matrix_dir))
-    template = load_chat_template(_resolve(matrix_dir, system.chat_template)) if system.chat_template else None
+    template = (
+        load_chat_template(_resolve(matrix_dir, system.chat_template)) if system.chat_template else None
+    )
     return ArmSetup(arm=arm, system=system, tokenizer=tok, template=template)
 
 
@@ -130,8 +150,11 @@ def _freeze_manifest(out: Path, manifest: dict[str, Any]) -> dict[str, Any]:
     path = out / MANIFEST
     if path.is_file():
         old = json.loads(path.read_text(encoding="utf-8"))
-        for key, what in (("plan_digest", "analysis plan"), ("suite_digest", "case set"),
-                          ("manifest_digest", "systems, seeds or versions")):
+        for key, what in (
+            ("plan_digest", "analysis plan"),
+            ("suite_digest", "case set"),
+            ("manifest_digest", "systems, seeds or versions"),
+        ):
             if old.get(key) != manifest.get(key):
                 raise PlanChangedError(
                     f"the {what} changed since this run started ({key} {str(old.get(key))[:12]} → "
@@ -147,7 +170,9 @@ def _freeze_manifest(out: Path, manifest: dict[str, Any]) -> dict[str, Any]:
     return manifest
 
 
-def _presend(frame: pl.DataFrame, *, window: int | None, max_output_tokens: int, template_digest: str) -> pl.DataFrame:
+def _presend(
+    frame: pl.DataFrame, *, window: int | None, max_output_tokens: int, template_digest: str
+) -> pl.DataFrame:
     """Rust pre-send checks on every ok layout; a violation turns the layout into a named refusal
     (recorded as a system failure, never sent, never silently dropped)."""
     codes: list[str | None] = []
@@ -157,14 +182,35 @@ def _presend(frame: pl.DataFrame, *, window: int | None, max_output_tokens: int,
             codes.append(row["reason_code"])
             reasons.append(row["reason"])
             continue
-        spans = [{"unit_id": s["evidence_id"], "kind": s["kind"], "token_start": s["token_start"],
-                  "token_end": s["token_end"], "char_start": s["char_start"], "char_end": s["char_end"],
-                  "sha256": s["sha256"]} for s in row["evidence_spans"]]
-        contract = {"target_tokens": row["target_tokens"], "window": window, "max_output_tokens": max_output_tokens,
-                    "template_digest": template_digest, "bos_id": None}
-        report = json.loads(_core.presend_check(row["layout_id"], row["text"],
-                                                np.asarray(row["token_ids"], dtype=np.uint32), json.dumps(spans),
-                                                row["template_digest"], json.dumps(contract)))
+        spans = [
+            {
+                "unit_id": s["evidence_id"],
+                "kind": s["kind"],
+                "token_start": s["token_start"],
+                "token_end": s["token_end"],
+                "char_start": s["char_start"],
+                "char_end": s["char_end"],
+                "sha256": s["sha256"],
+            }
+            for s in row["evidence_spans"]
+        ]
+        contract = {
+            "target_tokens": row["target_tokens"],
+            "window": window,
+            "max_output_tokens": max_output_tokens,
+            "template_digest": template_digest,
+            "bos_id": None,
+        }
+        report = json.loads(
+            _core.presend_check(
+                row["layout_id"],
+                row["text"],
+                np.asarray(row["token_ids"], dtype=np.uint32),
+                json.dumps(spans),
+                row["template_digest"],
+                json.dumps(contract),
+            )
+        )
         if report["ok"]:
             codes.append(None)
             reasons.append(None)
@@ -175,11 +221,19 @@ def _presend(frame: pl.DataFrame, *, window: int | None, max_output_tokens: int,
     return frame.with_columns(
         pl.Series("reason_code", codes, dtype=pl.String),
         pl.Series("reason", reasons, dtype=pl.String),
-    ).with_columns(status=pl.when(pl.col("reason_code").is_null()).then(pl.lit("ok")).otherwise(pl.lit("refused")))
+    ).with_columns(
+        status=pl.when(pl.col("reason_code").is_null()).then(pl.lit("ok")).otherwise(pl.lit("refused"))
+    )
 
 
-def run_matrix(matrix_path: str | Path, out_dir: str | Path, *, concurrency: int = 4,
-               progress: bool | None = None, verification: str = "full") -> tuple[GateResult, ExitCode, Path]:
+def run_matrix(
+    matrix_path: str | Path,
+    out_dir: str | Path,
+    *,
+    concurrency: int = 4,
+    progress: bool | None = None,
+    verification: str = "full",
+) -> tuple[GateResult, ExitCode, Path]:
     from depthgate.backends.base import make_backend
     from depthgate.runner import compact, run_pairs
     from depthgate.suites import resolve_suite
@@ -188,7 +242,10 @@ def run_matrix(matrix_path: str | Path, out_dir: str | Path, *, concurrency: int
     matrix = load_matrix(matrix_path)
     suite = resolve_suite(matrix.suite, base_dir=matrix_path.parent)
     out = Path(out_dir)
-    arms = [_arm_setup(arm, sys_, matrix_path.parent) for arm, sys_ in zip(ARMS, (matrix.baseline, matrix.candidate), strict=True)]
+    arms = [
+        _arm_setup(arm, sys_, matrix_path.parent)
+        for arm, sys_ in zip(ARMS, (matrix.baseline, matrix.candidate), strict=True)
+    ]
     manifest = _freeze_manifest(out, _manifest(matrix, matrix_path, suite, arms))
     positions = parse_positions([str(p) for p in matrix.positions])
 
@@ -199,34 +256,60 @@ def run_matrix(matrix_path: str | Path, out_dir: str | Path, *, concurrency: int
         for a in arms:
             layout_path = out / a.arm / "layouts.parquet"
             if not layout_path.is_file():
-                options = BuildOptions(lengths=matrix.lengths, positions=positions, template=a.template,
-                                       preamble=a.system.preamble, system=a.system.name,
-                                       verification="fast" if verification == "fast" else "full",
-                                       window=a.system.window, max_output_tokens=matrix.decode.max_tokens)
+                options = BuildOptions(
+                    lengths=matrix.lengths,
+                    positions=positions,
+                    template=a.template,
+                    preamble=a.system.preamble,
+                    system=a.system.name,
+                    verification="fast" if verification == "fast" else "full",
+                    window=a.system.window,
+                    max_output_tokens=matrix.decode.max_tokens,
+                )
                 build_layouts(suite, a.tokenizer, options, layout_path)
             frame = read_layouts(layout_path)
             backend = make_backend(a.system, tokenizer=None)
             backends[a.arm] = backend
-            frame = _presend(frame, window=backend.window, max_output_tokens=matrix.decode.max_tokens,
-                             template_digest=a.template.digest if a.template else frame["template_digest"][0])
+            frame = _presend(
+                frame,
+                window=backend.window,
+                max_output_tokens=matrix.decode.max_tokens,
+                template_digest=a.template.digest if a.template else frame["template_digest"][0],
+            )
             layouts_by_arm[a.arm] = frame
             jobs.extend((a.arm, row) for row in frame.iter_rows(named=True))
-        print(f"depthgate: {manifest['run_id']}: {len(jobs)} layouts × {len(matrix.decode.seeds)} seed(s) "
-              f"on 2 arms → {out}", file=sys.stderr)
-        run_pairs(jobs, backends, out, concurrency=concurrency, seeds=matrix.decode.seeds, decode=matrix.decode,
-                  run_id=manifest["run_id"], manifest_digest=manifest["manifest_digest"], progress=progress)
+        print(
+            f"depthgate: {manifest['run_id']}: {len(jobs)} layouts × {len(matrix.decode.seeds)} seed(s) "
+            f"on 2 arms → {out}",
+            file=sys.stderr,
+        )
+        run_pairs(
+            jobs,
+            backends,
+            out,
+            concurrency=concurrency,
+            seeds=matrix.decode.seeds,
+            decode=matrix.decode,
+            run_id=manifest["run_id"],
+            manifest_digest=manifest["manifest_digest"],
+            progress=progress,
+        )
     finally:
         for backend in backends.values():
-            try:
+            # Closing must not hide the run's own error.
+            with contextlib.suppress(Exception):
                 asyncio.run(backend.aclose())
-            except Exception:  # noqa: BLE001 - closing must not hide the run's own error
-                pass
     compact(out)
     return gate_run(out, matrix=matrix, suite=suite)
 
 
-def gate_run(run_dir: str | Path, *, matrix: Matrix | None = None, suite: Suite | None = None,
-             report_dir: str | Path | None = None) -> tuple[GateResult, ExitCode, Path]:
+def gate_run(
+    run_dir: str | Path,
+    *,
+    matrix: Matrix | None = None,
+    suite: Suite | None = None,
+    report_dir: str | Path | None = None,
+) -> tuple[GateResult, ExitCode, Path]:
     """Score, gate and report a run folder (its records, layouts and manifest)."""
     from depthgate.oracle import score_records
     from depthgate.report import exit_code_for, write_reports
@@ -236,34 +319,50 @@ def gate_run(run_dir: str | Path, *, matrix: Matrix | None = None, suite: Suite 
     run = Path(run_dir)
     manifest_path = run / MANIFEST
     if not manifest_path.is_file():
-        raise InputError("no manifest.json in the run folder", file=str(run),
-                         fix="pass a folder written by `depthgate run`")
+        raise InputError(
+            "no manifest.json in the run folder",
+            file=str(run),
+            fix="pass a folder written by `depthgate run`",
+        )
     manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
     if matrix is None:
         matrix = load_matrix(manifest["matrix_file"])
     if matrix.plan.digest() != manifest["plan_digest"]:
-        raise PlanChangedError("the matrix's analysis plan differs from the plan this run was frozen with",
-                               file=manifest["matrix_file"], field="plan",
-                               fix="gate with the plan the run was started with, or start a new run")
+        raise PlanChangedError(
+            "the matrix's analysis plan differs from the plan this run was frozen with",
+            file=manifest["matrix_file"],
+            field="plan",
+            fix="gate with the plan the run was started with, or start a new run",
+        )
     if suite is None:
         suite = resolve_suite(matrix.suite, base_dir=Path(manifest["matrix_file"]).parent)
     if suite.digest() != manifest["suite_digest"]:
-        raise PlanChangedError("the case set differs from the one this run was frozen with",
-                               file=manifest["matrix_file"], field="suite", fix="gate with the original suite")
+        raise PlanChangedError(
+            "the case set differs from the one this run was frozen with",
+            file=manifest["matrix_file"],
+            field="suite",
+            fix="gate with the original suite",
+        )
     records = read_records(run)
     if records.height == 0:
         raise InputError("the run folder has no records", file=str(run), fix="run `depthgate run` first")
     run_ids = records["run_id"].unique().to_list()
     digests = records["manifest_digest"].unique().to_list()
     if len(run_ids) != 1 or len(digests) != 1 or digests[0] != manifest["manifest_digest"]:
-        raise InputError(f"records come from {len(digests)} different manifest(s) ({', '.join(map(str, run_ids))})",
-                         file=str(run), fix="gate one run folder per manifest; do not mix results")
-    layouts = pl.concat([read_layouts(run / arm / "layouts.parquet").select("layout_id", "evidence_spans")
-                         for arm in ARMS])
+        raise InputError(
+            f"records come from {len(digests)} different manifest(s) ({', '.join(map(str, run_ids))})",
+            file=str(run),
+            fix="gate one run folder per manifest; do not mix results",
+        )
+    layouts = pl.concat(
+        [read_layouts(run / arm / "layouts.parquet").select("layout_id", "evidence_spans") for arm in ARMS]
+    )
     scored = score_records(records, suite, layouts)
     scored.write_parquet(run / "scored.parquet")
     labels = [p.label for p in parse_positions([str(p) for p in matrix.positions])]
     plan = gate_plan(matrix.plan, list(matrix.lengths), labels)
     result = gate(scored, plan)
-    paths = write_reports(result, scored, Path(report_dir) if report_dir else run / "report", manifest=manifest)
+    paths = write_reports(
+        result, scored, Path(report_dir) if report_dir else run / "report", manifest=manifest
+    )
     return result, exit_code_for(result), paths.report_html

@@ -19,7 +19,9 @@
 //! encodes per layout, length and offset accuracy, the ratio to one raw encode) come from
 //! `cargo run --release -p depthgate-core --example layout_report`, which shares [`methods`].
 
-use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, SamplingMode, Throughput};
+use criterion::{
+    criterion_group, criterion_main, BenchmarkId, Criterion, SamplingMode, Throughput,
+};
 use std::hint::black_box;
 use std::time::Duration;
 
@@ -203,8 +205,14 @@ pub mod methods {
 
     /// Encode a finished text once (outside any timing) and read its total and needle offset.
     pub fn measure(tok: &TargetTokenizer, built: &Built) -> (usize, usize) {
-        let enc = tok.inner().encode(built.text.as_str(), ADD_SPECIAL).expect("encode");
-        (enc.get_ids().len(), needle_token(enc.get_offsets(), built.needle_byte))
+        let enc = tok
+            .inner()
+            .encode(built.text.as_str(), ADD_SPECIAL)
+            .expect("encode");
+        (
+            enc.get_ids().len(),
+            needle_token(enc.get_offsets(), built.needle_byte),
+        )
     }
 
     /// RULER `niah.py` (`generate_samples` / `generate_input_output`), re-implemented for sentence
@@ -372,16 +380,12 @@ fn bench_layouts(c: &mut Criterion) {
             let fast = depthgate_spec(&fix, length, Verification::Fast);
             let full = depthgate_spec(&fix, length, Verification::Full);
             group.throughput(Throughput::Elements(layouts));
-            group.bench_with_input(
-                BenchmarkId::new("depthgate_fast", length),
-                &fast,
-                |b, s| b.iter(|| black_box(build_layouts(&tok, s).expect("builds"))),
-            );
-            group.bench_with_input(
-                BenchmarkId::new("depthgate_full", length),
-                &full,
-                |b, s| b.iter(|| black_box(build_layouts(&tok, s).expect("builds"))),
-            );
+            group.bench_with_input(BenchmarkId::new("depthgate_fast", length), &fast, |b, s| {
+                b.iter(|| black_box(build_layouts(&tok, s).expect("builds")))
+            });
+            group.bench_with_input(BenchmarkId::new("depthgate_full", length), &full, |b, s| {
+                b.iter(|| black_box(build_layouts(&tok, s).expect("builds")))
+            });
 
             let mid = build_layouts(&tok, &fast).expect("builds");
             let text = mid[DEPTHS.len() / 2].text.clone();
@@ -391,16 +395,12 @@ fn bench_layouts(c: &mut Criterion) {
             });
 
             group.throughput(Throughput::Elements(layouts));
-            group.bench_with_input(
-                BenchmarkId::new("ruler_style", length),
-                &length,
-                |b, &l| {
-                    b.iter(|| {
-                        let mut calls = Calls::default();
-                        black_box(ruler_batch(&tok, &fix.filler, l, DEPTHS, &mut calls))
-                    })
-                },
-            );
+            group.bench_with_input(BenchmarkId::new("ruler_style", length), &length, |b, &l| {
+                b.iter(|| {
+                    let mut calls = Calls::default();
+                    black_box(ruler_batch(&tok, &fix.filler, l, DEPTHS, &mut calls))
+                })
+            });
 
             let targets = Targets::new(&tok, length);
             group.bench_with_input(

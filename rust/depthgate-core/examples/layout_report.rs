@@ -101,8 +101,29 @@ fn depthgate_row(
     }
 }
 
+/// `--loop <family> <length> <fast|full> <batches>`: only build depthgate batches, for `perf record`.
+fn loop_batches(args: &[String]) {
+    let [family, length, mode, n] = args else {
+        panic!("usage: --loop <family> <length> <fast|full> <batches>");
+    };
+    let mode = if mode == "full" {
+        Verification::Full
+    } else {
+        Verification::Fast
+    };
+    let spec = depthgate_spec(&fixture(), length.parse().expect("length"), mode);
+    let tok = tokenizer(family);
+    for _ in 0..n.parse::<usize>().expect("batches") {
+        std::hint::black_box(depthgate(&tok, &spec));
+    }
+}
+
 fn main() {
-    let profile = std::env::args().any(|a| a == "--profile");
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(i) = args.iter().position(|a| a == "--loop") {
+        return loop_batches(&args[i + 1..]);
+    }
+    let profile = args.iter().any(|a| a == "--profile");
     let min_time = Duration::from_secs(1);
     let fix = fixture();
     let mut rows: Vec<Row> = Vec::new();
@@ -119,8 +140,8 @@ fn main() {
             let layouts = DEPTHS.len() as f64;
             let fast_spec = depthgate_spec(&fix, length, Verification::Fast);
             let full_spec = depthgate_spec(&fix, length, Verification::Full);
-            let seg_tokens = segment_tokens(&tok, &fast_spec.filler)
-                + segment_tokens(&tok, &fast_spec.pool);
+            let seg_tokens =
+                segment_tokens(&tok, &fast_spec.filler) + segment_tokens(&tok, &fast_spec.pool);
 
             let (fast_secs, fast) = time_it(min_time, || depthgate(&tok, &fast_spec));
             rows.push(depthgate_row(
@@ -299,7 +320,11 @@ fn profile_batch(
     let min_time = Duration::from_millis(500);
     let (batch_secs, layouts) = time_it(min_time, || depthgate(tok, &spec));
     // Units the haystack used: filler units up to the last one present in the longest layout.
-    let text = &layouts.iter().map(|l| &l.text).max_by_key(|t| t.len()).expect("layouts");
+    let text = &layouts
+        .iter()
+        .map(|l| &l.text)
+        .max_by_key(|t| t.len())
+        .expect("layouts");
     let mut used = 0;
     let mut at = 0;
     for (i, unit) in spec.filler.iter().enumerate() {

@@ -927,7 +927,11 @@ fn plan_haystack(
                 )));
             };
             let removed = units.remove(pos);
-            let before = if pos == 0 { ctx.prefix } else { units[pos - 1].seg };
+            let before = if pos == 0 {
+                ctx.prefix
+            } else {
+                units[pos - 1].seg
+            };
             gap += engine.len(removed.seg) + engine.junction(before, removed.seg)?.delta;
         };
         units.extend(closers.into_iter().map(|seg| Placed {
@@ -1086,13 +1090,15 @@ fn place(
             last_refusal = Some(r);
             continue;
         }
-        if spec.add_special_tokens && head > 0 && measured.ids.len() > head as usize {
-            if measured.ids[head as usize] == engine.tok.special_head[0] {
-                return Ok(Err(refuse(
-                    "doubled_bos",
-                    "the rendered text already starts with the BOS token and the tokenizer adds another; set add_special_tokens=false for this frame",
-                )));
-            }
+        if spec.add_special_tokens
+            && head > 0
+            && measured.ids.len() > head as usize
+            && measured.ids[head as usize] == engine.tok.special_head[0]
+        {
+            return Ok(Err(refuse(
+                "doubled_bos",
+                "the rendered text already starts with the BOS token and the tokenizer adds another; set add_special_tokens=false for this frame",
+            )));
         }
         let actual = spans
             .iter()

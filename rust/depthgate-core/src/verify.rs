@@ -77,7 +77,7 @@ pub fn verify_layout(
             continue;
         }
         let (bs, be) = (char_to_byte[span.char_start], char_to_byte[span.char_end]);
-        if crate::digest::sha256_hex(text[bs..be].as_bytes()) != span.sha256 {
+        if crate::digest::sha256_hex(&text.as_bytes()[bs..be]) != span.sha256 {
             out.push(violation(
                 "span_hash",
                 format!(

@@ -2,7 +2,6 @@
 //! once, in `python/depthgate/exceptions.py`, with the file/field/fix attributes users rely on.
 
 use depthgate_core::CoreError;
-use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
@@ -54,8 +53,3 @@ fn build(py: Python<'_>, err: &CoreError) -> PyResult<PyErr> {
 }
 
 pub type CoreResult<T> = Result<T, PyCoreError>;
-
-#[allow(dead_code)]
-pub fn runtime(msg: impl Into<String>) -> PyErr {
-    PyRuntimeError::new_err(msg.into())
-}

@@ -80,13 +80,16 @@ impl PyTokenizer {
     }
 }
 
+/// Flat token ids of all layouts, their row offsets (n + 1), and the layouts' metadata as JSON.
+type BuiltBatch<'py> = (Bound<'py, PyArray1<u32>>, Bound<'py, PyArray1<u64>>, String);
+
 /// Build a batch of layouts. Returns (flat token ids, row offsets, layouts JSON without ids).
 #[pyfunction]
 fn build_layouts<'py>(
     py: Python<'py>,
     tokenizer: &PyTokenizer,
     spec_json: String,
-) -> PyResult<(Bound<'py, PyArray1<u32>>, Bound<'py, PyArray1<u64>>, String)> {
+) -> PyResult<BuiltBatch<'py>> {
     let spec: BatchSpec = serde_json::from_str(&spec_json).map_err(|e| {
         spec_error(
             "spec",
