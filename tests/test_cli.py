@@ -205,3 +205,27 @@ def test_run_end_to_end_on_the_embedded_model_and_resume(
 def test_gate_refuses_a_folder_without_manifest(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["gate", str(tmp_path)]) == ExitCode.BAD_INPUT
     assert "manifest" in capsys.readouterr().err
+
+
+def test_replayed_incidents_get_position_variants(tmp_path: Path) -> None:
+    """Replay: desensitized incident JSONL → cases → layouts of those cases at every position."""
+    record = {
+        "id": "INC-7",
+        "documents": [
+            {"id": "kb-12", "version": 3, "text": "Refunds above 500 EUR need a second approver."},
+            {"id": "kb-19", "version": 1, "text": "Refunds are processed within 5 days."},
+        ],
+        "query": "Who must approve a refund of 800 EUR?",
+        "evidence_ids": ["kb-12"],
+        "claims": [{"id": "second", "text": "A second approver is needed.", "aliases": ["second approver"]}],
+        "answer_prefix": "A refund of 800 EUR must be approved by",
+    }
+    incidents = tmp_path / "incidents.jsonl"
+    incidents.write_text(json.dumps(record) + "\n")
+    assert main(["suite", "import", str(incidents), "--out", str(tmp_path / "suite.json")]) == ExitCode.PASS
+    tok = str(TOK / "llama3-from-gguf" / "tokenizer.json")
+    assert main(["build", "--tokenizer", tok, "--suite", str(tmp_path / "suite.json"), "--lengths", "600",
+                 "--positions", "0,0.5,1", "--out", str(tmp_path)]) == ExitCode.PASS
+    frame = pl.read_parquet(tmp_path / "layouts.parquet")
+    assert frame.height == 3 and set(frame["status"]) == {"ok"}
+    assert main(["check", str(tmp_path / "layouts.parquet"), "--tokenizer", tok]) == ExitCode.PASS

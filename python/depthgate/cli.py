@@ -99,7 +99,12 @@ def _cmd_build(args: argparse.Namespace) -> int:
     tok = load_tokenizer(resolve_tokenizer_path(args.tokenizer))
     template = load_chat_template(args.chat_template) if args.chat_template else None
     preamble = Path(args.preamble_file).read_text(encoding="utf-8") if args.preamble_file else ""
-    suite = builtin_suite(args.cases, args.seed, args.lang)
+    if args.suite:
+        from depthgate.models import load_suite
+
+        suite = load_suite(args.suite)
+    else:
+        suite = builtin_suite(args.cases, args.seed, args.lang)
     options = BuildOptions(
         lengths=args.lengths,
         positions=parse_positions(args.positions),
@@ -205,6 +210,18 @@ def _print_verdict(result: object, code: int, html: Path) -> None:
     )
 
 
+def _cmd_suite_import(args: argparse.Namespace) -> int:
+    from depthgate.suites import import_incidents
+
+    suite = import_incidents(args.incidents)
+    out = Path(args.out)
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(suite.model_dump_json(indent=1), encoding="utf-8")
+    tmp.replace(out)
+    print(f"{out}: {len(suite.cases)} replayed cases, digest {suite.digest()[:16]}")
+    return ExitCode.PASS
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="depthgate", description=__doc__.splitlines()[0] if __doc__ else None
@@ -218,6 +235,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--lengths", type=_csv_ints, default=[1024, 4096])
     b.add_argument("--positions", type=_csv, default=["0", "0.25", "0.5", "0.75", "1"])
     b.add_argument("--out", default="out")
+    b.add_argument("--suite", help="a suite JSON (depthgate suite generate/import); default: built-in suite")
     b.add_argument("--cases", type=int, default=BUILTIN_CASES, help="built-in suite size")
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--lang", default="en", choices=["en", "zh"])
@@ -261,6 +279,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--lang", default="en", choices=["en", "zh"])
     g.add_argument("--out")
     g.set_defaults(func=_cmd_suite_generate)
+    imp = suite_sub.add_parser("import", help="replay desensitized incidents (JSONL) as cases")
+    imp.add_argument("incidents", help="JSONL: documents, query, evidence_ids, claims per line")
+    imp.add_argument("--out", required=True)
+    imp.set_defaults(func=_cmd_suite_import)
     return parser
 
 
