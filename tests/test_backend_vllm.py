@@ -9,7 +9,9 @@ import asyncio
 
 import pytest
 
-vllm = pytest.importorskip("vllm", reason="vllm is not installed (optional extra: pip install depthgate[vllm])")
+vllm = pytest.importorskip(
+    "vllm", reason="vllm is not installed (optional extra: pip install depthgate[vllm])"
+)
 
 from depthgate.backends.base import Request  # noqa: E402
 from depthgate.backends.vllm_offline import VLLMOfflineBackend  # noqa: E402
@@ -23,14 +25,21 @@ def test_vllm_offline_token_ids_round_trip(tmp_path) -> None:  # type: ignore[no
     gguf = gemma_default_gguf()
     tok_path = tokenizer_json_from_gguf(gguf)
     out = tmp_path / "layouts.parquet"
-    build_layouts(builtin_suite(1), load_tokenizer(tok_path),
-                  BuildOptions(lengths=[512], positions=parse_positions(["0", "1"])), out)
+    build_layouts(
+        builtin_suite(1),
+        load_tokenizer(tok_path),
+        BuildOptions(lengths=[512], positions=parse_positions(["0", "1"])),
+        out,
+    )
     layouts = read_layouts(out)
-    backend = VLLMOfflineBackend(str(gguf), window=1024,
-                                 engine_kwargs={"tokenizer": str(tok_path.parent), "enforce_eager": True})
+    backend = VLLMOfflineBackend(
+        str(gguf), window=1024, engine_kwargs={"tokenizer": str(tok_path.parent), "enforce_eager": True}
+    )
     for row in layouts.iter_rows(named=True):
         ids = list(row["token_ids"])
-        req = Request(layout_id=row["layout_id"], arm="baseline", seed=0, token_ids=ids, text=None, max_tokens=8)
+        req = Request(
+            layout_id=row["layout_id"], arm="baseline", seed=0, token_ids=ids, text=None, max_tokens=8
+        )
         resp = asyncio.run(backend.generate(req))
         assert resp.prompt_tokens_server == len(ids) == 512
         assert resp.finish_reason in {"stop", "length"}

@@ -224,8 +224,24 @@ def test_replayed_incidents_get_position_variants(tmp_path: Path) -> None:
     incidents.write_text(json.dumps(record) + "\n")
     assert main(["suite", "import", str(incidents), "--out", str(tmp_path / "suite.json")]) == ExitCode.PASS
     tok = str(TOK / "llama3-from-gguf" / "tokenizer.json")
-    assert main(["build", "--tokenizer", tok, "--suite", str(tmp_path / "suite.json"), "--lengths", "600",
-                 "--positions", "0,0.5,1", "--out", str(tmp_path)]) == ExitCode.PASS
+    assert (
+        main(
+            [
+                "build",
+                "--tokenizer",
+                tok,
+                "--suite",
+                str(tmp_path / "suite.json"),
+                "--lengths",
+                "600",
+                "--positions",
+                "0,0.5,1",
+                "--out",
+                str(tmp_path),
+            ]
+        )
+        == ExitCode.PASS
+    )
     frame = pl.read_parquet(tmp_path / "layouts.parquet")
     assert frame.height == 3 and set(frame["status"]) == {"ok"}
     assert main(["check", str(tmp_path / "layouts.parquet"), "--tokenizer", tok]) == ExitCode.PASS

@@ -740,6 +740,46 @@ class Matrix(_Frozen):
         return self
 
 
+class SystemRecord(_Frozen):
+    """What the manifest binds for one arm."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", protected_namespaces=())
+
+    name: str
+    backend: Backend
+    model: str
+    system_digest: str
+    tokenizer_digest: str
+    template_digest: str
+    pinned_date: str
+    assembler: str
+    assembler_version: str
+
+
+class RunManifest(_Frozen):
+    """Written once, before the first request of a run; every record carries its digest. Binds the
+    matrix, the frozen plan, the case set, both systems (model, tokenizer, template, assembler), the
+    seed set, the pinned template date and library versions."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    run_id: str
+    manifest_digest: str
+    created_at: str
+    matrix: str
+    matrix_file: str
+    matrix_digest: str
+    plan_digest: str
+    suite_digest: str
+    suite: dict[str, Any]
+    seeds: list[int]
+    decode: dict[str, Any]
+    lengths: list[int]
+    positions: list[str]
+    systems: dict[str, SystemRecord]
+    versions: dict[str, str]
+
+
 # --------------------------------------------------------------------------------------------------------
 # Loading: every validation error becomes a SpecError naming the file, the field path and the fix
 
@@ -881,6 +921,7 @@ def schema() -> dict[str, dict[str, Any]]:
         BuiltinSuiteRef,
         FileSuiteRef,
         Matrix,
+        RunManifest,
     ]
     return {model.__name__: model.model_json_schema() for model in models}
 
@@ -903,9 +944,11 @@ __all__ = [
     "Matrix",
     "Position",
     "Risk",
+    "RunManifest",
     "Suite",
     "SuiteRef",
     "System",
+    "SystemRecord",
     "TaskKind",
     "canonical_json",
     "find_special_token",

@@ -43,7 +43,7 @@ from depthgate.layouts import (
     parse_positions,
     read_layouts,
 )
-from depthgate.models import AnalysisPlan, Matrix, Suite, System, load_matrix
+from depthgate.models import AnalysisPlan, Matrix, RunManifest, Suite, System, load_matrix, parse_spec
 from depthgate.stats import GatePlan, GateResult, gate
 from depthgate.templates import ChatTemplate, load_chat_template
 
@@ -148,6 +148,7 @@ def _manifest(matrix: Matrix, matrix_path: Path, suite: Suite, arms: list[ArmSet
 def _freeze_manifest(out: Path, manifest: dict[str, Any]) -> dict[str, Any]:
     """Write the manifest once; on a rerun require the same plan, suite and systems."""
     path = out / MANIFEST
+    RunManifest.model_validate(manifest)
     if path.is_file():
         old = json.loads(path.read_text(encoding="utf-8"))
         for key, what in (
@@ -325,6 +326,7 @@ def gate_run(
             fix="pass a folder written by `depthgate run`",
         )
     manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+    parse_spec(RunManifest, manifest, file=str(manifest_path))
     if matrix is None:
         matrix = load_matrix(manifest["matrix_file"])
     if matrix.plan.digest() != manifest["plan_digest"]:

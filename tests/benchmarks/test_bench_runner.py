@@ -56,7 +56,7 @@ SERVER = textwrap.dedent(
 
     DELAY = float(sys.argv[1])
     LIFETIME = float(sys.argv[2])
-    STATE = {"requests": 0}
+    STATE = {"requests": 0, "connections": 0}
     MODELS = json.dumps({"object": "list", "data": [{"id": "stub", "max_model_len": 1 << 20}]}).encode()
 
 
@@ -71,6 +71,7 @@ SERVER = textwrap.dedent(
             self.t = transport
             self.buf = bytearray()
             self.busy = False
+            STATE["connections"] += 1
 
         def data_received(self, data):
             self.buf += data
@@ -104,8 +105,7 @@ SERVER = textwrap.dedent(
             if path == "/v1/models":
                 self.t.write(reply(MODELS))
             elif path == "/stats":
-                self.t.write(reply(json.dumps({"requests": STATE["requests"],
-                                               "cpu_s": time.process_time()}).encode()))
+                self.t.write(reply(json.dumps({**STATE, "cpu_s": time.process_time()}).encode()))
             elif method == "POST" and path == "/v1/completions":
                 req = json.loads(body)
                 ids = req["prompt"]
@@ -362,8 +362,13 @@ class Row:
 
 
 def measure(
-    client: str, server: StubServer, jobs: list[tuple[str, dict[str, Any]]], cfg: Config, workdir: Path,
-    delay_s: float, profile_to: Path | None = None,
+    client: str,
+    server: StubServer,
+    jobs: list[tuple[str, dict[str, Any]]],
+    cfg: Config,
+    workdir: Path,
+    delay_s: float,
+    profile_to: Path | None = None,
 ) -> Row:
     best: Row | None = None
     for attempt in range(cfg.repeats):
@@ -387,8 +392,15 @@ def measure(
         after_requests, after_server = server.stats()
         if profiler is not None and profile_to is not None:
             profile_to.write_text(profiler.output_text(unicode=True, color=False, show_all=False))
-        row = Row(delay_s * 1000, client, after_requests - before_requests, ok, wall, cpu,
-                  after_server - before_server)
+        row = Row(
+            delay_s * 1000,
+            client,
+            after_requests - before_requests,
+            ok,
+            wall,
+            cpu,
+            after_server - before_server,
+        )
         if best is None or row.wall_s < best.wall_s:
             best = row
     assert best is not None
@@ -428,8 +440,12 @@ def markdown(rows: list[Row], cfg: Config) -> str:
     return head + "\n".join(lines) + "\n" + "\n".join(notes) + "\n"
 
 
-def run_benchmark(workdir: Path, cfg: Config | None = None, delays: list[float] | None = None,
-                  profile_dir: Path | None = None) -> tuple[list[Row], str]:
+def run_benchmark(
+    workdir: Path,
+    cfg: Config | None = None,
+    delays: list[float] | None = None,
+    profile_dir: Path | None = None,
+) -> tuple[list[Row], str]:
     cfg = cfg or config_from_env()
     delays = delays if delays is not None else delays_from_env()
     jobs = make_jobs(cfg.jobs, cfg.tokens)
@@ -440,8 +456,12 @@ def run_benchmark(workdir: Path, cfg: Config | None = None, delays: list[float] 
             # warm-up: imports, first connections, JIT-free but cache-warm
             warm = Config(jobs=min(256, cfg.jobs), concurrency=cfg.concurrency, tokens=cfg.tokens, repeats=1)
             for client in CLIENTS:
-                CLIENTS[client](server.url, jobs[: warm.jobs // 2] + jobs[cfg.jobs // 2 : cfg.jobs // 2 + warm.jobs // 2],
-                                warm, workdir / f"warm-{index}-{client.split()[0]}")
+                CLIENTS[client](
+                    server.url,
+                    jobs[: warm.jobs // 2] + jobs[cfg.jobs // 2 : cfg.jobs // 2 + warm.jobs // 2],
+                    warm,
+                    workdir / f"warm-{index}-{client.split()[0]}",
+                )
             for client in CLIENTS:
                 profile_to = None
                 if profile_dir is not None and index == 0 and client == "run_pairs":
@@ -459,8 +479,10 @@ def _emit(table: str, rows: list[Row]) -> None:
         out.mkdir(parents=True, exist_ok=True)
         (out / "bench_runner.md").write_text(table, encoding="utf-8")
         (out / "bench_runner.json").write_text(
-            json.dumps([{**asdict(r), "share": r.share, "cpu_per_request_us": r.cpu_per_request_us}
-                        for r in rows], indent=2),
+            json.dumps(
+                [{**asdict(r), "share": r.share, "cpu_per_request_us": r.cpu_per_request_us} for r in rows],
+                indent=2,
+            ),
             encoding="utf-8",
         )
 
@@ -490,8 +512,11 @@ def test_runner_overhead_at_64_in_flight(tmp_path: Path, capsys: pytest.CaptureF
 
 if __name__ == "__main__":
     with tempfile.TemporaryDirectory(prefix="depthgate-bench-") as tmp:
-        profile = Path(os.environ["DEPTHGATE_BENCH_OUT"]) if os.environ.get("DEPTHGATE_BENCH_PROFILE") == "1" \
-            and os.environ.get("DEPTHGATE_BENCH_OUT") else None
+        profile = (
+            Path(os.environ["DEPTHGATE_BENCH_OUT"])
+            if os.environ.get("DEPTHGATE_BENCH_PROFILE") == "1" and os.environ.get("DEPTHGATE_BENCH_OUT")
+            else None
+        )
         if profile is not None:
             profile.mkdir(parents=True, exist_ok=True)
         result_rows, result_table = run_benchmark(Path(tmp), profile_dir=profile)
