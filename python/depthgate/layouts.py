@@ -40,6 +40,7 @@ __all__ = [
     "check_layouts",
     "load_tokenizer",
     "parse_positions",
+    "presend_check",
     "read_layouts",
 ]
 
@@ -435,6 +436,37 @@ def read_layouts(path: str | Path) -> pl.DataFrame:
     return frame
 
 
+def presend_check(
+    row: dict[str, Any],
+    *,
+    window: int | None,
+    max_output_tokens: int,
+    template_digest: str,
+    bos_id: int | None = None,
+) -> dict[str, Any]:
+    """Rust pre-send checks of one layout row against the contract of the system it goes to
+    (length, served window, template digest, doubled BOS, every evidence hash present once, no
+    duplicated distractor). Returns ``{"ok": bool, "violations": [{"code", "detail"}]}``."""
+    contract = {
+        "target_tokens": row["target_tokens"],
+        "window": window,
+        "max_output_tokens": max_output_tokens,
+        "template_digest": template_digest,
+        "bos_id": bos_id,
+    }
+    report: dict[str, Any] = json.loads(
+        _core.presend_check(
+            row["layout_id"],
+            row["text"],
+            np.asarray(row["token_ids"], dtype=np.uint32),
+            json.dumps(list(row["evidence_spans"] or [])),
+            row["template_digest"],
+            json.dumps(contract),
+        )
+    )
+    return report
+
+
 @dataclass(frozen=True)
 class CheckSummary:
     checked: int
@@ -469,18 +501,7 @@ def check_layouts(path: str | Path, tokenizer: Tokenizer, *, batch_rows: int = 6
         stored = []
         flat: list[np.ndarray[Any, np.dtype[np.uint32]]] = []
         for row in part.iter_rows(named=True):
-            spans = [
-                {
-                    "unit_id": s["evidence_id"],
-                    "kind": s["kind"],
-                    "token_start": s["token_start"],
-                    "token_end": s["token_end"],
-                    "char_start": s["char_start"],
-                    "char_end": s["char_end"],
-                    "sha256": s["sha256"],
-                }
-                for s in row["evidence_spans"]
-            ]
+            spans = list(row["evidence_spans"])  # the core reads evidence_id as its unit id
             stored.append(
                 {
                     "layout_id": row["layout_id"],

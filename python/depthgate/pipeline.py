@@ -29,10 +29,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import polars as pl
 
-from depthgate import _core
 from depthgate.exceptions import ExitCode, InputError, PlanChangedError
 from depthgate.layouts import (
     ASSEMBLER_VERSION,
@@ -41,6 +39,7 @@ from depthgate.layouts import (
     build_layouts,
     load_tokenizer,
     parse_positions,
+    presend_check,
     read_layouts,
 )
 from depthgate.models import AnalysisPlan, Matrix, RunManifest, Suite, System, load_matrix, parse_spec
@@ -183,34 +182,8 @@ def _presend(
             codes.append(row["reason_code"])
             reasons.append(row["reason"])
             continue
-        spans = [
-            {
-                "unit_id": s["evidence_id"],
-                "kind": s["kind"],
-                "token_start": s["token_start"],
-                "token_end": s["token_end"],
-                "char_start": s["char_start"],
-                "char_end": s["char_end"],
-                "sha256": s["sha256"],
-            }
-            for s in row["evidence_spans"]
-        ]
-        contract = {
-            "target_tokens": row["target_tokens"],
-            "window": window,
-            "max_output_tokens": max_output_tokens,
-            "template_digest": template_digest,
-            "bos_id": None,
-        }
-        report = json.loads(
-            _core.presend_check(
-                row["layout_id"],
-                row["text"],
-                np.asarray(row["token_ids"], dtype=np.uint32),
-                json.dumps(spans),
-                row["template_digest"],
-                json.dumps(contract),
-            )
+        report = presend_check(
+            row, window=window, max_output_tokens=max_output_tokens, template_digest=template_digest
         )
         if report["ok"]:
             codes.append(None)

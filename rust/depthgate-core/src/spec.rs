@@ -101,6 +101,8 @@ pub struct BatchSpec {
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct Span {
+    /// The placed unit's id (`evidence_id` in layouts.parquet; both names are accepted).
+    #[serde(alias = "evidence_id")]
     pub unit_id: String,
     pub kind: UnitKind,
     pub token_start: usize,
