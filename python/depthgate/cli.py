@@ -283,6 +283,11 @@ def build_parser() -> argparse.ArgumentParser:
     imp.add_argument("incidents", help="JSONL: documents, query, evidence_ids, claims per line")
     imp.add_argument("--out", required=True)
     imp.set_defaults(func=_cmd_suite_import)
+
+    from depthgate import diff, faults
+
+    faults.add_parsers(sub)  # depthgate faults
+    diff.add_parsers(sub)  # depthgate diff-tokenizer, depthgate diff-template
     return parser
 
 

@@ -39,7 +39,6 @@ from depthgate.layouts import (
     build_layouts,
     load_tokenizer,
     parse_positions,
-    presend_check,
     read_layouts,
 )
 from depthgate.models import AnalysisPlan, Matrix, RunManifest, Suite, System, load_matrix, parse_spec
@@ -170,36 +169,6 @@ def _freeze_manifest(out: Path, manifest: dict[str, Any]) -> dict[str, Any]:
     return manifest
 
 
-def _presend(
-    frame: pl.DataFrame, *, window: int | None, max_output_tokens: int, template_digest: str
-) -> pl.DataFrame:
-    """Rust pre-send checks on every ok layout; a violation turns the layout into a named refusal
-    (recorded as a system failure, never sent, never silently dropped)."""
-    codes: list[str | None] = []
-    reasons: list[str | None] = []
-    for row in frame.iter_rows(named=True):
-        if row["status"] != "ok":
-            codes.append(row["reason_code"])
-            reasons.append(row["reason"])
-            continue
-        report = presend_check(
-            row, window=window, max_output_tokens=max_output_tokens, template_digest=template_digest
-        )
-        if report["ok"]:
-            codes.append(None)
-            reasons.append(None)
-        else:
-            first = report["violations"][0]
-            codes.append(f"presend_{first['code']}")
-            reasons.append("; ".join(v["detail"] for v in report["violations"]))
-    return frame.with_columns(
-        pl.Series("reason_code", codes, dtype=pl.String),
-        pl.Series("reason", reasons, dtype=pl.String),
-    ).with_columns(
-        status=pl.when(pl.col("reason_code").is_null()).then(pl.lit("ok")).otherwise(pl.lit("refused"))
-    )
-
-
 def run_matrix(
     matrix_path: str | Path,
     out_dir: str | Path,
@@ -209,6 +178,7 @@ def run_matrix(
     verification: str = "full",
 ) -> tuple[GateResult, ExitCode, Path]:
     from depthgate.backends.base import make_backend
+    from depthgate.faults import guard_layouts
     from depthgate.runner import compact, run_pairs
     from depthgate.suites import resolve_suite
 
@@ -244,11 +214,15 @@ def run_matrix(
             frame = read_layouts(layout_path)
             backend = make_backend(a.system, tokenizer=None)
             backends[a.arm] = backend
-            frame = _presend(
+            # The pre-send gate: built under this system's tokenizer, Rust pre-send checks against
+            # the *served* window and the system's template, and a full re-encode of every layout.
+            frame = guard_layouts(
                 frame,
+                tokenizer=a.tokenizer,
+                template_digest=a.template.digest if a.template else frame["template_digest"][0],
                 window=backend.window,
                 max_output_tokens=matrix.decode.max_tokens,
-                template_digest=a.template.digest if a.template else frame["template_digest"][0],
+                cases={c.id: c for c in suite.cases},
             )
             layouts_by_arm[a.arm] = frame
             jobs.extend((a.arm, row) for row in frame.iter_rows(named=True))

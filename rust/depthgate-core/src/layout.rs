@@ -746,6 +746,10 @@ fn layout_id(
         &spec.template_digest,
         &spec.assembler_version,
         &case.case_digest,
+        // The rendered frame itself: a preamble or instruction change that leaves the template
+        // untouched still changes every layout id.
+        &case.prefix,
+        &case.suffix,
         filler_digest,
         &length.to_string(),
         position,

@@ -1,0 +1,524 @@
+"""Per-case controls (DESIGN.md §5): is a failure the task's, the position's, or a hallucination?
+
+For every case with decisive evidence, :func:`build_controls` writes two control inputs to
+``controls.parquet`` (the layout schema plus a ``control`` column):
+
+* ``evidence_only`` — the case's frame around its evidence documents only (every evidence document of
+  the case, in case order, the first opening a paragraph; no filler, no distractors). If the model
+  fails here, the task or the model is the problem, not the position.
+* ``evidence_absent`` — the depth-0.5 haystack of each length with the moving (decisive) evidence cut
+  out: the same filler, distractors and competing documents, ids re-encoded. A model that answers the
+  removed value there cannot have read it; one that answers any value no remaining document supports
+  is hallucinating. (Reading the value of a remaining competing document — the superseded version of
+  an override case — is a correct reading of that context, not a hallucination.)
+
+Both are exact: ``ids == encode(text)`` under the target tokenizer, ``target_tokens`` is the recorded
+token count, every remaining span is recomputed from the offsets of the final encoding and verified by
+the Rust core's full re-encode (:func:`depthgate.layouts.check_layouts` accepts the file). A control
+that cannot be made exact is ``refused`` with the reason, never silently approximated.
+
+:func:`score_controls` scores control records (oracle + the hallucination rule) and
+:func:`classify_failures` combines them with the scored matrix into one category per case.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from depthgate import _core
+from depthgate.exceptions import InputError, SpecError
+from depthgate.layouts import (
+    ASSEMBLER_VERSION,
+    LAYOUT_SCHEMA,
+    BuildOptions,
+    Position,
+    Tokenizer,
+    build_layouts,
+    case_frame,
+    read_layouts,
+)
+from depthgate.models import Case, Suite
+from depthgate.templates import Frame
+
+__all__ = [
+    "CATEGORIES",
+    "CONTROLS_SCHEMA",
+    "CONTROL_KINDS",
+    "build_controls",
+    "classify_failures",
+    "score_controls",
+]
+
+CONTROL_KINDS: tuple[str, ...] = ("evidence_only", "evidence_absent")
+CONTROLS_SCHEMA: dict[str, Any] = {**LAYOUT_SCHEMA, "control": pl.String}
+#: Categories of :func:`classify_failures`, in the order they are decided.
+CATEGORIES: tuple[str, ...] = ("task_or_model", "hallucination", "position_or_assembly", "ok", "unknown")
+
+_ABSENT_DEPTH = 0.5
+
+
+def _sha(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+class _Encoder:
+    """The target tokenizer (Rust core, the ids of record) plus the same file loaded by ``tokenizers``
+    for offsets; the two must agree id for id, or the control is refused."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        from tokenizers import Tokenizer as HFTokenizer
+
+        self.tokenizer = tokenizer
+        self.hf = HFTokenizer.from_file(str(tokenizer.path))
+        self.hf.no_truncation()
+        self.hf.no_padding()
+
+    def encode(
+        self, text: str, add_special_tokens: bool
+    ) -> tuple[list[int], list[tuple[int, int]], str | None]:
+        ids = [int(t) for t in self.tokenizer.encode(text, add_special_tokens=add_special_tokens).tolist()]
+        enc = self.hf.encode(text, add_special_tokens=add_special_tokens)
+        if list(enc.ids) != ids:
+            return ids, [], "the offsets tokenizer disagrees with the target tokenizer on this text"
+        return ids, [(int(a), int(b)) for a, b in enc.offsets], None
+
+
+def _token_span(offsets: Sequence[tuple[int, int]], start: int, end: int) -> tuple[int, int] | None:
+    """Tokens overlapping chars [start, end) (zero-width special tokens excluded)."""
+    hit = [i for i, (a, b) in enumerate(offsets) if b > a and a < end and b > start]
+    return (hit[0], hit[-1] + 1) if hit else None
+
+
+def _first_token_at(offsets: Sequence[tuple[int, int]], char: int) -> int:
+    for i, (a, b) in enumerate(offsets):
+        if b > a and b > char:
+            return i
+    return len(offsets)
+
+
+def _control_row(
+    *,
+    kind: str,
+    case: Case,
+    frame: Frame,
+    context: str,
+    units: Sequence[tuple[str, str, int, int]],
+    encoder: _Encoder,
+    options: BuildOptions,
+    position: str,
+    note: str,
+) -> dict[str, Any]:
+    """One control: ``units`` are (id, kind, char_start, char_end) inside ``context``."""
+    text = frame.prefix + context + frame.suffix
+    base = len(frame.prefix)
+    ids, offsets, problem = encoder.encode(text, frame.add_special_tokens)
+    spans: list[dict[str, Any]] = []
+    if problem is None:
+        for unit_id, unit_kind, start, end in units:
+            span = _token_span(offsets, base + start, base + end)
+            if span is None:
+                problem = f"unit {unit_id} has no tokens in the final encoding"
+                break
+            spans.append(
+                {
+                    "evidence_id": unit_id,
+                    "kind": unit_kind,
+                    "token_start": span[0],
+                    "token_end": span[1],
+                    "char_start": base + start,
+                    "char_end": base + end,
+                    "sha256": _sha(text[base + start : base + end]),
+                }
+            )
+    region = (
+        (_first_token_at(offsets, base), _first_token_at(offsets, base + len(context))) if offsets else (0, 0)
+    )
+    decisive = {d.id for d in case.decisive}
+    offset = next((s["token_start"] for s in spans if s["evidence_id"] in decisive), None)
+    layout_id = _sha(
+        "\x1f".join(
+            [
+                "depthgate-control",
+                kind,
+                encoder.tokenizer.digest,
+                frame.template_digest,
+                ASSEMBLER_VERSION,
+                case.digest(),
+                "special" if frame.add_special_tokens else "plain",
+                _sha(text),
+            ]
+        )
+    )[:32]
+    return {
+        "layout_id": layout_id,
+        "case_id": case.id,
+        "system": options.system,
+        "target_tokens": len(ids),
+        "position": position,
+        "total_tokens": len(ids),
+        "token_ids": ids,
+        "text": text,
+        "add_special_tokens": frame.add_special_tokens,
+        "evidence_spans": spans,
+        "requested_offset": offset,
+        "actual_offset": offset,
+        "snap_tokens": 0 if offset is not None else None,
+        "region_start": region[0],
+        "region_end": region[1],
+        "status": "ok" if problem is None else "refused",
+        "reason_code": None if problem is None else "control_offsets",
+        "reason": problem,
+        "verification": "full",
+        "verification_note": note,
+        "tokenizer_digest": encoder.tokenizer.digest,
+        "template_digest": frame.template_digest,
+        "pinned_date": frame.pinned_date,
+        "assembler_version": ASSEMBLER_VERSION,
+        "case_digest": case.digest(),
+        "control": kind,
+    }
+
+
+def _evidence_only(case: Case, encoder: _Encoder, options: BuildOptions) -> dict[str, Any]:
+    frame = case_frame(case, template=options.template, preamble=options.preamble)
+    context = ""
+    units: list[tuple[str, str, int, int]] = []
+    for index, doc in enumerate(case.evidence):
+        # The first document opens a paragraph after the header (same separator the filler uses).
+        text = "\n\n" + doc.text.lstrip() if index == 0 else doc.text
+        units.append((doc.id, "evidence", len(context), len(context) + len(text)))
+        context += text
+    return _control_row(
+        kind="evidence_only",
+        case=case,
+        frame=frame,
+        context=context,
+        units=units,
+        encoder=encoder,
+        options=options,
+        position="evidence_only",
+        note="evidence-only control: the case's evidence documents, no filler or distractors",
+    )
+
+
+def _evidence_absent(
+    case: Case, layout: Mapping[str, Any], encoder: _Encoder, options: BuildOptions
+) -> dict[str, Any]:
+    frame = case_frame(case, template=options.template, preamble=options.preamble)
+    length = int(layout["target_tokens"])
+    position = f"evidence_absent@{layout['position']}"
+    depth = layout["position"]
+    note = f"evidence-absent control of the {length}-token depth-{depth} layout {layout['layout_id']}"
+    text = str(layout["text"])
+    if layout["status"] != "ok":
+        row = _control_row(
+            kind="evidence_absent",
+            case=case,
+            frame=frame,
+            context="",
+            units=[],
+            encoder=encoder,
+            options=options,
+            position=position,
+            note=note,
+        )
+        return {
+            **row,
+            "status": "refused",
+            "reason_code": layout["reason_code"],
+            "reason": f"the source layout was refused: {layout['reason']}",
+            "target_tokens": length,
+        }
+    if not (text.startswith(frame.prefix) and text.endswith(frame.suffix)):
+        raise SpecError(
+            "the depth-0.5 layout does not start and end with the case frame",
+            field="frame",
+            fix="build controls with the same template and preamble as the layouts",
+        )
+    context = text[len(frame.prefix) : len(text) - len(frame.suffix)]
+    base = len(frame.prefix)
+    decisive = {d.id for d in case.decisive}
+    kept: list[tuple[str, str, int, int]] = []
+    out = ""
+    cursor = 0
+    for span in sorted(layout["evidence_spans"] or [], key=lambda s: s["char_start"]):
+        start, end = int(span["char_start"]) - base, int(span["char_end"]) - base
+        if span["evidence_id"] in decisive:
+            out += context[cursor:start]
+            cursor = end
+            continue
+        out += context[cursor:start]
+        cursor = start
+        shift = len(out) - start
+        kept.append((str(span["evidence_id"]), str(span["kind"]), start + shift, end + shift))
+        out += context[start:end]
+        cursor = end
+    out += context[cursor:]
+    row = _control_row(
+        kind="evidence_absent",
+        case=case,
+        frame=frame,
+        context=out,
+        units=kept,
+        encoder=encoder,
+        options=options,
+        position=position,
+        note=note,
+    )
+    return row
+
+
+def _verify(frame: pl.DataFrame, tokenizer: Tokenizer) -> pl.DataFrame:
+    """Full re-encode verification (Rust) of every ok control; violations refuse the control."""
+    ok = [i for i, s in enumerate(frame["status"].to_list()) if s == "ok"]
+    if not ok:
+        return frame
+    rows = frame.to_dicts()
+    stored = [
+        {
+            "layout_id": rows[i]["layout_id"],
+            "text": rows[i]["text"],
+            "add_special_tokens": rows[i]["add_special_tokens"],
+            "target_tokens": rows[i]["target_tokens"],
+            "spans": [
+                {
+                    "unit_id": s["evidence_id"],
+                    "kind": s["kind"],
+                    "token_start": s["token_start"],
+                    "token_end": s["token_end"],
+                    "char_start": s["char_start"],
+                    "char_end": s["char_end"],
+                    "sha256": s["sha256"],
+                }
+                for s in rows[i]["evidence_spans"]
+            ],
+        }
+        for i in ok
+    ]
+    flat = [np.asarray(rows[i]["token_ids"], dtype=np.uint32) for i in ok]
+    offsets = np.cumsum(np.array([0] + [len(x) for x in flat], dtype=np.uint64))
+    found = json.loads(
+        _core.verify_layouts(tokenizer._core, json.dumps(stored), np.concatenate(flat), offsets)
+    )
+    for i, violations in zip(ok, found, strict=True):
+        if violations:
+            rows[i]["status"] = "refused"
+            rows[i]["reason_code"] = f"verify_{violations[0]['code']}"
+            rows[i]["reason"] = "; ".join(f"{v['code']}: {v['detail']}" for v in violations)
+    return pl.DataFrame(rows, schema=CONTROLS_SCHEMA)
+
+
+def build_controls(
+    suite: Suite | Sequence[Case],
+    tokenizer: Tokenizer,
+    options: BuildOptions,
+    out_path: str | Path,
+) -> pl.DataFrame:
+    """Build the evidence-only control of every case and its evidence-absent control at every length of
+    ``options`` (from the depth-0.5 layout; ``options.positions`` is not used), verify them, and write
+    ``out_path`` (parquet, atomically). Returns the summary (no ids or text)."""
+    cases = [c for c in (suite.cases if isinstance(suite, Suite) else suite) if c.decisive]
+    if not cases:
+        raise SpecError(
+            "no case with decisive evidence", field="cases", fix="use a suite with evidence cases"
+        )
+    encoder = _Encoder(tokenizer)
+    by_id = {c.id: c for c in cases}
+    rows = [_evidence_only(case, encoder, options) for case in cases]
+    out = Path(out_path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    half = Position(label=f"{_ABSENT_DEPTH:g}", depth=_ABSENT_DEPTH)
+    with tempfile.TemporaryDirectory(prefix=".controls-", dir=out.parent) as tmp:
+        source = Path(tmp) / "absent-source.parquet"
+        build_layouts(cases, tokenizer, replace(options, positions=[half]), source)
+        for layout in read_layouts(source).iter_rows(named=True):
+            rows.append(_evidence_absent(by_id[layout["case_id"]], layout, encoder, options))
+    frame = _verify(pl.DataFrame(rows, schema=CONTROLS_SCHEMA), tokenizer)
+    fd, staged = tempfile.mkstemp(prefix=".controls-", suffix=".parquet", dir=out.parent)
+    os.close(fd)
+    try:
+        frame.write_parquet(staged)
+        os.replace(staged, out)
+    finally:
+        if os.path.exists(staged):
+            os.unlink(staged)
+    return frame.drop("token_ids", "text")
+
+
+def read_controls(path: str | Path) -> pl.DataFrame:
+    frame = read_layouts(path)
+    if "control" not in frame.columns:
+        raise InputError(
+            "not a controls file: no 'control' column",
+            file=str(path),
+            fix="pass a controls.parquet written by build_controls",
+        )
+    return frame
+
+
+# --------------------------------------------------------------------------------------------------
+# scoring and classification
+
+
+def score_controls(records: pl.DataFrame, suite: Suite, controls: pl.DataFrame) -> pl.DataFrame:
+    """Score control records with the oracle and add ``control``, ``answered_value``, ``hallucinated`` and
+    ``hallucination`` ("removed_value": the removed evidence's value; "unsupported_value": a value no
+    document left in the prompt supports; null otherwise). Only evidence-absent records can hallucinate."""
+    from depthgate.oracle import CaseOracle, score_records
+
+    scored = score_records(records, suite, controls)
+    kinds = dict(controls.select("layout_id", "control").iter_rows())
+    present = {
+        r["layout_id"]: {s["evidence_id"] for s in r["evidence_spans"] or [] if s["kind"] == "evidence"}
+        for r in controls.select("layout_id", "evidence_spans").iter_rows(named=True)
+    }
+    cases = {c.id: c for c in suite.cases}
+    oracles: dict[str, CaseOracle] = {}
+    answered: list[bool] = []
+    kind_col: list[str | None] = []
+    halluc: list[str | None] = []
+    for row in scored.select("layout_id", "case_id", "status", "output_text").iter_rows(named=True):
+        control = kinds.get(row["layout_id"])
+        kind_col.append(control)
+        if row["status"] != "ok":
+            answered.append(False)
+            halluc.append(None)
+            continue
+        case = cases[row["case_id"]]
+        oracle = oracles.setdefault(case.id, CaseOracle(case))
+        docs = present.get(row["layout_id"], set())
+        score = oracle.score(row["output_text"] or "", evidence_ids_in_layout=docs)
+        value = score.answer is not None and not score.abstained
+        answered.append(value)
+        if control != "evidence_absent" or not value:
+            halluc.append(None)
+            continue
+        supported = {claim for doc in case.evidence if doc.id in docs for claim in doc.supports}
+        if score.outcome == "pass" or not score.missing_claims:
+            halluc.append("removed_value")
+        elif score.forbidden_hits and set(score.forbidden_hits) <= supported:
+            halluc.append(None)  # read a document that is still in the prompt
+        else:
+            halluc.append("unsupported_value")
+    return scored.with_columns(
+        pl.Series("control", kind_col, dtype=pl.String),
+        pl.Series("answered_value", answered, dtype=pl.Boolean),
+        pl.Series("hallucination", halluc, dtype=pl.String),
+        pl.Series("hallucinated", [h is not None for h in halluc], dtype=pl.Boolean),
+    )
+
+
+def classify_failures(scored_matrix: pl.DataFrame, scored_controls: pl.DataFrame) -> pl.DataFrame:
+    """One row per case (per arm when ``scored_matrix`` has an ``arm`` column; controls with an ``arm``
+    column are matched by arm, otherwise they apply to every arm).
+
+    Decided in order: ``task_or_model`` (the evidence-only control fails in most seeds: the model
+    cannot do the task even without position), ``hallucination`` (the evidence-absent control answered
+    a value no remaining document supports in most seeds), ``position_or_assembly`` (the controls
+    pass but some long variant fails — a fail or a system failure), ``ok``; ``unknown`` when a control
+    needed for the decision has no usable record (system failure or missing).
+    """
+    for col in ("case_id", "outcome"):
+        if col not in scored_matrix.columns:
+            raise InputError(
+                f"scored matrix lacks {col!r}", field=col, fix="pass the output of score_records"
+            )
+    for col in ("case_id", "outcome", "control", "hallucinated"):
+        if col not in scored_controls.columns:
+            raise InputError(
+                f"scored controls lack {col!r}", field=col, fix="pass the output of score_controls"
+            )
+    by_arm = "arm" in scored_matrix.columns
+    controls_by_arm = by_arm and "arm" in scored_controls.columns
+    keys = ["arm", "case_id"] if by_arm else ["case_id"]
+    matrix = scored_matrix.filter(pl.col("outcome") != "missing")
+    long = matrix.group_by(keys).agg(
+        pl.len().alias("long_runs"),
+        pl.col("outcome").is_in(["fail", "system_fail"]).sum().alias("long_fails"),
+    )
+    ctl_keys = ["arm", "case_id", "control"] if controls_by_arm else ["case_id", "control"]
+    usable = scored_controls.filter(pl.col("outcome").is_in(["pass", "fail"]))
+    agg = usable.group_by(ctl_keys).agg(
+        pl.col("outcome").eq("pass").mean().alias("pass_rate"),
+        pl.col("hallucinated").mean().alias("halluc_rate"),
+        pl.len().alias("n"),
+    )
+    only = {
+        tuple(r[:-1]): r[-1]
+        for r in agg.filter(pl.col("control") == "evidence_only")
+        .select([*ctl_keys[:-1], "pass_rate"])
+        .iter_rows()
+    }
+    absent = {
+        tuple(r[:-1]): r[-1]
+        for r in agg.filter(pl.col("control") == "evidence_absent")
+        .select([*ctl_keys[:-1], "halluc_rate"])
+        .iter_rows()
+    }
+    control_cases = {str(r[0]) for r in scored_controls.select("case_id").unique().iter_rows()}
+    wanted: set[tuple[Any, ...]] = {tuple(r) for r in long.select(keys).iter_rows()}
+    if controls_by_arm:
+        wanted |= {tuple(r) for r in scored_controls.select(keys).unique().iter_rows()}
+    elif by_arm:
+        wanted |= {(arm, case) for arm in matrix["arm"].unique().to_list() for case in control_cases}
+    else:
+        wanted |= {(case,) for case in control_cases}
+    cases = sorted(wanted, key=lambda k: tuple(str(v) for v in k))
+    long_index = {
+        tuple(r[:-2]): (r[-2], r[-1]) for r in long.select([*keys, "long_runs", "long_fails"]).iter_rows()
+    }
+    out: list[dict[str, Any]] = []
+    for key in cases:
+        ctl_key = key if controls_by_arm or not by_arm else key[1:]
+        only_rate = only.get(ctl_key)
+        halluc_rate = absent.get(ctl_key)
+        runs, fails = long_index.get(key, (0, 0))
+        if only_rate is None:
+            category, detail = "unknown", "no usable evidence-only control record"
+        elif only_rate < 0.5:
+            category, detail = "task_or_model", f"evidence-only control passes {only_rate:.0%} of seeds"
+        elif halluc_rate is not None and halluc_rate > 0.5:
+            category, detail = (
+                "hallucination",
+                "the evidence-absent control answers a value no document supports",
+            )
+        elif fails:
+            category, detail = "position_or_assembly", f"controls pass; {fails}/{runs} long variants fail"
+        elif halluc_rate is None:
+            category, detail = "unknown", "no usable evidence-absent control record"
+        else:
+            category, detail = "ok", f"controls pass; {runs} long variants pass"
+        row: dict[str, Any] = dict(zip(keys, key, strict=True))
+        row.update(
+            {
+                "category": category,
+                "evidence_only_pass_rate": only_rate,
+                "evidence_absent_hallucination_rate": halluc_rate,
+                "long_runs": runs,
+                "long_fails": fails,
+                "detail": detail,
+            }
+        )
+        out.append(row)
+    schema: dict[str, Any] = {k: pl.String for k in keys}
+    schema.update(
+        {
+            "category": pl.String,
+            "evidence_only_pass_rate": pl.Float64,
+            "evidence_absent_hallucination_rate": pl.Float64,
+            "long_runs": pl.Int64,
+            "long_fails": pl.Int64,
+            "detail": pl.String,
+        }
+    )
+    return pl.DataFrame(out, schema=schema, orient="row") if out else pl.DataFrame(schema=schema)

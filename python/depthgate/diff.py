@@ -1,0 +1,617 @@
+"""``depthgate diff-tokenizer`` / ``diff-template``: what a tokenizer or chat-template upgrade does to
+the layouts of a suite, before anything is run.
+
+Both functions rebuild the suite under the old and the new version (same cases, lengths, positions,
+filler) and compare the layouts of every (case, length, position): status, total tokens, the context
+region, and the token span of every evidence block and distractor. An upgrade that moves a single
+evidence token is *drift*: layouts built under the old version must not be reused (their offsets are
+wrong under the new one) — :func:`assert_no_reuse` refuses exactly that.
+
+Exit codes of the CLI handlers: 0 when the two versions are identical (same digest; nothing is built)
+or produce token-identical layouts on the suite (layout ids still change: the digest is part of them);
+``ExitCode.FAIL`` (10) when any layout drifts; ``ExitCode.BAD_INPUT`` (20) for bad input, including a
+template that raises under one version only (:class:`TemplateError` naming which).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import polars as pl
+
+from depthgate.exceptions import ExitCode, TemplateError, VerificationError
+from depthgate.layouts import (
+    BuildOptions,
+    Position,
+    Tokenizer,
+    build_layouts,
+    case_frame,
+    load_tokenizer,
+    parse_positions,
+    read_layouts,
+)
+from depthgate.models import Suite
+from depthgate.templates import ChatTemplate, load_chat_template, raw_frame
+
+__all__ = [
+    "DiffReport",
+    "LayoutDrift",
+    "SpanDrift",
+    "add_parsers",
+    "assert_no_reuse",
+    "cmd_diff_template",
+    "cmd_diff_tokenizer",
+    "diff_templates",
+    "diff_tokenizers",
+]
+
+DiffKind = Literal["tokenizer", "template"]
+TemplateSpec = str | Path | ChatTemplate | None
+
+
+@dataclass(frozen=True)
+class SpanDrift:
+    """One evidence block or distractor of one layout under both versions (None: absent on that side)."""
+
+    evidence_id: str
+    kind: str
+    old_start: int | None
+    old_end: int | None
+    new_start: int | None
+    new_end: int | None
+
+    @property
+    def start_shift(self) -> int | None:
+        return None if self.old_start is None or self.new_start is None else self.new_start - self.old_start
+
+    @property
+    def end_shift(self) -> int | None:
+        return None if self.old_end is None or self.new_end is None else self.new_end - self.old_end
+
+    @property
+    def length_change(self) -> int | None:
+        if None in (self.old_start, self.old_end, self.new_start, self.new_end):
+            return None
+        assert self.old_start is not None and self.old_end is not None
+        assert self.new_start is not None and self.new_end is not None
+        return (self.new_end - self.new_start) - (self.old_end - self.old_start)
+
+    @property
+    def drifted(self) -> bool:
+        return (self.old_start, self.old_end) != (self.new_start, self.new_end)
+
+
+@dataclass(frozen=True)
+class LayoutDrift:
+    """One (case, length, position) built under both versions."""
+
+    case_id: str
+    length: int
+    position: str
+    old_layout_id: str | None
+    new_layout_id: str | None
+    old_status: str | None
+    new_status: str | None
+    old_reason: str | None
+    new_reason: str | None
+    old_total: int | None
+    new_total: int | None
+    old_region: tuple[int, int] | None
+    new_region: tuple[int, int] | None
+    spans: tuple[SpanDrift, ...] = field(default_factory=tuple)
+
+    @property
+    def evidence(self) -> tuple[SpanDrift, ...]:
+        return tuple(s for s in self.spans if s.kind == "evidence")
+
+    @property
+    def max_evidence_shift(self) -> int:
+        shifts = [abs(s.start_shift) for s in self.evidence if s.start_shift is not None]
+        return max(shifts, default=0)
+
+    @property
+    def drifted(self) -> bool:
+        return (
+            self.old_status != self.new_status
+            or self.old_total != self.new_total
+            or self.old_region != self.new_region
+            or any(s.drifted for s in self.spans)
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["spans"] = [
+            {
+                **asdict(s),
+                "start_shift": s.start_shift,
+                "end_shift": s.end_shift,
+                "length_change": s.length_change,
+            }
+            for s in self.spans
+        ]
+        out["layout_id_changed"] = self.old_layout_id != self.new_layout_id
+        out["drifted"] = self.drifted
+        out["max_evidence_shift"] = self.max_evidence_shift
+        return out
+
+
+@dataclass(frozen=True)
+class DiffReport:
+    """The drift of a suite's layouts between an old and a new tokenizer or chat template."""
+
+    kind: DiffKind
+    old: str
+    new: str
+    old_digest: str
+    new_digest: str
+    suite: str
+    lengths: tuple[int, ...]
+    positions: tuple[str, ...]
+    layouts: tuple[LayoutDrift, ...] = field(default_factory=tuple)
+
+    @property
+    def identical(self) -> bool:
+        """Same digest: byte-identical files, nothing was rebuilt."""
+        return self.old_digest == self.new_digest
+
+    @property
+    def drifted(self) -> list[LayoutDrift]:
+        return [d for d in self.layouts if d.drifted]
+
+    @property
+    def max_evidence_shift(self) -> int:
+        return max((d.max_evidence_shift for d in self.layouts), default=0)
+
+    @property
+    def status_changes(self) -> list[LayoutDrift]:
+        return [d for d in self.layouts if d.old_status != d.new_status]
+
+    @property
+    def exit_code(self) -> ExitCode:
+        return ExitCode.FAIL if self.drifted else ExitCode.PASS
+
+    def summary(self) -> str:
+        if self.identical:
+            return f"{self.kind}s are identical (digest {self.old_digest[:16]}): no rebuild needed, no drift"
+        drifted = self.drifted
+        if not drifted:
+            return (
+                f"{self.kind}s differ (digest {self.old_digest[:12]} → {self.new_digest[:12]}) but all "
+                f"{len(self.layouts)} layouts are token-identical on this suite; layout ids change, so "
+                "layouts must still be rebuilt (old ones are refused)"
+            )
+        shifted = sum(1 for d in drifted if d.max_evidence_shift)
+        return (
+            f"{len(drifted)}/{len(self.layouts)} layouts drift under the new {self.kind}: "
+            f"{shifted} with evidence moved (up to {self.max_evidence_shift} tokens), "
+            f"{len(self.status_changes)} change status; old layouts must not be reused"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "old": {"source": self.old, "digest": self.old_digest},
+            "new": {"source": self.new, "digest": self.new_digest},
+            "suite": self.suite,
+            "lengths": list(self.lengths),
+            "positions": list(self.positions),
+            "identical": self.identical,
+            "summary": {
+                "layouts": len(self.layouts),
+                "drifted": len(self.drifted),
+                "status_changes": len(self.status_changes),
+                "max_evidence_shift": self.max_evidence_shift,
+                "text": self.summary(),
+            },
+            "layouts": [d.to_dict() for d in self.layouts],
+        }
+
+    def write_json(self, path: str | Path) -> Path:
+        target = Path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(target.name + ".tmp")
+        tmp.write_text(json.dumps(self.to_dict(), indent=1, sort_keys=False) + "\n", encoding="utf-8")
+        tmp.replace(target)
+        return target
+
+    def table(self, limit: int = 40) -> str:
+        """Plain-text table, most drifted layouts first (at most ``limit`` rows)."""
+        lines = [self.summary()]
+        if not self.layouts:
+            return "\n".join(lines)
+        head = ("case", "length", "pos", "status", "total", "region", "evidence Δstart", "Δend", "id")
+        rows: list[tuple[str, ...]] = []
+        ordered = sorted(
+            self.layouts, key=lambda d: (not d.drifted, -d.max_evidence_shift, d.case_id, d.length)
+        )
+        for d in ordered[:limit]:
+            ev = d.evidence
+            starts = ",".join("?" if s.start_shift is None else f"{s.start_shift:+d}" for s in ev) or "-"
+            ends = ",".join("?" if s.end_shift is None else f"{s.end_shift:+d}" for s in ev) or "-"
+            rows.append(
+                (
+                    d.case_id,
+                    str(d.length),
+                    d.position,
+                    _status(d.old_status, d.old_reason)
+                    if d.old_status == d.new_status and d.old_reason == d.new_reason
+                    else f"{_status(d.old_status, d.old_reason)}→{_status(d.new_status, d.new_reason)}",
+                    _pair(d.old_total, d.new_total),
+                    _pair(d.old_region, d.new_region),
+                    starts,
+                    ends,
+                    "same" if d.old_layout_id == d.new_layout_id else "changed",
+                )
+            )
+        widths = [max(len(x) for x in col) for col in zip(head, *rows, strict=True)]
+        for row in (head, *rows):
+            lines.append("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())
+        if len(ordered) > limit:
+            lines.append(f"... {len(ordered) - limit} more layouts (see the JSON report)")
+        return "\n".join(lines)
+
+
+def _status(status: str | None, reason: str | None) -> str:
+    return f"{status}:{reason}" if reason else str(status)
+
+
+def _fmt(value: object) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, tuple):
+        return f"{value[0]}..{value[1]}"
+    return str(value)
+
+
+def _pair(old: object, new: object) -> str:
+    return _fmt(old) if old == new else f"{_fmt(old)}→{_fmt(new)}"
+
+
+# --------------------------------------------------------------------------------------------------
+# building and comparing
+
+
+def _build(
+    suite: Suite, tokenizer: Tokenizer, options: BuildOptions, folder: Path, name: str
+) -> pl.DataFrame:
+    path = folder / f"{name}.parquet"
+    build_layouts(suite, tokenizer, options, path)
+    return read_layouts(path).drop("token_ids", "text")
+
+
+def _compare(old: pl.DataFrame, new: pl.DataFrame) -> tuple[LayoutDrift, ...]:
+    def index(f: pl.DataFrame) -> dict[tuple[str, int, str], dict[str, Any]]:
+        return {
+            (r["case_id"], int(r["target_tokens"]), str(r["position"])): r for r in f.iter_rows(named=True)
+        }
+
+    a, b = index(old), index(new)
+    out: list[LayoutDrift] = []
+    for key in sorted(a.keys() | b.keys()):
+        ra, rb = a.get(key), b.get(key)
+        spans_a = {s["evidence_id"]: s for s in (ra or {}).get("evidence_spans") or []}
+        spans_b = {s["evidence_id"]: s for s in (rb or {}).get("evidence_spans") or []}
+        spans = []
+        for unit in sorted(
+            spans_a.keys() | spans_b.keys(), key=lambda u: (spans_a.get(u) or spans_b[u])["char_start"]
+        ):
+            sa, sb = spans_a.get(unit), spans_b.get(unit)
+            spans.append(
+                SpanDrift(
+                    evidence_id=unit,
+                    kind=str((sa or sb or {}).get("kind")),
+                    old_start=None if sa is None else int(sa["token_start"]),
+                    old_end=None if sa is None else int(sa["token_end"]),
+                    new_start=None if sb is None else int(sb["token_start"]),
+                    new_end=None if sb is None else int(sb["token_end"]),
+                )
+            )
+
+        def get(r: dict[str, Any] | None, k: str) -> Any:
+            return None if r is None else r.get(k)
+
+        def total(r: dict[str, Any] | None) -> int | None:
+            return None if r is None or r.get("status") != "ok" else int(r["total_tokens"])
+
+        def region(r: dict[str, Any] | None) -> tuple[int, int] | None:
+            if (
+                r is None
+                or r.get("status") != "ok"
+                or r.get("region_start") is None
+                or r.get("region_end") is None
+            ):
+                return None
+            return (int(r["region_start"]), int(r["region_end"]))
+
+        out.append(
+            LayoutDrift(
+                case_id=key[0],
+                length=key[1],
+                position=key[2],
+                old_layout_id=get(ra, "layout_id"),
+                new_layout_id=get(rb, "layout_id"),
+                old_status=get(ra, "status"),
+                new_status=get(rb, "status"),
+                old_reason=get(ra, "reason_code"),
+                new_reason=get(rb, "reason_code"),
+                old_total=total(ra),
+                new_total=total(rb),
+                old_region=region(ra),
+                new_region=region(rb),
+                spans=tuple(spans),
+            )
+        )
+    return tuple(out)
+
+
+def _as_positions(positions: Sequence[float | str | Position]) -> list[Position]:
+    return [p if isinstance(p, Position) else parse_positions([p])[0] for p in positions]
+
+
+def _as_tokenizer(value: Tokenizer | str | Path) -> Tokenizer:
+    if isinstance(value, Tokenizer):
+        return value
+    from depthgate.cli import resolve_tokenizer_path
+
+    return load_tokenizer(resolve_tokenizer_path(str(value)))
+
+
+def diff_tokenizers(
+    old_path: Tokenizer | str | Path,
+    new_path: Tokenizer | str | Path,
+    suite: Suite,
+    lengths: Sequence[int],
+    positions: Sequence[float | str | Position],
+    *,
+    template: ChatTemplate | None = None,
+    preamble: str = "",
+) -> DiffReport:
+    """Rebuild ``suite`` under the old and the new tokenizer (same template, lengths, positions, filler)
+    and report the drift of every layout. Identical tokenizers (same digest) are reported as such
+    without building anything. ``old_path``/``new_path``: tokenizer.json paths, ``gguf:``/``gguf:<file>``,
+    or loaded :class:`Tokenizer` objects."""
+    old, new = _as_tokenizer(old_path), _as_tokenizer(new_path)
+    pos = _as_positions(positions)
+    report = DiffReport(
+        kind="tokenizer",
+        old=str(old.path),
+        new=str(new.path),
+        old_digest=old.digest,
+        new_digest=new.digest,
+        suite=suite.name,
+        lengths=tuple(lengths),
+        positions=tuple(p.label for p in pos),
+    )
+    if report.identical:
+        return report
+    options = BuildOptions(lengths=list(lengths), positions=pos, template=template, preamble=preamble)
+    with tempfile.TemporaryDirectory(prefix="depthgate-diff-") as tmp:
+        a = _build(suite, old, options, Path(tmp), "old")
+        b = _build(suite, new, options, Path(tmp), "new")
+    return DiffReport(**{**_fields(report), "layouts": _compare(a, b)})
+
+
+def _fields(report: DiffReport) -> dict[str, Any]:
+    return {
+        k: getattr(report, k)
+        for k in ("kind", "old", "new", "old_digest", "new_digest", "suite", "lengths", "positions")
+    }
+
+
+def _as_template(value: TemplateSpec) -> ChatTemplate | None:
+    if value is None or isinstance(value, ChatTemplate):
+        return value
+    if str(value) == "raw":
+        return None
+    return load_chat_template(value)
+
+
+def _template_label(t: ChatTemplate | None) -> str:
+    return "raw" if t is None else t.path
+
+
+def _template_digest(t: ChatTemplate | None) -> str:
+    return raw_frame(user_before="", user_after="").template_digest if t is None else t.digest
+
+
+def diff_templates(
+    old_template: TemplateSpec,
+    new_template: TemplateSpec,
+    tokenizer: Tokenizer | str | Path,
+    suite: Suite,
+    lengths: Sequence[int],
+    positions: Sequence[float | str | Position],
+    *,
+    preamble: str = "",
+) -> DiffReport:
+    """Rebuild ``suite`` under the old and the new chat template (``"raw"``/None: the raw completion
+    frame) with the same tokenizer and report the drift. A template that raises for the suite's
+    conversation under one version only is a :class:`TemplateError` naming that version."""
+    old, new = _as_template(old_template), _as_template(new_template)
+    tok = _as_tokenizer(tokenizer)
+    pos = _as_positions(positions)
+    report = DiffReport(
+        kind="template",
+        old=_template_label(old),
+        new=_template_label(new),
+        old_digest=_template_digest(old),
+        new_digest=_template_digest(new),
+        suite=suite.name,
+        lengths=tuple(lengths),
+        positions=tuple(p.label for p in pos),
+    )
+    if report.identical:
+        return report
+    errors: dict[str, TemplateError] = {}
+    for name, template in (("old", old), ("new", new)):
+        for case in suite.cases:
+            try:
+                case_frame(case, template=template, preamble=preamble)
+            except TemplateError as exc:
+                errors[name] = exc
+                break
+    if errors:
+        if len(errors) == 2:
+            raise TemplateError(
+                "both templates fail to frame the suite: "
+                f"old: {errors['old'].message}; new: {errors['new'].message}",
+                file=f"{report.old} | {report.new}",
+                field="chat_template",
+                fix="check the suite and the templates; neither version can serve these cases",
+            )
+        which, error = next(iter(errors.items()))
+        other = "new" if which == "old" else "old"
+        raise TemplateError(
+            f"the {which} template raises under this suite and the {other} one does not: {error.message}",
+            file=report.old if which == "old" else report.new,
+            field="chat_template",
+            fix=f"the {which} version cannot serve these cases; fix it or compare against another version",
+        ) from error
+    with tempfile.TemporaryDirectory(prefix="depthgate-diff-") as tmp:
+        a = _build(
+            suite,
+            tok,
+            BuildOptions(lengths=list(lengths), positions=pos, template=old, preamble=preamble),
+            Path(tmp),
+            "old",
+        )
+        b = _build(
+            suite,
+            tok,
+            BuildOptions(lengths=list(lengths), positions=pos, template=new, preamble=preamble),
+            Path(tmp),
+            "new",
+        )
+    return DiffReport(**{**_fields(report), "layouts": _compare(a, b)})
+
+
+def assert_no_reuse(
+    layouts_path: str | Path,
+    tokenizer: Tokenizer | str | Path,
+    *,
+    template: TemplateSpec = None,
+    check_template: bool = False,
+) -> None:
+    """Refuse a layouts file built under another tokenizer (or, with ``check_template``, another chat
+    template): its offsets are stale. Raises :class:`VerificationError` naming how many layouts are stale."""
+    frame = read_layouts(layouts_path)
+    tok = _as_tokenizer(tokenizer)
+    if "tokenizer_digest" not in frame.columns:
+        raise VerificationError(
+            "the layouts record no tokenizer digest; their tokenizer cannot be proved",
+            file=str(layouts_path),
+            fix="rebuild them with `depthgate build`",
+        )
+    stale = frame.filter(pl.col("tokenizer_digest") != tok.digest)
+    if stale.height:
+        built = sorted(set(stale["tokenizer_digest"].to_list()))
+        raise VerificationError(
+            f"{stale.height}/{frame.height} layouts were built under tokenizer "
+            f"{', '.join(d[:12] for d in built)}, not {tok.digest[:12]} ({tok.path}); "
+            "their token offsets are stale",
+            file=str(layouts_path),
+            field="tokenizer_digest",
+            fix="rebuild the layouts with the new tokenizer (`depthgate build`); old offsets are not reused",
+        )
+    if check_template:
+        digest = _template_digest(_as_template(template))
+        wrong = frame.filter(pl.col("template_digest") != digest)
+        if wrong.height:
+            raise VerificationError(
+                f"{wrong.height}/{frame.height} layouts were built under another chat template",
+                file=str(layouts_path),
+                field="template_digest",
+                fix="rebuild the layouts with the system's chat template",
+            )
+
+
+# --------------------------------------------------------------------------------------------------
+# CLI
+
+
+def _suite_from(args: argparse.Namespace) -> Suite:
+    from depthgate.suites import builtin_suite, resolve_suite
+
+    if getattr(args, "suite", None):
+        from depthgate.models import FileSuiteRef
+
+        return resolve_suite(FileSuiteRef(path=str(args.suite)))
+    return builtin_suite(args.cases, args.seed, args.lang)
+
+
+def _finish(report: DiffReport, args: argparse.Namespace) -> int:
+    print(report.table(limit=args.limit))
+    if args.out:
+        path = report.write_json(args.out)
+        print(f"report: {path}")
+    return int(report.exit_code)
+
+
+def cmd_diff_tokenizer(args: argparse.Namespace) -> int:
+    """``depthgate diff-tokenizer --old A --new B``: 0 no drift, 10 drift, 20 bad input."""
+    template = load_chat_template(args.chat_template) if args.chat_template else None
+    report = diff_tokenizers(
+        args.old, args.new, _suite_from(args), args.lengths, args.positions, template=template
+    )
+    return _finish(report, args)
+
+
+def cmd_diff_template(args: argparse.Namespace) -> int:
+    """``depthgate diff-template --old A --new B --tokenizer T``: 0 no drift, 10 drift, 20 bad input."""
+    report = diff_templates(
+        args.old, args.new, args.tokenizer, _suite_from(args), args.lengths, args.positions
+    )
+    return _finish(report, args)
+
+
+def _csv_ints(value: str) -> list[int]:
+    try:
+        return [int(v) for v in value.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{value!r}: expected comma-separated token counts, e.g. 1024,4096"
+        ) from None
+
+
+def _csv(value: str) -> list[str]:
+    return [v.strip() for v in value.split(",") if v.strip()]
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--lengths", type=_csv_ints, default=[1024])
+    p.add_argument("--positions", type=_csv, default=["0", "0.25", "0.5", "0.75", "1"])
+    p.add_argument("--cases", type=int, default=8, help="built-in suite size (default 8)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--lang", default="en", choices=["en", "zh"])
+    p.add_argument("--suite", help="a suite JSON file instead of the built-in suite")
+    p.add_argument("--out", help="write the JSON report to this file")
+    p.add_argument("--limit", type=int, default=40, help="rows in the printed table (default 40)")
+
+
+def add_parsers(subparsers: Any) -> None:
+    """Add ``diff-tokenizer`` and ``diff-template`` to the CLI's subparsers."""
+    t = subparsers.add_parser(
+        "diff-tokenizer",
+        help="token-span drift of the suite's layouts between two tokenizers (exit 0 none, 10 drift)",
+    )
+    t.add_argument("--old", required=True, help="old tokenizer.json (or gguf:[file])")
+    t.add_argument("--new", required=True, help="new tokenizer.json (or gguf:[file])")
+    t.add_argument("--chat-template", help="build both with this chat template (default: raw frame)")
+    _common(t)
+    t.set_defaults(func=cmd_diff_tokenizer)
+
+    m = subparsers.add_parser(
+        "diff-template",
+        help="token-span drift of the suite's layouts between two chat templates (exit 0 none, 10 drift)",
+    )
+    m.add_argument("--old", required=True, help="old template (.jinja / tokenizer_config.json), or 'raw'")
+    m.add_argument("--new", required=True, help="new template (.jinja / tokenizer_config.json), or 'raw'")
+    m.add_argument("--tokenizer", required=True, help="tokenizer.json (or gguf:[file]) both are rendered for")
+    _common(m)
+    m.set_defaults(func=cmd_diff_template)

@@ -1,0 +1,245 @@
+"""Tokenizer and chat-template upgrade diffs on real tokenizers and templates, and the upgrade matrices."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+
+from depthgate import diff
+from depthgate.diff import assert_no_reuse, diff_templates, diff_tokenizers
+from depthgate.exceptions import ExitCode, TemplateError, VerificationError
+from depthgate.layouts import BuildOptions, build_layouts, load_tokenizer, parse_positions
+from depthgate.models import Suite, System, load_matrix
+from depthgate.suites import builtin_suite
+
+REPO = Path(__file__).resolve().parents[1]
+POSITIONS = ["0", "0.5", "1"]
+
+
+@pytest.fixture(scope="module")
+def suite() -> Suite:
+    return builtin_suite(3)
+
+
+@pytest.fixture(scope="module")
+def tok_dir(shared_dir: Path) -> Path:
+    return shared_dir / "tokenizers"
+
+
+def test_llama2_to_mistral_drifts_per_case_and_position(tok_dir: Path, suite: Suite, tmp_path: Path) -> None:
+    report = diff_tokenizers(
+        tok_dir / "llama2-tinyllama" / "tokenizer.json",
+        tok_dir / "mistral-7b-v1" / "tokenizer.json",
+        suite,
+        [512],
+        POSITIONS,
+    )
+    assert not report.identical
+    assert len(report.layouts) == 9  # 3 cases x 1 length x 3 positions
+    assert {(d.case_id, d.length, d.position) for d in report.layouts} == {
+        (c.id, 512, p) for c in suite.cases for p in POSITIONS
+    }
+    assert report.drifted and report.max_evidence_shift > 0
+    assert report.exit_code == ExitCode.FAIL
+    for d in report.layouts:
+        assert d.old_layout_id != d.new_layout_id
+        assert d.old_total == d.new_total == 512  # the length contract holds under both
+        assert {s.evidence_id for s in d.evidence} == {doc.id for doc in suite.case(d.case_id).evidence}
+    # the JSON report carries the evidence token_start/token_end differences
+    data = json.loads(report.write_json(tmp_path / "r.json").read_text())
+    assert data["summary"]["drifted"] == len(report.drifted)
+    span = data["layouts"][0]["spans"][0]
+    assert {"old_start", "new_start", "start_shift", "end_shift", "length_change"} <= set(span)
+    assert "layouts drift" in report.table()
+
+
+def test_identical_tokenizers_say_so(tok_dir: Path, suite: Suite) -> None:
+    path = tok_dir / "gpt2" / "tokenizer.json"
+    report = diff_tokenizers(path, path, suite, [512], POSITIONS)
+    assert report.identical and report.layouts == () and report.exit_code == ExitCode.PASS
+    assert "identical" in report.table()
+
+
+def test_same_encoding_different_file_is_no_drift_but_new_ids(
+    tok_dir: Path, suite: Suite, tmp_path: Path
+) -> None:
+    source = tok_dir / "gpt2" / "tokenizer.json"
+    copy = tmp_path / "tokenizer.json"
+    copy.write_text(json.dumps(json.loads(source.read_text(encoding="utf-8")), indent=1), encoding="utf-8")
+    report = diff_tokenizers(source, copy, suite, [512], POSITIONS)
+    assert not report.identical and not report.drifted and report.exit_code == ExitCode.PASS
+    assert all(d.old_layout_id != d.new_layout_id for d in report.layouts)
+    assert "token-identical" in report.summary()
+
+
+def test_padding_settings_upgrade_refuses_every_layout(tok_dir: Path, suite: Suite) -> None:
+    # SmolLM's repository file pads to 192 tokens: every layout becomes impossible, and the diff says why.
+    report = diff_tokenizers(
+        tok_dir / "smollm" / "tokenizer.json",
+        tok_dir / "smollm" / "tokenizer.repo-original.json",
+        suite,
+        [512],
+        POSITIONS,
+    )
+    assert len(report.status_changes) == len(report.layouts) == 9
+    assert {d.new_reason for d in report.layouts} == {"length_below_fixed_parts"}
+    assert "ok→refused:length_below_fixed_parts" in report.table()
+
+
+def test_assert_no_reuse_refuses_old_offsets(tok_dir: Path, suite: Suite, tmp_path: Path) -> None:
+    old = load_tokenizer(tok_dir / "llama2-tinyllama" / "tokenizer.json")
+    path = tmp_path / "layouts.parquet"
+    build_layouts(suite, old, BuildOptions(lengths=[512], positions=parse_positions(["0.5"])), path)
+    assert_no_reuse(path, old)  # same tokenizer: fine
+    with pytest.raises(VerificationError) as info:
+        assert_no_reuse(path, tok_dir / "mistral-7b-v1" / "tokenizer.json")
+    assert "3/3 layouts" in str(info.value) and info.value.exit_code == ExitCode.VERIFY_FAILED
+    template = tok_dir / "llama2-tinyllama" / "chat_template.jinja"
+    with pytest.raises(VerificationError):
+        assert_no_reuse(path, old, template=template, check_template=True)
+    assert_no_reuse(path, old, template="raw", check_template=True)
+
+
+def test_zephyr_to_llama2_chat_template_drift(tok_dir: Path, suite: Suite) -> None:
+    family = tok_dir / "llama2-tinyllama"
+    report = diff_templates(
+        family / "chat_template.jinja",
+        family / "chat_template.llama-2-chat.jinja",
+        family / "tokenizer.json",
+        suite,
+        [512],
+        POSITIONS,
+    )
+    assert report.kind == "template" and report.drifted
+    # the frame changed: the context region starts elsewhere, evidence moves with it
+    assert all(d.old_region != d.new_region for d in report.layouts)
+    assert report.max_evidence_shift > 0
+    raw = diff_templates(
+        "raw", family / "chat_template.llama-2-chat.jinja", family / "tokenizer.json", suite, [512], ["0.5"]
+    )
+    assert raw.old == "raw" and len(raw.layouts) == 3 and raw.drifted
+
+
+def test_identical_templates(tok_dir: Path, suite: Suite) -> None:
+    t = tok_dir / "llama2-tinyllama" / "chat_template.jinja"
+    report = diff_templates(t, t, tok_dir / "llama2-tinyllama" / "tokenizer.json", suite, [512], POSITIONS)
+    assert report.identical and report.exit_code == ExitCode.PASS
+
+
+def test_template_raising_under_one_version_is_named(tok_dir: Path, suite: Suite, tmp_path: Path) -> None:
+    good = tok_dir / "llama2-tinyllama" / "chat_template.jinja"
+    bad = tmp_path / "v2.jinja"
+    bad.write_text(
+        "{% if messages[0]['role'] == 'user' %}{{ raise_exception('a system turn is required') }}{% endif %}",
+        encoding="utf-8",
+    )
+    tok = tok_dir / "llama2-tinyllama" / "tokenizer.json"
+    with pytest.raises(TemplateError) as info:
+        diff_templates(good, bad, tok, suite, [512], POSITIONS)
+    assert "the new template raises" in str(info.value) and str(bad) in str(info.value)
+    with pytest.raises(TemplateError) as info:
+        diff_templates(bad, good, tok, suite, [512], POSITIONS)
+    assert "the old template raises" in str(info.value)
+    other = tmp_path / "v3.jinja"
+    other.write_text("{{ raise_exception('never') }}", encoding="utf-8")
+    with pytest.raises(TemplateError, match="both templates"):
+        diff_templates(bad, other, tok, suite, [512], POSITIONS)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser()
+    diff.add_parsers(parser.add_subparsers(dest="command"))
+    return parser
+
+
+def test_cli_handlers(tok_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "tok.json"
+    args = _parser().parse_args(
+        [
+            "diff-tokenizer",
+            "--old",
+            str(tok_dir / "llama2-tinyllama" / "tokenizer.json"),
+            "--new",
+            str(tok_dir / "mistral-7b-v1" / "tokenizer.json"),
+            "--lengths",
+            "512",
+            "--positions",
+            "0,1",
+            "--cases",
+            "2",
+            "--out",
+            str(out),
+        ]
+    )
+    assert args.func(args) == ExitCode.FAIL
+    printed = capsys.readouterr().out
+    assert "evidence Δstart" in printed and str(out) in printed
+    assert json.loads(out.read_text())["summary"]["layouts"] == 4
+    same = _parser().parse_args(
+        [
+            "diff-tokenizer",
+            "--old",
+            str(tok_dir / "gpt2" / "tokenizer.json"),
+            "--new",
+            str(tok_dir / "gpt2" / "tokenizer.json"),
+        ]
+    )
+    assert same.func(same) == ExitCode.PASS
+    assert "identical" in capsys.readouterr().out
+    family = tok_dir / "llama2-tinyllama"
+    args = _parser().parse_args(
+        [
+            "diff-template",
+            "--old",
+            str(family / "chat_template.jinja"),
+            "--new",
+            str(family / "chat_template.llama-2-chat.jinja"),
+            "--tokenizer",
+            str(family / "tokenizer.json"),
+            "--lengths",
+            "512",
+            "--positions",
+            "0.5",
+            "--cases",
+            "2",
+            "--out",
+            str(tmp_path / "tpl.json"),
+        ]
+    )
+    assert args.func(args) == ExitCode.FAIL
+    assert json.loads((tmp_path / "tpl.json").read_text())["kind"] == "template"
+
+
+def _system_fields(system: System) -> dict[str, object]:
+    return dict(system.model_dump())
+
+
+@pytest.mark.parametrize("name", ["tokenizer-upgrade.toml", "template-upgrade-embedded.toml"])
+def test_upgrade_matrices_differ_only_in_tokenizer_or_template(name: str) -> None:
+    matrix = load_matrix(REPO / "matrices" / name)
+    base, cand = _system_fields(matrix.baseline), _system_fields(matrix.candidate)
+    differing = {k for k in base if base[k] != cand[k]} - {"name"}
+    assert differing and differing <= {"tokenizer", "chat_template"}
+
+
+def test_tokenizer_upgrade_matrix_builds_both_arms(tmp_path: Path, shared_dir: Path) -> None:
+    from depthgate.cli import main
+
+    matrix = REPO / "matrices" / "tokenizer-upgrade.toml"
+    assert main(["build", str(matrix), "--out", str(tmp_path)]) == ExitCode.PASS
+    for arm in ("baseline", "candidate"):
+        assert (tmp_path / arm / "layouts.parquet").is_file()
+
+
+def test_gemma_turns_template_frames_every_case() -> None:
+    from depthgate.layouts import case_frame
+    from depthgate.templates import load_chat_template
+
+    template = load_chat_template(REPO / "matrices" / "templates" / "gemma-turns.jinja")
+    for case in builtin_suite(8).cases:
+        frame = case_frame(case, template=template)
+        assert frame.prefix.startswith("<start_of_turn>user\n") and frame.add_special_tokens
+        assert "<end_of_turn>\n<start_of_turn>model\n" in frame.suffix
