@@ -245,3 +245,12 @@ def test_replayed_incidents_get_position_variants(tmp_path: Path) -> None:
     frame = pl.read_parquet(tmp_path / "layouts.parquet")
     assert frame.height == 3 and set(frame["status"]) == {"ok"}
     assert main(["check", str(tmp_path / "layouts.parquet"), "--tokenizer", tok]) == ExitCode.PASS
+
+
+@pytest.mark.parametrize("matrix", sorted(Path("matrices").glob("*.toml")), ids=lambda p: p.stem)
+def test_every_shipped_matrix_validates(matrix: Path) -> None:
+    from depthgate.models import load_matrix
+
+    loaded = load_matrix(matrix)
+    assert loaded.lengths and loaded.positions
+    assert loaded.baseline.name != loaded.candidate.name
