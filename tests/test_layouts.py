@@ -297,3 +297,36 @@ def test_zh_suite_builds_on_byte_level_and_spm() -> None:
         build_layouts(suite, tok, BuildOptions(lengths=[1024], positions=POSITIONS), out)
         _assert_contract(read_layouts(out), family)
         out.unlink()
+
+
+def test_front_filler_digest_equals_the_core_digest() -> None:
+    """The front hashes the filler once per build; the core would hash it per batch. Same bytes, same ids."""
+    from depthgate.layouts import _fields_digest
+
+    tok = load_tokenizer(TOK / "gpt2" / "tokenizer.json")
+    filler = [" Staff file forms.", "\n\nSection 2. Records.", "\nLegal staff archive boxes."] * 40
+    pool = [" Noted.", " Forms are online.", " Ask the front desk today."]
+    batch = {
+        "assembler_version": "t",
+        "template_digest": "raw",
+        "add_special_tokens": True,
+        "verification": "full",
+        "filler": filler,
+        "pool": pool,
+        "cases": [
+            {
+                "case_id": "c",
+                "case_digest": "c",
+                "prefix": "Handbook",
+                "suffix": "\n\nQ?\nA:",
+                "moving": [{"id": "e", "text": " The code is 4721.", "kind": "evidence"}],
+                "anchored": [],
+                "filler_offset": 0,
+            }
+        ],
+        "lengths": [200],
+        "positions": [{"label": "0.5", "depth": 0.5}],
+    }
+    without = build_batch(tok, batch)["layout_id"].to_list()
+    with_digest = build_batch(tok, {**batch, "filler_digest": _fields_digest([*filler, *pool])})["layout_id"]
+    assert without == with_digest.to_list()

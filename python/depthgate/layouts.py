@@ -246,6 +246,16 @@ def _filler_for(language: str, seed: int, max_length: int, n_cases: int) -> tupl
     return filler_units(seed, language, count), filler_pool(seed, language, 400), stride
 
 
+def _fields_digest(fields: Sequence[str]) -> str:
+    """Same bytes as the core's ``digest::sha256_fields``: each field length-prefixed (u64 LE)."""
+    h = hashlib.sha256()
+    for text in fields:
+        data = text.encode("utf-8")
+        h.update(len(data).to_bytes(8, "little"))
+        h.update(data)
+    return h.hexdigest()
+
+
 def _chunks(cases: Sequence[Case], size: int) -> Iterator[Sequence[Case]]:
     for start in range(0, len(cases), size):
         yield cases[start : start + size]
@@ -283,6 +293,8 @@ def build_layouts(
             lang: _filler_for(lang, options.filler_seed, max(options.lengths), len(cases))
             for lang in languages
         }
+        # Hashed once per build, not once per batch in the core.
+        digests = {lang: _fields_digest([*units, *pool]) for lang, (units, pool, _) in filler.items()}
         part = 0
         for chunk_index, chunk in enumerate(_chunks(cases, _CASES_PER_CHUNK)):
             by_lang: dict[str, list[Case]] = {}
@@ -309,6 +321,7 @@ def build_layouts(
                     "max_output_tokens": options.max_output_tokens,
                     "filler": units,
                     "pool": pool,
+                    "filler_digest": digests[lang],
                     "cases": specs,
                     "lengths": list(options.lengths),
                     "positions": [p.to_spec() for p in options.positions],

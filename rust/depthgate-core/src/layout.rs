@@ -19,7 +19,9 @@
 //!    (`Verification::Fast`). Spans are read from offsets of that final encoding, never guessed.
 
 use std::collections::HashMap;
-use std::sync::RwLock;
+
+use ahash::AHashMap;
+use std::sync::{Arc, OnceLock, RwLock};
 
 use rayon::prelude::*;
 
@@ -50,13 +52,18 @@ const JUNCTION_ANCHOR: &str = "x";
 
 type UnitIdx = u32;
 
-struct Segment {
-    text: String,
-    piece: Piece,
+struct Segment<'s> {
+    /// Borrowed from the batch spec: interning 30K filler units must not copy them.
+    text: &'s str,
+    /// A content unit (checked for special-token strings when first encoded), not a frame.
+    check: bool,
+    /// Encoded on first use (a haystack uses a fraction of the filler it is offered), from the
+    /// tokenizer's cross-batch segment cache when possible.
+    piece: OnceLock<Arc<Piece>>,
 }
 
 #[derive(Clone)]
-struct Junction {
+pub(crate) struct Junction {
     /// Tokens of A (from its end) and of B (from its start) replaced by `ids`; 0/0 when exact.
     drop_a: usize,
     drop_b: usize,
@@ -72,11 +79,11 @@ struct Junction {
 }
 
 /// Holds the tokenized segments of one batch and the junction cache.
-pub struct LayoutEngine<'t> {
+pub struct LayoutEngine<'t, 's> {
     tok: &'t TargetTokenizer,
-    segments: Vec<Segment>,
-    index: HashMap<String, UnitIdx>,
-    junctions: RwLock<HashMap<(UnitIdx, UnitIdx), Junction>>,
+    segments: Vec<Segment<'s>>,
+    index: AHashMap<&'s str, UnitIdx>,
+    junctions: RwLock<AHashMap<(UnitIdx, UnitIdx), Arc<Junction>>>,
 }
 
 struct Refusal {
@@ -120,6 +127,15 @@ fn is_ascii_ws(b: u8) -> bool {
     matches!(b, b' ' | b'\n' | b'\t' | b'\r')
 }
 
+fn seam_key(a: &str, b: &str) -> String {
+    let mut key = String::with_capacity(a.len() + b.len() + 8);
+    key.push_str(&a.len().to_string());
+    key.push(':');
+    key.push_str(a);
+    key.push_str(b);
+    key
+}
+
 fn back_over_ws(text: &str, mut pos: usize) -> usize {
     let bytes = text.as_bytes();
     while pos > 0 && is_ascii_ws(bytes[pos - 1]) {
@@ -142,34 +158,43 @@ fn ws_led_token(text: &str, offsets: &[(usize, usize)], k: usize) -> bool {
         || (is_ascii_ws(bytes[pos - 1]) && (k == 0 || offsets[k - 1].1 < pos))
 }
 
-impl<'t> LayoutEngine<'t> {
-    /// Intern and encode every distinct text of the batch once (in parallel).
-    fn new(tok: &'t TargetTokenizer, texts: Vec<String>) -> Result<Self> {
-        let mut index = HashMap::with_capacity(texts.len());
-        let mut unique = Vec::with_capacity(texts.len());
-        for text in texts {
-            if !index.contains_key(&text) {
-                index.insert(text.clone(), unique.len() as UnitIdx);
-                unique.push(text);
-            }
-        }
-        let pieces: Vec<Result<Piece>> = unique
-            .par_iter()
-            .map(|t| tok.encode_piece(t, false))
-            .collect();
-        let mut segments = Vec::with_capacity(unique.len());
-        for (text, piece) in unique.into_iter().zip(pieces) {
-            segments.push(Segment {
-                text,
-                piece: piece?,
+impl<'t, 's> LayoutEngine<'t, 's> {
+    /// Intern every distinct text of the batch (encoding happens lazily, on first use). Returns the
+    /// engine and each input's segment index, in input order. `check` marks content units, which
+    /// must not contain special-token strings (frames may: templates write them).
+    fn new(tok: &'t TargetTokenizer, texts: Vec<(&'s str, bool)>) -> Result<(Self, Vec<UnitIdx>)> {
+        let mut index = AHashMap::with_capacity(texts.len());
+        let mut segments = Vec::with_capacity(texts.len());
+        let mut order = Vec::with_capacity(texts.len());
+        for (text, check) in texts {
+            let idx = *index.entry(text).or_insert_with(|| {
+                segments.push(Segment {
+                    text,
+                    check,
+                    piece: OnceLock::new(),
+                });
+                (segments.len() - 1) as UnitIdx
             });
+            order.push(idx);
         }
-        Ok(LayoutEngine {
-            tok,
-            segments,
-            index,
-            junctions: RwLock::new(HashMap::new()),
-        })
+        Ok((
+            LayoutEngine {
+                tok,
+                segments,
+                index,
+                junctions: RwLock::new(AHashMap::new()),
+            },
+            order,
+        ))
+    }
+
+    fn piece(&self, seg: UnitIdx) -> Result<&Piece> {
+        let slot = &self.segments[seg as usize];
+        if let Some(piece) = slot.piece.get() {
+            return Ok(piece);
+        }
+        let piece = self.tok.segment(slot.text, slot.check)?;
+        Ok(slot.piece.get_or_init(|| piece))
     }
 
     fn seg(&self, text: &str) -> UnitIdx {
@@ -180,30 +205,42 @@ impl<'t> LayoutEngine<'t> {
         self.segments[seg as usize].text.starts_with(' ')
     }
 
-    fn len(&self, seg: UnitIdx) -> i64 {
-        self.segments[seg as usize].piece.ids.len() as i64
+    fn len(&self, seg: UnitIdx) -> Result<i64> {
+        Ok(self.piece(seg)?.ids.len() as i64)
     }
 
-    fn junction(&self, a: UnitIdx, b: UnitIdx) -> Result<Junction> {
+    fn junction(&self, a: UnitIdx, b: UnitIdx) -> Result<Arc<Junction>> {
         if let Some(j) = self
             .junctions
             .read()
             .expect("junction cache poisoned")
             .get(&(a, b))
         {
-            return Ok(j.clone());
+            return Ok(Arc::clone(j));
         }
-        let j = self.compute_junction(a, b)?;
+        // A seam depends only on the two texts: it is cached per tokenizer across batches too.
+        let key = seam_key(
+            self.segments[a as usize].text,
+            self.segments[b as usize].text,
+        );
+        let j = match self.tok.cached_seam(&key) {
+            Some(j) => j,
+            None => {
+                let j = Arc::new(self.compute_junction(a, b)?);
+                self.tok.cache_seam(key, Arc::clone(&j));
+                j
+            }
+        };
         self.junctions
             .write()
             .expect("junction cache poisoned")
-            .insert((a, b), j.clone());
+            .insert((a, b), Arc::clone(&j));
         Ok(j)
     }
 
     fn compute_junction(&self, a: UnitIdx, b: UnitIdx) -> Result<Junction> {
-        let sa = &self.segments[a as usize];
-        let sb = &self.segments[b as usize];
+        let (sa, sb) = (&self.segments[a as usize], &self.segments[b as usize]);
+        let (pa, pb) = (self.piece(a)?, self.piece(b)?);
         let exact = |provable| Junction {
             drop_a: 0,
             drop_b: 0,
@@ -213,22 +250,22 @@ impl<'t> LayoutEngine<'t> {
             delta: 0,
             provable,
         };
-        if sa.piece.ids.is_empty() || sb.piece.ids.is_empty() {
+        if pa.ids.is_empty() || pb.ids.is_empty() {
             return Ok(exact(true));
         }
         // Left edge: the last whitespace-led token start of A at least MARGIN bytes before the seam.
         let a_len = sa.text.len();
         let mut ka = 0usize;
-        for (k, &(start, _)) in sa.piece.offsets.iter().enumerate().rev() {
-            if start + JUNCTION_MARGIN <= a_len && ws_led_token(&sa.text, &sa.piece.offsets, k) {
+        for (k, &(start, _)) in pa.offsets.iter().enumerate().rev() {
+            if start + JUNCTION_MARGIN <= a_len && ws_led_token(sa.text, &pa.offsets, k) {
                 ka = k;
                 break;
             }
         }
         // Right edge: the first whitespace-led token start of B at least MARGIN bytes after the seam.
-        let mut kb = sb.piece.ids.len();
-        for (k, &(start, _)) in sb.piece.offsets.iter().enumerate().skip(1) {
-            if start >= JUNCTION_MARGIN && ws_led_token(&sb.text, &sb.piece.offsets, k) {
+        let mut kb = pb.ids.len();
+        for (k, &(start, _)) in pb.offsets.iter().enumerate().skip(1) {
+            if start >= JUNCTION_MARGIN && ws_led_token(sb.text, &pb.offsets, k) {
                 kb = k;
                 break;
             }
@@ -239,12 +276,12 @@ impl<'t> LayoutEngine<'t> {
         let a_start = if ka == 0 {
             0
         } else {
-            back_over_ws(&sa.text, sa.piece.offsets[ka].0).max(sa.piece.offsets[ka - 1].1)
+            back_over_ws(sa.text, pa.offsets[ka].0).max(pa.offsets[ka - 1].1)
         };
-        let b_end = if kb == sb.piece.ids.len() {
+        let b_end = if kb == pb.ids.len() {
             sb.text.len()
         } else {
-            back_over_ws(&sb.text, sb.piece.offsets[kb].0).max(sb.piece.offsets[kb - 1].1)
+            back_over_ws(sb.text, pb.offsets[kb].0).max(pb.offsets[kb - 1].1)
         };
         // A window that starts at a whitespace-led token gets a neutral left context ("x"), so
         // tokenizers that treat the start of a string specially (SentencePiece's dummy prefix)
@@ -277,7 +314,7 @@ impl<'t> LayoutEngine<'t> {
                     .encode_ids(&format!("{}{}", sa.text, sb.text), false)?
                     .len() as i64;
                 return Ok(Junction {
-                    delta: joint - sa.piece.ids.len() as i64 - sb.piece.ids.len() as i64,
+                    delta: joint - pa.ids.len() as i64 - pb.ids.len() as i64,
                     ..exact(false)
                 });
             }
@@ -289,21 +326,21 @@ impl<'t> LayoutEngine<'t> {
                 .map(|(s, e)| (s - anchor.len(), e - anchor.len()))
                 .collect();
         }
-        let expected_len = (sa.piece.ids.len() - ka) + kb;
+        let expected_len = (pa.ids.len() - ka) + kb;
         let same = enc.ids.len() == expected_len
-            && enc.ids[..sa.piece.ids.len() - ka] == sa.piece.ids[ka..]
-            && enc.ids[sa.piece.ids.len() - ka..] == sb.piece.ids[..kb];
+            && enc.ids[..pa.ids.len() - ka] == pa.ids[ka..]
+            && enc.ids[pa.ids.len() - ka..] == pb.ids[..kb];
         if same {
             return Ok(exact(true));
         }
         // The seam merges or re-splits tokens. The splice is trustworthy only if both window
         // edges are strictly inside the units (else a neighbouring seam is involved) and the
         // window re-synchronises with the units' own tokens at both edges.
-        let edges_inside = ka > 0 && kb < sb.piece.ids.len();
-        let left_sync = enc.ids.first() == sa.piece.ids.get(ka);
-        let right_sync = enc.ids.last() == sb.piece.ids.get(kb - 1);
+        let edges_inside = ka > 0 && kb < pb.ids.len();
+        let left_sync = enc.ids.first() == pa.ids.get(ka);
+        let right_sync = enc.ids.last() == pb.ids.get(kb - 1);
         Ok(Junction {
-            drop_a: sa.piece.ids.len() - ka,
+            drop_a: pa.ids.len() - ka,
             drop_b: kb,
             delta: enc.ids.len() as i64 - expected_len as i64,
             ids: enc.ids,
@@ -317,7 +354,7 @@ impl<'t> LayoutEngine<'t> {
     fn count(&self, seq: &[UnitIdx]) -> Result<i64> {
         let mut total = 0i64;
         for (i, &s) in seq.iter().enumerate() {
-            total += self.len(s);
+            total += self.len(s)?;
             if i > 0 {
                 total += self.junction(seq[i - 1], s)?.delta;
             }
@@ -334,7 +371,7 @@ impl<'t> LayoutEngine<'t> {
         let mut starts = Vec::with_capacity(seq.len());
         for &s in seq {
             starts.push(text.len());
-            text.push_str(&self.segments[s as usize].text);
+            text.push_str(self.segments[s as usize].text);
         }
         (text, starts)
     }
@@ -395,15 +432,19 @@ impl<'t> LayoutEngine<'t> {
             }
             junctions.push(j);
         }
-        let total: i64 = self.count(seq)?;
-        let mut ids = Vec::with_capacity(total as usize + 4);
-        let mut offsets = Vec::with_capacity(total as usize + 4);
+        let approx: usize = seq
+            .iter()
+            .map(|&s| self.len(s).unwrap_or(0) as usize)
+            .sum::<usize>()
+            + 8;
+        let mut ids = Vec::with_capacity(approx);
+        let mut offsets = Vec::with_capacity(approx);
         if add_special {
             ids.extend_from_slice(&self.tok.special_head);
             offsets.extend(std::iter::repeat_n((0, 0), self.tok.special_head.len()));
         }
         for (i, &s) in seq.iter().enumerate() {
-            let piece = &self.segments[s as usize].piece;
+            let piece = self.piece(s)?;
             let head_drop = if i > 0 { junctions[i - 1].drop_b } else { 0 };
             let tail_drop = if i + 1 < seq.len() {
                 junctions[i].drop_a
@@ -444,7 +485,7 @@ struct Pool {
 impl Pool {
     /// Buckets pool units by their *in-context* token count (after a neutral "x."), which is what
     /// they add mid-prompt; for SentencePiece files that is one less than their standalone count.
-    fn new(engine: &LayoutEngine<'_>, pool: &[String]) -> Result<Self> {
+    fn new(engine: &LayoutEngine<'_, '_>, pool: &[String]) -> Result<Self> {
         let mut map: HashMap<i64, Vec<UnitIdx>> = HashMap::new();
         let anchor_len = engine.tok.encode_ids(JUNCTION_ANCHOR, false)?.len() as i64;
         for text in pool {
@@ -518,26 +559,32 @@ struct CaseContext<'a> {
 /// a malformed spec or a tokenizer failure is an error.
 pub fn build_layouts(tok: &TargetTokenizer, spec: &BatchSpec) -> Result<Vec<Layout>> {
     validate_spec(tok, spec)?;
-    let mut texts: Vec<String> = Vec::new();
-    texts.extend(spec.filler.iter().cloned());
-    texts.extend(spec.pool.iter().cloned());
+    let mut texts: Vec<(&str, bool)> =
+        Vec::with_capacity(spec.filler.len() + spec.pool.len() + 4 * spec.cases.len());
+    texts.extend(spec.filler.iter().map(|t| (t.as_str(), true)));
+    texts.extend(spec.pool.iter().map(|t| (t.as_str(), true)));
     for case in &spec.cases {
-        texts.push(case.prefix.clone());
-        texts.push(case.suffix.clone());
-        texts.extend(case.moving.iter().map(|u| u.text.clone()));
-        texts.extend(case.anchored.iter().map(|u| u.text.clone()));
+        texts.push((&case.prefix, false));
+        texts.push((&case.suffix, false));
+        texts.extend(case.moving.iter().map(|u| (u.text.as_str(), true)));
+        texts.extend(case.anchored.iter().map(|u| (u.text.as_str(), true)));
     }
-    let engine = LayoutEngine::new(tok, texts)?;
+    let (engine, order) = LayoutEngine::new(tok, texts)?;
     let pool = Pool::new(&engine, &spec.pool)?;
-    let filler: Vec<UnitIdx> = spec.filler.iter().map(|t| engine.seg(t)).collect();
-    let filler_digest = sha256_fields(
-        &spec
-            .filler
-            .iter()
-            .chain(spec.pool.iter())
-            .map(String::as_str)
-            .collect::<Vec<_>>(),
-    );
+    let filler: Vec<UnitIdx> = order[..spec.filler.len()].to_vec();
+    // The front passes the filler digest it computed once per build; hashing 2.6 MB of filler per
+    // batch was 4 % of a fast 128K batch.
+    let filler_digest = match &spec.filler_digest {
+        Some(d) => d.clone(),
+        None => sha256_fields(
+            &spec
+                .filler
+                .iter()
+                .chain(spec.pool.iter())
+                .map(String::as_str)
+                .collect::<Vec<_>>(),
+        ),
+    };
 
     let contexts: Vec<CaseContext<'_>> = spec
         .cases
@@ -617,7 +664,9 @@ fn validate_spec(tok: &TargetTokenizer, spec: &BatchSpec) -> Result<()> {
                 "start the unit with ' ' (or '\\n\\n' for a heading) and strip trailing whitespace",
             ));
         }
-        if let Some(special) = tok.find_special_string(text) {
+        // Filler and pool are checked once per text per tokenizer, when first encoded.
+        let content = matches!(field, "moving" | "anchored");
+        if let Some(special) = content.then(|| tok.find_special_string(text)).flatten() {
             return Err(CoreError::spec(
                 field,
                 format!(
@@ -656,7 +705,7 @@ fn preview(text: &str) -> String {
     text.chars().take(40).collect()
 }
 
-fn case_context<'a>(engine: &LayoutEngine<'_>, case: &'a CaseSpec) -> Result<CaseContext<'a>> {
+fn case_context<'a>(engine: &LayoutEngine<'_, '_>, case: &'a CaseSpec) -> Result<CaseContext<'a>> {
     let placed = |id: &str, text: &str, kind| Placed {
         seg: engine.seg(text),
         kind,
@@ -734,7 +783,7 @@ fn refused_layout(
 }
 
 fn layout_id(
-    engine: &LayoutEngine<'_>,
+    engine: &LayoutEngine<'_, '_>,
     spec: &BatchSpec,
     filler_digest: &str,
     case: &CaseSpec,
@@ -763,7 +812,7 @@ fn layout_id(
 }
 
 fn build_case_length(
-    engine: &LayoutEngine<'_>,
+    engine: &LayoutEngine<'_, '_>,
     pool: &Pool,
     filler: &[UnitIdx],
     filler_digest: &str,
@@ -807,18 +856,22 @@ fn build_case_length(
         Ok(h) => h,
         Err(r) => return Ok(refuse_all(r)),
     };
-    let mut out = Vec::with_capacity(spec.positions.len());
-    for (position, id) in spec.positions.iter().zip(ids) {
-        let layout = match place(engine, spec, ctx, &haystack, length, position, id.clone())? {
-            Ok(layout) => layout,
-            Err(r) => refused_layout(spec, ctx, id, length, position, r),
-        };
-        out.push(layout);
-    }
-    Ok(out)
+    // Positions share the haystack and the caches; each places and verifies on its own core.
+    spec.positions
+        .par_iter()
+        .zip(ids)
+        .map(|(position, id)| {
+            Ok(
+                match place(engine, spec, ctx, &haystack, length, position, id.clone())? {
+                    Ok(layout) => layout,
+                    Err(r) => refused_layout(spec, ctx, id, length, position, r),
+                },
+            )
+        })
+        .collect()
 }
 
-fn specials(engine: &LayoutEngine<'_>, spec: &BatchSpec) -> (i64, i64) {
+fn specials(engine: &LayoutEngine<'_, '_>, spec: &BatchSpec) -> (i64, i64) {
     if spec.add_special_tokens {
         (
             engine.tok.special_head.len() as i64,
@@ -832,7 +885,7 @@ fn specials(engine: &LayoutEngine<'_>, spec: &BatchSpec) -> (i64, i64) {
 /// Plan the haystack (everything in the context region except the moving block) of one case at
 /// one length, to the exact token budget.
 fn plan_haystack(
-    engine: &LayoutEngine<'_>,
+    engine: &LayoutEngine<'_, '_>,
     pool: &Pool,
     filler: &[UnitIdx],
     spec: &BatchSpec,
@@ -842,16 +895,20 @@ fn plan_haystack(
     let (head, tail) = specials(engine, spec);
     let block: Vec<UnitIdx> = ctx.moving.iter().map(|p| p.seg).collect();
     let block_tokens = engine.count(&block)?;
-    let fixed = head + tail + engine.len(ctx.prefix) + engine.len(ctx.suffix) + block_tokens;
+    let fixed = head + tail + engine.len(ctx.prefix)? + engine.len(ctx.suffix)? + block_tokens;
     let budget = length as i64 - fixed;
-    let anchored_tokens: i64 = ctx.anchored.iter().map(|(_, p)| engine.len(p.seg)).sum();
+    let anchored_tokens: i64 = ctx
+        .anchored
+        .iter()
+        .map(|(_, p)| engine.len(p.seg))
+        .sum::<Result<i64>>()?;
     if budget < anchored_tokens {
         return Ok(Err(refuse(
             "length_below_fixed_parts",
             format!(
                 "the fixed parts take {} tokens (frame {}, special {}, moving evidence {block_tokens}, anchored units {anchored_tokens}) but only {length} were requested; use a length of at least {}",
                 fixed + anchored_tokens,
-                engine.len(ctx.prefix) + engine.len(ctx.suffix),
+                engine.len(ctx.prefix)? + engine.len(ctx.suffix)?,
                 head + tail,
                 fixed + anchored_tokens
             ),
@@ -879,7 +936,7 @@ fn plan_haystack(
                 if ((*depth * target as f64) <= count as f64 && next_is_space_led)
                     || target - count <= close_zone
                 {
-                    count += engine.len(unit.seg) + engine.junction(prev, unit.seg)?.delta;
+                    count += engine.len(unit.seg)? + engine.junction(prev, unit.seg)?.delta;
                     prev = unit.seg;
                     units.push((*unit).clone());
                     anchored.next();
@@ -899,7 +956,7 @@ fn plan_haystack(
                 )));
             };
             next_filler += 1;
-            count += engine.len(seg) + engine.junction(prev, seg)?.delta;
+            count += engine.len(seg)? + engine.junction(prev, seg)?.delta;
             prev = seg;
             units.push(Placed {
                 seg,
@@ -936,7 +993,7 @@ fn plan_haystack(
             } else {
                 units[pos - 1].seg
             };
-            gap += engine.len(removed.seg) + engine.junction(before, removed.seg)?.delta;
+            gap += engine.len(removed.seg)? + engine.junction(before, removed.seg)?.delta;
         };
         units.extend(closers.into_iter().map(|seg| Placed {
             seg,
@@ -974,7 +1031,7 @@ fn plan_haystack(
 
 /// Insert the moving block into the haystack at the position, build and check the final prompt.
 fn place(
-    engine: &LayoutEngine<'_>,
+    engine: &LayoutEngine<'_, '_>,
     spec: &BatchSpec,
     ctx: &CaseContext<'_>,
     haystack: &Haystack,
@@ -988,14 +1045,14 @@ fn place(
         .first()
         .map(|p| p.seg)
         .unwrap_or(ctx.moving[0].seg);
-    let region_start = head + engine.len(ctx.prefix) + engine.junction(ctx.prefix, first)?.delta;
+    let region_start = head + engine.len(ctx.prefix)? + engine.junction(ctx.prefix, first)?.delta;
     // Token offset (within the haystack) of each unit boundary.
     let mut bounds = Vec::with_capacity(haystack.units.len() + 1);
     bounds.push(0i64);
     let mut prev = ctx.prefix;
     let mut acc = 0i64;
     for (i, p) in haystack.units.iter().enumerate() {
-        acc += engine.len(p.seg)
+        acc += engine.len(p.seg)?
             + if i > 0 {
                 engine.junction(prev, p.seg)?.delta
             } else {
@@ -1028,7 +1085,37 @@ fn place(
     // a placed unit (Llama-3 merges ".\n\n" into one token) is skipped for the next-nearest one,
     // and the extra distance shows up as snap.
     let mut last_refusal = None;
+    let block_first = ctx.moving[0].seg;
+    let block_last = ctx.moving[ctx.moving.len() - 1].seg;
     for &k in order.iter().take(MAX_BOUNDARY_TRIES) {
+        // Where seams are provable, a boundary whose seams merge into the evidence or change the
+        // total is known bad before any encode: skip it for free (Llama-3 ".\n\n" seams otherwise
+        // cost a full encode per retry, docs/benchmarks.md).
+        if engine.tok.fast_unsound_reason.is_none() {
+            let prev = if k == 0 {
+                ctx.prefix
+            } else {
+                haystack.units[k - 1].seg
+            };
+            let next = if k == haystack.units.len() {
+                ctx.suffix
+            } else {
+                haystack.units[k].seg
+            };
+            let (left, right) = (
+                engine.junction(prev, block_first)?,
+                engine.junction(block_last, next)?,
+            );
+            let closed = engine.junction(prev, next)?;
+            let merges = left.drop_a + left.drop_b + right.drop_a + right.drop_b > 0;
+            if merges || left.delta + right.delta != closed.delta {
+                last_refusal = Some(refuse(
+                    "evidence_straddles_token",
+                    "every nearby boundary merges a token across the evidence edge or changes the total",
+                ));
+                continue;
+            }
+        }
         let mut seq_units: Vec<&Placed> =
             Vec::with_capacity(haystack.units.len() + ctx.moving.len());
         seq_units.extend(haystack.units[..k].iter());
@@ -1049,15 +1136,20 @@ fn place(
             ));
             continue;
         }
-        // Spans from the final offsets.
+        // Spans from the final offsets. Char positions are counted in one forward pass (units come
+        // in text order), not from the start of the prompt for every span.
         let mut spans = Vec::new();
         let mut refusal = None;
+        let (mut counted_bytes, mut counted_chars) = (0usize, 0usize);
         for (i, p) in seq_units.iter().enumerate() {
             if !matches!(p.kind, UnitKind::Evidence | UnitKind::Distractor) {
                 continue;
             }
             let seg_text = &engine.segments[p.seg as usize].text;
             let byte_start = measured.unit_starts[i + 1];
+            counted_chars += measured.text[counted_bytes..byte_start].chars().count();
+            counted_bytes = byte_start;
+            let char_start = counted_chars;
             let byte_end = byte_start + seg_text.len();
             match token_span(
                 &measured.offsets,
@@ -1081,9 +1173,8 @@ fn place(
                         kind: p.kind,
                         token_start: ts,
                         token_end: te,
-                        char_start: measured.text[..byte_start].chars().count(),
-                        char_end: measured.text[..byte_start].chars().count()
-                            + seg_text.chars().count(),
+                        char_start,
+                        char_end: char_start + seg_text.chars().count(),
                         sha256: sha256_hex(seg_text.as_bytes()),
                     });
                 }
@@ -1230,14 +1321,15 @@ mod tests {
             "bert-wordpiece",
         ] {
             let tok = shared_tokenizer(family);
-            let engine =
-                LayoutEngine::new(&tok, units.iter().map(|s| s.to_string()).collect()).unwrap();
+            let engine = LayoutEngine::new(&tok, units.iter().map(|s| (*s, false)).collect())
+                .unwrap()
+                .0;
             for a in &units {
                 for b in &units[1..] {
                     let (sa, sb) = (engine.seg(a), engine.seg(b));
                     let j = engine.junction(sa, sb).unwrap();
                     let joint = tok.encode_ids(&format!("{a}{b}"), false).unwrap().len() as i64;
-                    let expected = joint - engine.len(sa) - engine.len(sb);
+                    let expected = joint - engine.len(sa).unwrap() - engine.len(sb).unwrap();
                     if tok.fast_unsound_reason.is_none() || j.provable {
                         assert_eq!(j.delta, expected, "{family}: {a:?} + {b:?}");
                     }

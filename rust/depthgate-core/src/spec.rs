@@ -94,6 +94,9 @@ pub struct BatchSpec {
     pub filler: Vec<String>,
     /// Short-to-long filler sentences used to close the last gap to an exact token count.
     pub pool: Vec<String>,
+    /// sha256 over filler then pool (`digest::sha256_fields`), when the caller already has it.
+    #[serde(default)]
+    pub filler_digest: Option<String>,
     pub cases: Vec<CaseSpec>,
     pub lengths: Vec<usize>,
     pub positions: Vec<PositionSpec>,

@@ -2,7 +2,9 @@
 //! special tokens a post-processor adds around a sequence, the special-token strings evidence must
 //! never contain, and whether boundary-local ("fast") verification is provably sound for it.
 
+use std::collections::HashMap;
 use std::path::Path;
+use std::sync::{Arc, RwLock};
 
 use serde_json::Value;
 use tokenizers::Tokenizer;
@@ -27,9 +29,19 @@ pub struct TargetTokenizer {
     pub special_tail: Vec<u32>,
     /// Contents of added tokens flagged special: evidence containing one is refused.
     pub special_strings: Vec<String>,
+    special_first_chars: Vec<char>,
     /// `None` when junction-local verification is sound for this tokenizer, else why not.
     pub fast_unsound_reason: Option<String>,
+    /// Segments (filler sentences, evidence, frames) encoded once per tokenizer and reused by every
+    /// later batch: re-encoding the filler per batch was 60–93 % of a fast 128K batch
+    /// (docs/benchmarks.md, "Where the time goes").
+    segment_cache: RwLock<HashMap<String, Arc<Piece>>>,
+    /// Verified seams between two segments, keyed by both texts (length-prefixed).
+    seam_cache: RwLock<HashMap<String, Arc<crate::layout::Junction>>>,
 }
+
+/// Upper bound on cached segments (≈ 40 MB of ids and offsets at ~15 tokens a segment).
+const SEGMENT_CACHE_LIMIT: usize = 200_000;
 
 impl TargetTokenizer {
     pub fn from_file(path: &Path) -> Result<Self> {
@@ -59,9 +71,20 @@ impl TargetTokenizer {
             digest: sha256_hex(bytes),
             special_head: Vec::new(),
             special_tail: Vec::new(),
+            special_first_chars: Vec::new(),
             special_strings,
             fast_unsound_reason,
+            segment_cache: RwLock::new(HashMap::new()),
+            seam_cache: RwLock::new(HashMap::new()),
         };
+        let mut firsts: Vec<char> = tok
+            .special_strings
+            .iter()
+            .filter_map(|s| s.chars().next())
+            .collect();
+        firsts.sort_unstable();
+        firsts.dedup();
+        tok.special_first_chars = firsts;
         // Learn what the post-processor adds by encoding a probe with and without special tokens.
         let plain = tok.encode_piece("probe", false)?.ids;
         let with = tok.encode_piece("probe", true)?.ids;
@@ -95,6 +118,54 @@ impl TargetTokenizer {
         })
     }
 
+    /// A segment's encoding (no special tokens), from the per-tokenizer cache when it was seen before.
+    /// With `check`, a text seen for the first time is refused when it contains a special-token
+    /// string (content units; frames may hold special tokens). Checking once per text per tokenizer
+    /// instead of per batch: the per-batch scan of 30K filler units was 8 % of a fast batch.
+    pub fn segment(&self, text: &str, check: bool) -> Result<Arc<Piece>> {
+        if let Some(piece) = self
+            .segment_cache
+            .read()
+            .expect("segment cache poisoned")
+            .get(text)
+        {
+            return Ok(Arc::clone(piece));
+        }
+        if check {
+            if let Some(special) = self.find_special_string(text) {
+                return Err(CoreError::spec(
+                    "filler",
+                    format!(
+                        "unit {:?} contains the special-token string {special:?}",
+                        text.chars().take(40).collect::<String>()
+                    ),
+                    "remove or escape special-token strings from evidence, distractors and filler",
+                ));
+            }
+        }
+        let piece = Arc::new(self.encode_piece(text, false)?);
+        let mut cache = self.segment_cache.write().expect("segment cache poisoned");
+        if cache.len() < SEGMENT_CACHE_LIMIT {
+            cache.insert(text.to_string(), Arc::clone(&piece));
+        }
+        Ok(piece)
+    }
+
+    pub(crate) fn cached_seam(&self, key: &str) -> Option<Arc<crate::layout::Junction>> {
+        self.seam_cache
+            .read()
+            .expect("seam cache poisoned")
+            .get(key)
+            .cloned()
+    }
+
+    pub(crate) fn cache_seam(&self, key: String, seam: Arc<crate::layout::Junction>) {
+        let mut cache = self.seam_cache.write().expect("seam cache poisoned");
+        if cache.len() < SEGMENT_CACHE_LIMIT {
+            cache.insert(key, seam);
+        }
+    }
+
     /// Ids only, for counting and verification.
     pub fn encode_ids(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>> {
         Ok(self.encode_piece(text, add_special_tokens)?.ids)
@@ -104,8 +175,20 @@ impl TargetTokenizer {
         self.inner.token_to_id(token)
     }
 
-    /// The first special-token string that occurs in `text`, if any.
+    /// The first special-token string that occurs in `text`, if any. A text without any first
+    /// character of a special token is cleared in one pass (Llama-3 has 256 special strings, all
+    /// starting with '<'; scanning each one per filler unit was 7 % of a fast batch).
     pub fn find_special_string<'a>(&'a self, text: &str) -> Option<&'a str> {
+        let ascii_only = self.special_first_chars.iter().all(char::is_ascii);
+        let may_contain = if ascii_only {
+            text.bytes()
+                .any(|b| self.special_first_chars.contains(&(b as char)))
+        } else {
+            text.chars().any(|c| self.special_first_chars.contains(&c))
+        };
+        if !may_contain {
+            return None;
+        }
         self.special_strings
             .iter()
             .find(|s| text.contains(s.as_str()))

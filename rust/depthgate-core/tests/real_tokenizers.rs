@@ -122,6 +122,7 @@ fn batch(verification: Verification, lengths: Vec<usize>) -> BatchSpec {
         max_output_tokens: 12,
         filler: filler(4000),
         pool: pool(),
+        filler_digest: None,
         cases: vec![CaseSpec {
             case_id: "hotel-china".into(),
             case_digest: "d1".into(),
