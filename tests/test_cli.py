@@ -181,6 +181,17 @@ def test_run_end_to_end_on_the_embedded_model_and_resume(
     verdict = json.loads((run_dir / "report" / "verdict.json").read_text())
     assert verdict["verdict"] in {"PASS", "FAIL", "INCONCLUSIVE"}
     assert (run_dir / "report" / "report.html").is_file() and (run_dir / "report" / "junit.xml").is_file()
+    # Controls ran beside the matrix and every case of both arms got a failure class.
+    controls = verdict["controls"]
+    assert sum(controls["counts"].values()) == 2 * 2
+    assert {c["category"] for c in controls["cases"]} <= {
+        "task_or_model",
+        "hallucination",
+        "position_or_assembly",
+        "ok",
+        "unknown",
+    }
+    assert "Controls" in (run_dir / "report" / "summary.md").read_text()
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert (
         manifest["systems"]["baseline"]["tokenizer_digest"]

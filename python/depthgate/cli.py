@@ -184,6 +184,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         concurrency=args.concurrency,
         progress=None if not args.progress else True,
         verification=args.verification,
+        controls=not args.no_controls,
     )
     _print_verdict(result, code, html)
     return code
@@ -204,6 +205,12 @@ def _print_verdict(result: object, code: int, html: Path) -> None:
     print(f"verdict: {name}{' + SAFETY' if safety else ''} (exit {int(code)})")
     for reason in list(getattr(result, "reasons", []))[:5]:
         print(f"  {reason}")
+    controls = html.parent / "verdict.json"
+    if controls.is_file():
+        counts = json.loads(controls.read_text(encoding="utf-8")).get("controls") or {}
+        if counts:
+            shown = ", ".join(f"{k} {v}" for k, v in sorted(counts.get("counts", {}).items()))
+            print(f"controls: {shown}")
     print(f"report: {html}")
     print(
         f"        {html.parent / 'summary.md'}, {html.parent / 'verdict.json'}, {html.parent / 'junit.xml'}"
@@ -256,6 +263,11 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--concurrency", type=int, default=4)
     r.add_argument("--verification", default="full", choices=["full", "fast"])
     r.add_argument("--progress", action="store_true", help="progress line even when stderr is not a terminal")
+    r.add_argument(
+        "--no-controls",
+        action="store_true",
+        help="skip the evidence-only and evidence-absent controls run beside the matrix",
+    )
     r.set_defaults(func=_cmd_run)
 
     for name, help_text in (

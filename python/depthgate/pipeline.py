@@ -47,6 +47,8 @@ from depthgate.templates import ChatTemplate, load_chat_template
 
 ARMS = ("baseline", "candidate")
 MANIFEST = "manifest.json"
+CONTROLS_FILE = "controls.parquet"
+CONTROLS_DIR = "controls"
 
 
 def _versions() -> dict[str, str]:
@@ -176,8 +178,10 @@ def run_matrix(
     concurrency: int = 4,
     progress: bool | None = None,
     verification: str = "full",
+    controls: bool = True,
 ) -> tuple[GateResult, ExitCode, Path]:
     from depthgate.backends.base import make_backend
+    from depthgate.controls import build_controls, read_controls
     from depthgate.faults import guard_layouts
     from depthgate.runner import compact, run_pairs
     from depthgate.suites import resolve_suite
@@ -193,24 +197,27 @@ def run_matrix(
     manifest = _freeze_manifest(out, _manifest(matrix, matrix_path, suite, arms))
     positions = parse_positions([str(p) for p in matrix.positions])
 
+    def options_for(a: ArmSetup) -> BuildOptions:
+        return BuildOptions(
+            lengths=matrix.lengths,
+            positions=positions,
+            template=a.template,
+            preamble=a.system.preamble,
+            system=a.system.name,
+            verification="fast" if verification == "fast" else "full",
+            window=a.system.window,
+            max_output_tokens=matrix.decode.max_tokens,
+        )
+
     backends = {}
     jobs: list[tuple[str, Mapping[str, Any]]] = []
+    control_jobs: list[tuple[str, Mapping[str, Any]]] = []
     layouts_by_arm = {}
     try:
         for a in arms:
             layout_path = out / a.arm / "layouts.parquet"
             if not layout_path.is_file():
-                options = BuildOptions(
-                    lengths=matrix.lengths,
-                    positions=positions,
-                    template=a.template,
-                    preamble=a.system.preamble,
-                    system=a.system.name,
-                    verification="fast" if verification == "fast" else "full",
-                    window=a.system.window,
-                    max_output_tokens=matrix.decode.max_tokens,
-                )
-                build_layouts(suite, a.tokenizer, options, layout_path)
+                build_layouts(suite, a.tokenizer, options_for(a), layout_path)
             frame = read_layouts(layout_path)
             backend = make_backend(a.system, tokenizer=None)
             backends[a.arm] = backend
@@ -226,6 +233,24 @@ def run_matrix(
             )
             layouts_by_arm[a.arm] = frame
             jobs.extend((a.arm, row) for row in frame.iter_rows(named=True))
+            if controls:
+                # Controls beside the matrix: evidence-only short input and evidence-absent haystack.
+                control_path = out / a.arm / CONTROLS_FILE
+                if not control_path.is_file():
+                    build_controls(suite, a.tokenizer, options_for(a), control_path)
+                control_frame = guard_layouts(
+                    read_controls(control_path),
+                    tokenizer=a.tokenizer,
+                    template_digest=a.template.digest if a.template else frame["template_digest"][0],
+                    window=backend.window,
+                    max_output_tokens=matrix.decode.max_tokens,
+                )
+                # Evidence-only inputs differ in length between arms (a preamble, a template): they
+                # pair by case and control kind, so their length key is 0 on both arms.
+                control_jobs.extend(
+                    (a.arm, {**row, "target_tokens": 0} if row["control"] == "evidence_only" else row)
+                    for row in control_frame.iter_rows(named=True)
+                )
         print(
             f"depthgate: {manifest['run_id']}: {len(jobs)} layouts × {len(matrix.decode.seeds)} seed(s) "
             f"on 2 arms → {out}",
@@ -242,12 +267,26 @@ def run_matrix(
             manifest_digest=manifest["manifest_digest"],
             progress=progress,
         )
+        if control_jobs:
+            run_pairs(
+                control_jobs,
+                backends,
+                out / CONTROLS_DIR,
+                concurrency=concurrency,
+                seeds=matrix.decode.seeds,
+                decode=matrix.decode,
+                run_id=manifest["run_id"] + "-controls",
+                manifest_digest=manifest["manifest_digest"],
+                progress=progress,
+            )
     finally:
         for backend in backends.values():
             # Closing must not hide the run's own error.
             with contextlib.suppress(Exception):
                 asyncio.run(backend.aclose())
     compact(out)
+    if control_jobs:
+        compact(out / CONTROLS_DIR)
     return gate_run(out, matrix=matrix, suite=suite)
 
 
@@ -314,4 +353,62 @@ def gate_run(
     paths = write_reports(
         result, scored, Path(report_dir) if report_dir else run / "report", manifest=manifest
     )
+    if (run / CONTROLS_DIR).is_dir():
+        _add_controls(run, suite, scored, paths.verdict_json, paths.summary_md)
     return result, exit_code_for(result), paths.report_html
+
+
+def _add_controls(
+    run: Path, suite: Suite, scored: pl.DataFrame, verdict_path: Path, summary_path: Path
+) -> None:
+    """Score the controls run beside the matrix and classify each case's failures: task or model
+    (evidence-only short input fails), position or assembly (only long variants fail), hallucination
+    (evidence-absent answered with a value). Added to verdict.json and summary.md; never changes the
+    verdict itself."""
+    from depthgate.controls import classify_failures, read_controls, score_controls
+    from depthgate.report import load_verdict
+    from depthgate.runner import read_records
+
+    records = read_records(run / CONTROLS_DIR)
+    if records.height == 0:
+        return
+    controls = pl.concat(
+        [read_controls(run / arm / CONTROLS_FILE) for arm in ARMS if (run / arm / CONTROLS_FILE).is_file()]
+    )
+    scored_controls = score_controls(records, suite, controls)
+    classes = classify_failures(scored, scored_controls)
+    scored_controls.write_parquet(run / "scored_controls.parquet")
+    counts = {
+        f"{arm}:{cls}": n
+        for arm, cls, n in classes.group_by("arm", "category").len().sort("arm", "category").iter_rows()
+    }
+    only = scored_controls.filter(pl.col("control") == "evidence_only")
+    only_rate = only["outcome"].eq("pass").sum() / only.height if only.height else None
+    section = {
+        "counts": counts,
+        "cases": classes.to_dicts(),
+        "hallucinated_runs": int(scored_controls["hallucinated"].sum()),
+        "evidence_only_pass_rate": only_rate,
+    }
+    verdict = json.loads(verdict_path.read_text(encoding="utf-8"))
+    verdict["controls"] = json.loads(json.dumps(section, default=str))
+    tmp = verdict_path.with_name(verdict_path.name + ".tmp")
+    tmp.write_text(json.dumps(verdict, indent=2, sort_keys=True), encoding="utf-8")
+    os.replace(tmp, verdict_path)
+    load_verdict(verdict_path)  # still a valid verdict document
+    lines = [
+        "",
+        "### Controls (beside the matrix; they never change the verdict)",
+        "",
+        "| arm | class | cases |",
+        "|---|---|---:|",
+    ]
+    lines += [f"| {k.split(':')[0]} | {k.split(':')[1]} | {v} |" for k, v in sorted(counts.items())]
+    lines += [
+        "",
+        "task_or_model: the evidence-only short input already fails; position_or_assembly: only "
+        "long variants fail; hallucination: a value was given with the evidence removed.",
+        "",
+    ]
+    with summary_path.open("a", encoding="utf-8") as fh:
+        fh.write("\n".join(lines))

@@ -184,6 +184,8 @@ class VerdictDocument(_Strict):
     digests: dict[str, str]
     run: dict[str, str | int | float | bool | None]
     files: dict[str, str]
+    # Added by the pipeline when controls ran beside the matrix (depthgate.controls.classify_failures).
+    controls: dict[str, Any] | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> VerdictDocument:
