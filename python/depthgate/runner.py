@@ -469,10 +469,13 @@ class RunSummary:
 
 
 def _ids(layout: Mapping[str, Any]) -> list[int]:
+    # Rows from polars already hold Python ints: no per-token copy (at 128K tokens a
+    # `[int(t) for t in ids]` copy was the larger part of the harness cost per request,
+    # docs/benchmarks-runner-gate.md).
     ids = layout["token_ids"]
     if hasattr(ids, "tolist"):
-        ids = ids.tolist()
-    return [int(t) for t in ids]
+        return list(ids.tolist())
+    return ids if isinstance(ids, list) else list(ids)
 
 
 class _Run:

@@ -504,7 +504,7 @@ class OpenAICompletionsBackend(_HTTPBackend):
                     field="token_ids",
                     fix="send the layout ids",
                 )
-            prompt: list[int] | str = [int(t) for t in request.token_ids]
+            prompt: list[int] | str = request.token_ids  # already a list of ints: sent as is
         else:
             if request.text is None:
                 raise BackendRequestError(
@@ -549,7 +549,7 @@ class OpenAICompletionsBackend(_HTTPBackend):
         echoed = choice.get("prompt_token_ids", body.get("prompt_token_ids"))
         match: bool | None = None
         if isinstance(echoed, list) and request.token_ids is not None:
-            match = [int(t) for t in echoed] == [int(t) for t in request.token_ids]
+            match = echoed == request.token_ids
         details = usage.get("prompt_tokens_details")
         cached = _int_or_none(details.get("cached_tokens")) if isinstance(details, Mapping) else None
         extra: dict[str, Any] = {"served_model": body.get("model")}
