@@ -19,7 +19,7 @@ from depthgate.exceptions import DepthgateError, ExitCode, InputError
 BUILTIN_CASES = 8
 
 
-def _csv_ints(value: str) -> list[int]:
+def csv_ints(value: str) -> list[int]:
     try:
         return [int(v) for v in value.split(",") if v.strip()]
     except ValueError:
@@ -28,7 +28,7 @@ def _csv_ints(value: str) -> list[int]:
         ) from None
 
 
-def _csv(value: str) -> list[str]:
+def csv_list(value: str) -> list[str]:
     return [v.strip() for v in value.split(",") if v.strip()]
 
 
@@ -239,8 +239,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("matrix", nargs="?", help="a matrices/*.toml file (builds both arms)")
     b.add_argument("--tokenizer", help="tokenizer.json, or 'gguf:' for the embedded model's tokenizer")
     b.add_argument("--chat-template", help="a .jinja file or a tokenizer_config.json; absent = raw frame")
-    b.add_argument("--lengths", type=_csv_ints, default=[1024, 4096])
-    b.add_argument("--positions", type=_csv, default=["0", "0.25", "0.5", "0.75", "1"])
+    b.add_argument("--lengths", type=csv_ints, default=[1024, 4096])
+    b.add_argument("--positions", type=csv_list, default=["0", "0.25", "0.5", "0.75", "1"])
     b.add_argument("--out", default="out")
     b.add_argument("--suite", help="a suite JSON (depthgate suite generate/import); default: built-in suite")
     b.add_argument("--cases", type=int, default=BUILTIN_CASES, help="built-in suite size")

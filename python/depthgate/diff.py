@@ -570,22 +570,11 @@ def cmd_diff_template(args: argparse.Namespace) -> int:
     return _finish(report, args)
 
 
-def _csv_ints(value: str) -> list[int]:
-    try:
-        return [int(v) for v in value.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"{value!r}: expected comma-separated token counts, e.g. 1024,4096"
-        ) from None
-
-
-def _csv(value: str) -> list[str]:
-    return [v.strip() for v in value.split(",") if v.strip()]
-
-
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--lengths", type=_csv_ints, default=[1024])
-    p.add_argument("--positions", type=_csv, default=["0", "0.25", "0.5", "0.75", "1"])
+    from depthgate.cli import csv_ints, csv_list  # the CLI's own list parsers
+
+    p.add_argument("--lengths", type=csv_ints, default=[1024])
+    p.add_argument("--positions", type=csv_list, default=["0", "0.25", "0.5", "0.75", "1"])
     p.add_argument("--cases", type=int, default=8, help="built-in suite size (default 8)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--lang", default="en", choices=["en", "zh"])
