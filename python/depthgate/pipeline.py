@@ -398,6 +398,7 @@ def _add_controls(
     load_verdict(verdict_path)  # still a valid verdict document
     lines = [
         "",
+        "",
         "### Controls (beside the matrix; they never change the verdict)",
         "",
         "| arm | class | cases |",
