@@ -862,7 +862,7 @@ def render_delta_heatmap(result: GateResult) -> bytes:
         fontsize=10,
     )
     bar = fig.colorbar(image, ax=ax, shrink=0.9, pad=0.02)
-    bar.set_label("Δ accuracy (red: candidate worse, blue: better)")
+    bar.set_label("Δ accuracy (red: worse, blue: better)")
     bar.ax.axhline(-plan.margin, color="black", linewidth=1.5, linestyle="--")
     bar.ax.text(1.6, -plan.margin, "−M", transform=bar.ax.get_yaxis_transform(), va="center", fontsize=8)
     return _png(fig)
