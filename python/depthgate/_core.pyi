@@ -5,6 +5,8 @@ from typing import Any, final
 
 import numpy as np
 
+__all__ = ["ASSEMBLER_VERSION", "Tokenizer", "build_layouts", "presend_check", "verify_layouts"]
+
 ASSEMBLER_VERSION: str
 
 @final
