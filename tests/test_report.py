@@ -340,3 +340,15 @@ def test_manifest_digests_and_oracle_counts(scored: pl.DataFrame) -> None:
     for o in counts:
         assert o.passed + o.failed + o.system_fail + o.missing == o.runs
         assert sum(o.system_fail_reasons.values()) == o.system_fail
+
+
+def test_verdict_slice_schema_mirrors_the_gate_slice_result() -> None:
+    """verdict.json's slice schema restates stats.SliceResult field by field (so the document can be
+    validated without the gate); this keeps the two from drifting apart."""
+    import dataclasses
+
+    from depthgate.report import VerdictSlice
+    from depthgate.stats import SliceResult
+
+    gate_fields = [f.name for f in dataclasses.fields(SliceResult)]
+    assert list(VerdictSlice.model_fields) == ["slice", *gate_fields]
