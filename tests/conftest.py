@@ -1,7 +1,8 @@
 """Shared test fixtures.
 
-Real tokenizer and chat-template files live in ``shared/``, a sibling of the repository checkout
-(``/work/shared`` next to ``/work/main`` locally; CI clones the repo next to a copy in the same layout).
+Real tokenizer and chat-template files ship with the repository in ``tests/fixtures/tokenizers``
+(tokenizer.json files gzipped; provenance and licences in its NOTICE.md). ``fixtures_paths``
+materializes them, decompressed, into ``tests/.fixture-cache``; a missing fixture fails the tests.
 """
 
 from __future__ import annotations
@@ -10,12 +11,21 @@ from pathlib import Path
 
 import pytest
 
-SHARED_DIR = Path(__file__).resolve().parents[1].parent / "shared"
+from fixtures_paths import FixtureError, fixtures_root
 
 
 @pytest.fixture(scope="session")
 def shared_dir() -> Path:
-    """The shared/ folder of real test assets; skips (with the path) when it is absent."""
-    if not SHARED_DIR.is_dir():
-        pytest.skip(f"shared test assets not found at {SHARED_DIR}")
-    return SHARED_DIR
+    """A folder holding ``tokenizers/...`` laid out as the original shared/ folder, with plain
+    ``tokenizer.json`` files; fails (naming the file and the fix) when a shipped fixture is missing."""
+    try:
+        return fixtures_root()
+    except FixtureError as exc:
+        pytest.fail(str(exc), pytrace=False)
+
+
+def __getattr__(name: str) -> Path:
+    # `from conftest import SHARED_DIR` (older tests): the materialized root, built on first use.
+    if name == "SHARED_DIR":
+        return fixtures_root()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -9,11 +9,11 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from conftest import SHARED_DIR
 from depthgate.cli import main
 from depthgate.exceptions import ExitCode
+from fixtures_paths import tokenizers_dir
 
-TOK = SHARED_DIR / "tokenizers"
+TOK = tokenizers_dir()
 
 
 def test_build_then_check_roundtrip(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

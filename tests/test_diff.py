@@ -225,13 +225,19 @@ def test_upgrade_matrices_differ_only_in_tokenizer_or_template(name: str) -> Non
     assert differing and differing <= {"tokenizer", "chat_template"}
 
 
-def test_tokenizer_upgrade_matrix_builds_both_arms(tmp_path: Path, shared_dir: Path) -> None:
+def test_tokenizer_upgrade_matrix_builds_both_arms(tmp_path: Path, tok_dir: Path) -> None:
     from depthgate.cli import main
 
-    matrix = REPO / "matrices" / "tokenizer-upgrade.toml"
-    assert main(["build", str(matrix), "--out", str(tmp_path)]) == ExitCode.PASS
+    # The matrix names ../../shared/tokenizers (a checkout next to a shared/ folder); point it at the
+    # materialized fixtures instead, changing nothing else.
+    text = (REPO / "matrices" / "tokenizer-upgrade.toml").read_text(encoding="utf-8")
+    assert text.count('"../../shared/tokenizers/') == 4
+    matrix = tmp_path / "tokenizer-upgrade.toml"
+    matrix.write_text(text.replace('"../../shared/tokenizers/', f'"{tok_dir.as_posix()}/'), encoding="utf-8")
+    out = tmp_path / "out"
+    assert main(["build", str(matrix), "--out", str(out)]) == ExitCode.PASS
     for arm in ("baseline", "candidate"):
-        assert (tmp_path / arm / "layouts.parquet").is_file()
+        assert (out / arm / "layouts.parquet").is_file()
 
 
 def test_gemma_turns_template_frames_every_case() -> None:

@@ -8,7 +8,6 @@ original Hugging Face tokenizers) for vocabularies rebuilt as GGUFs from real to
 from __future__ import annotations
 
 import json
-import os
 import random
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -33,23 +32,6 @@ from depthgate.gguf_tokenizer import (
 pytestmark = pytest.mark.smoke_model
 
 _NO_LLAMA = "llama-cpp-python is not installed (pip install 'depthgate[embedded]')"
-
-# Real tokenizer files and llama.cpp vectors (tests/fixtures/tokenizers when vendored, else the shared
-# research folder).
-_FIXTURE_ROOTS = [
-    Path(os.environ["DEPTHGATE_TOKENIZER_FIXTURES"])
-    if os.environ.get("DEPTHGATE_TOKENIZER_FIXTURES")
-    else None,
-    Path(__file__).parent / "fixtures" / "tokenizers",
-    Path("/work/shared/tokenizers"),
-]
-
-
-def _fixture_root() -> Path | None:
-    for root in _FIXTURE_ROOTS:
-        if root is not None and (root / "test-vectors" / "llama.cpp-vocab").is_dir():
-            return root
-    return None
 
 
 def _llama_cpp() -> Any:
@@ -426,6 +408,7 @@ def _vectors(root: Path, name: str) -> list[tuple[str, list[int]]]:
 )
 def test_reference_vectors(
     tmp_path: Path,
+    shared_dir: Path,
     name: str,
     tokenizer_json: str,
     model: str,
@@ -435,9 +418,8 @@ def test_reference_vectors(
     eos: int,
     unk: int | None,
 ) -> None:
-    root = _fixture_root()
-    if root is None:
-        pytest.skip("llama.cpp tokenizer vectors not found (set DEPTHGATE_TOKENIZER_FIXTURES)")
+    # Real tokenizer files and llama.cpp vectors, shipped in tests/fixtures/tokenizers.
+    root = shared_dir / "tokenizers"
     llama_cpp = _llama_cpp()
     path = _gguf_from_tokenizer_json(
         tmp_path / f"{name}.gguf",

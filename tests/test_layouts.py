@@ -1,5 +1,5 @@
-"""The token-exact layout contract on every real tokenizer family in shared/tokenizers, with the real
-chat templates that fit them: ids == encode(text) (checked here with the *Python* `tokenizers`
+"""The token-exact layout contract on every real tokenizer family in tests/fixtures/tokenizers, with the
+real chat templates that fit them: ids == encode(text) (checked here with the *Python* `tokenizers`
 wheel, independently of the Rust core), exact length, spans read from the final offsets, evidence ids
 identical at every position, haystack identical across positions."""
 
@@ -13,7 +13,6 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer as HFTokenizer
 
-from conftest import SHARED_DIR
 from depthgate.exceptions import SpecError, TokenizerLoadError
 from depthgate.layouts import (
     BuildOptions,
@@ -26,8 +25,9 @@ from depthgate.layouts import (
 )
 from depthgate.suites import builtin_suite, generate_suite
 from depthgate.templates import load_chat_template
+from fixtures_paths import tokenizers_dir
 
-TOK = SHARED_DIR / "tokenizers"
+TOK = tokenizers_dir()
 TPL = TOK / "chat-templates" / "llama.cpp-models-templates"
 
 # (tokenizer family, chat template or None for the raw completion frame)

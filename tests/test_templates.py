@@ -1,7 +1,8 @@
-"""Chat templates render byte-identically to the shared reference renderings, and frames are faithful.
+"""Chat templates render byte-identically to the recorded reference renderings, and frames are faithful.
 
-All templates here are real files from shared/tokenizers (see its README and PROVENANCE files); toy
-templates appear only in the error and sandbox tests, where a real file cannot express the failure.
+All templates here are real files shipped in tests/fixtures/tokenizers (see its NOTICE, README and
+PROVENANCE files); toy templates appear only in the error and sandbox tests, where a real file cannot
+express the failure.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from typing import Any
 import pytest
 from jinja2.exceptions import SecurityError
 
-from conftest import SHARED_DIR
 from depthgate.exceptions import TemplateError
 from depthgate.templates import (
     DEFAULT_PINNED_DATE,
@@ -31,8 +31,9 @@ from depthgate.templates import (
     load_chat_template,
     raw_frame,
 )
+from fixtures_paths import tokenizers_dir
 
-TOKENIZERS = SHARED_DIR / "tokenizers"
+TOKENIZERS = tokenizers_dir()
 CHAT_TEMPLATES = TOKENIZERS / "chat-templates"
 LLAMACPP = CHAT_TEMPLATES / "llama.cpp-models-templates"
 CONFIGS = CHAT_TEMPLATES / "tokenizer_configs"
@@ -51,13 +52,9 @@ CONVERSATIONS: dict[str, list[dict[str, str]]] = {
     ],
 }
 
-needs_shared = pytest.mark.skipif(not TOKENIZERS.is_dir(), reason=f"shared assets absent: {TOKENIZERS}")
-pytestmark = needs_shared
-
 
 def _json(path: Path) -> Any:
-    # Collection must not crash when shared/ is absent: the module-level skip reports it instead.
-    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    return json.loads(path.read_text(encoding="utf-8"))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -93,7 +90,7 @@ REFERENCE_RAISES = [
 
 def test_reference_files_were_found() -> None:
     # 39 ok renderings in RENDERED.json + 9 in the family VALIDATION files (3 + 1 recorded errors):
-    # guards against a silently empty parametrization if the shared layout changes.
+    # guards against a silently empty parametrization if the fixture layout changes.
     assert len(REFERENCE_OK) == 48
     assert len(REFERENCE_RAISES) == 4
 

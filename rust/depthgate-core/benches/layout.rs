@@ -82,13 +82,19 @@ pub mod methods {
         }
     }
 
-    /// `../shared/tokenizers/<family>/tokenizer.json` next to the repository.
+    /// `tests/fixtures/tokenizers/<family>/tokenizer.json.gz`, shipped gzipped (see its NOTICE.md).
     pub fn tokenizer(family: &str) -> TargetTokenizer {
+        use std::io::Read;
         let path = repo()
-            .join("../shared/tokenizers")
+            .join("tests/fixtures/tokenizers")
             .join(family)
-            .join("tokenizer.json");
-        TargetTokenizer::from_file(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+            .join("tokenizer.json.gz");
+        let mut json = Vec::new();
+        std::fs::File::open(&path)
+            .and_then(|file| flate2::read::GzDecoder::new(file).read_to_end(&mut json))
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        TargetTokenizer::from_bytes(&json, &path.display().to_string())
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
     }
 
     /// Filler units the Python front passes for one case (`layouts.py::_filler_for`, 1 case).

@@ -1282,16 +1282,19 @@ fn token_span(
     Ok((ts, te))
 }
 
+// The tokenizer-fixture helper of the integration tests (path relative to this file's folder).
+#[cfg(test)]
+#[path = "../tests/common/mod.rs"]
+mod test_fixtures;
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn shared_tokenizer(family: &str) -> TargetTokenizer {
-        let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join("../../../shared/tokenizers")
-            .join(family)
-            .join("tokenizer.json");
-        TargetTokenizer::from_file(&path).unwrap()
+    /// A real tokenizer shipped (gzipped) in tests/fixtures/tokenizers.
+    fn fixture_tokenizer(family: &str) -> TargetTokenizer {
+        let (json, label) = test_fixtures::tokenizer_json(family);
+        TargetTokenizer::from_bytes(&json, &label).unwrap()
     }
 
     /// Every seam delta equals the joint encoding's, for adversarial units (tabs, double spaces,
@@ -1320,7 +1323,7 @@ mod tests {
             "mistral-7b-v1",
             "bert-wordpiece",
         ] {
-            let tok = shared_tokenizer(family);
+            let tok = fixture_tokenizer(family);
             let engine = LayoutEngine::new(&tok, units.iter().map(|s| (*s, false)).collect())
                 .unwrap()
                 .0;

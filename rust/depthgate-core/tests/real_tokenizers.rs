@@ -1,7 +1,8 @@
-//! Integration tests on the real tokenizer families in ../shared/tokenizers: every emitted layout
-//! must satisfy ids == encode(text), exact length, and spans read from the final offsets.
+//! Integration tests on the real tokenizer families shipped in tests/fixtures/tokenizers (gzipped,
+//! see its NOTICE.md): every emitted layout must satisfy ids == encode(text), exact length, and spans
+//! read from the final offsets.
 
-use std::path::PathBuf;
+mod common;
 
 use depthgate_core::spec::{
     AnchoredSpec, BatchSpec, CaseSpec, PositionSpec, UnitKind, UnitSpec, Verification,
@@ -10,22 +11,9 @@ use depthgate_core::{
     build_layouts, presend_check, verify_layout, SendContract, Status, TargetTokenizer,
 };
 
-fn shared() -> PathBuf {
-    let here = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    // rust/depthgate-core -> repo -> its parent holds shared/
-    here.join("../../../shared")
-        .canonicalize()
-        .expect("shared/ next to the repository")
-}
-
 fn tokenizer(family: &str) -> TargetTokenizer {
-    TargetTokenizer::from_file(
-        &shared()
-            .join("tokenizers")
-            .join(family)
-            .join("tokenizer.json"),
-    )
-    .unwrap()
+    let (json, label) = common::tokenizer_json(family);
+    TargetTokenizer::from_bytes(&json, &label).unwrap()
 }
 
 const FAMILIES: &[&str] = &[
