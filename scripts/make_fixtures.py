@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from depthgate.filler import filler_pool, filler_units
+from depthgate.spec.filler import filler_pool, filler_units
 
 SEED = 0
 LANGUAGE = "en"

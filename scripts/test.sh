@@ -5,4 +5,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 cargo test --release -p depthgate-core
+# Every import points down the pipeline (contracts in pyproject.toml [tool.importlinter]).
+.venv/bin/lint-imports
 .venv/bin/python -m pytest -q -p no:cacheprovider "$@"

@@ -13,9 +13,9 @@ pytest.importorskip(
 
 from tokenizers import Tokenizer
 
-from depthgate.backends.llamacpp import EmbeddedLlamaBackend, Generation
 from depthgate.exceptions import DepthgateError, InputError
-from depthgate.gguf_tokenizer import gemma_default_gguf, tokenizer_from_gguf
+from depthgate.layout.gguf_tokenizer import gemma_default_gguf, tokenizer_from_gguf
+from depthgate.run.backends.llamacpp import EmbeddedLlamaBackend, Generation
 
 pytestmark = pytest.mark.smoke_model
 

@@ -13,11 +13,17 @@ vllm = pytest.importorskip(
     "vllm", reason="vllm is not installed (optional extra: pip install depthgate[vllm])"
 )
 
-from depthgate.backends.base import Request  # noqa: E402
-from depthgate.backends.vllm_offline import VLLMOfflineBackend  # noqa: E402
-from depthgate.gguf_tokenizer import gemma_default_gguf, tokenizer_json_from_gguf  # noqa: E402
-from depthgate.layouts import BuildOptions, build_layouts, load_tokenizer, parse_positions, read_layouts  # noqa: E402
-from depthgate.suites import builtin_suite  # noqa: E402
+from depthgate.layout.gguf_tokenizer import gemma_default_gguf, tokenizer_json_from_gguf  # noqa: E402
+from depthgate.layout.layouts import (  # noqa: E402
+    BuildOptions,
+    build_layouts,
+    load_tokenizer,
+    parse_positions,
+    read_layouts,
+)
+from depthgate.run.backends.base import Request  # noqa: E402
+from depthgate.run.backends.vllm_offline import VLLMOfflineBackend  # noqa: E402
+from depthgate.spec.suites import builtin_suite  # noqa: E402
 
 
 @pytest.mark.smoke_model

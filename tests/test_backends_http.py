@@ -40,7 +40,9 @@ from typing import Any
 import httpx
 import pytest
 
-from depthgate.backends.base import (
+from depthgate.exceptions import InfraError
+from depthgate.run.backends import make_backend
+from depthgate.run.backends.base import (
     Backend,
     BackendRequestError,
     OverLengthError,
@@ -48,16 +50,17 @@ from depthgate.backends.base import (
     Secret,
     TransientBackendError,
     api_key_from_env,
-    make_backend,
 )
-from depthgate.backends.http import (
+from depthgate.run.backends.http import (
     AnthropicBackend,
+    HTTPOptions,
     OpenAIChatBackend,
     OpenAICompletionsBackend,
     is_overlength_error,
 )
-from depthgate.exceptions import InfraError
-from depthgate.models import DecodeParams, System
+from depthgate.run.retry import RetryPolicy
+from depthgate.run.runner import RunOptions, read_records, run_pairs
+from depthgate.spec.models import DecodeParams, System
 
 # --------------------------------------------------------------------------------------------------
 # a tiny stub HTTP server (recorded shapes)
@@ -167,6 +170,20 @@ async def _once(backend: Any, request: Request) -> Any:
         return await backend.generate(request)
     finally:
         await backend.aclose()
+
+
+def _run_one(backend: Any, out: Path, retry: RetryPolicy) -> dict[str, Any]:
+    """One job ([1, 2, 3], seed 0) through the runner with ``retry``; its record."""
+    layout = {
+        "layout_id": "l1", "case_id": "c1", "target_tokens": 3, "position": "0.5",
+        "token_ids": [1, 2, 3], "text": "x", "status": "ok",
+    }  # fmt: skip
+    options = RunOptions(
+        run_id="retry", manifest_digest="r" * 64, decode=DecodeParams(max_tokens=4, seeds=[0]),
+        concurrency=1, progress=False, retry=retry,
+    )  # fmt: skip
+    run_pairs([("baseline", layout)], {"baseline": backend}, out, options)
+    return read_records(out).row(0, named=True)
 
 
 # --- recorded vLLM shapes (research/api_facts.md §2) ---------------------------------------------
@@ -395,7 +412,9 @@ def test_recorded_shapes_overlength_400_raises_overlength_and_other_400_request_
     assert len([p for p in stub.paths() if p == "/v1/completions"]) == 2  # neither was retried
 
 
-def test_recorded_shapes_503_is_retried_and_retry_after_honoured(stub: Stub) -> None:
+def test_recorded_shapes_503_is_retried_by_the_runner_and_retry_after_honoured(
+    stub: Stub, tmp_path: Path
+) -> None:
     calls = {"n": 0}
 
     def flaky(body: Any, headers: dict[str, str]) -> Reply:
@@ -408,36 +427,37 @@ def test_recorded_shapes_503_is_retried_and_retry_after_honoured(stub: Stub) -> 
 
     stub.routes[("GET", "/v1/models")] = lambda b, h: (200, VLLM_MODELS, {})
     stub.routes[("POST", "/v1/completions")] = flaky
-    backend = OpenAICompletionsBackend(
-        "tiny", base_url=stub.url, vllm=True, max_attempts=3, backoff_base_s=0.01, backoff_max_s=0.02
-    )
+    backend = OpenAICompletionsBackend("tiny", base_url=stub.url, vllm=True)
+    with pytest.raises(TransientBackendError) as info:  # the backend itself makes one attempt
+        run(_once(backend, _req([1, 2, 3])))
+    assert info.value.status == 503 and stub.paths().count("/v1/completions") == 1
+    # The runner retries with the run's one policy; the server's Retry-After wins over the backoff.
     start = time.monotonic()
-    resp = run(_once(backend, _req([1, 2, 3])))
+    rec = _run_one(backend, tmp_path, RetryPolicy(max_attempts=3, backoff_base_s=0.01, backoff_max_s=0.02))
     elapsed = time.monotonic() - start
-    assert resp.attempts == 3 and resp.prompt_tokens_server == 3
+    assert rec["status"] == "ok" and rec["attempts"] == 2 and rec["prompt_tokens_server"] == 3
     assert 0.3 <= elapsed < 5.0  # the 0.3 s Retry-After was waited, not the 10 ms backoff
 
 
-def test_recorded_shapes_persistent_500_gives_transient_error_after_max_attempts(stub: Stub) -> None:
+def test_recorded_shapes_persistent_500_is_infra_error_after_the_policy_attempts(
+    stub: Stub, tmp_path: Path
+) -> None:
     stub.routes[("GET", "/v1/models")] = lambda b, h: (200, VLLM_MODELS, {})
     engine_dead = {
         "error": {"message": "EngineCore encountered an issue.", "type": "InternalServerError", "code": 500}
     }
     stub.routes[("POST", "/v1/completions")] = lambda b, h: (500, engine_dead, {})
-    backend = OpenAICompletionsBackend(
-        "tiny", base_url=stub.url, vllm=True, max_attempts=3, backoff_base_s=0.01
-    )
-    with pytest.raises(TransientBackendError, match="gave up after 3 attempt") as info:
-        run(_once(backend, _req([1, 2, 3])))
-    assert info.value.attempts == 3 and info.value.status == 500
-    assert stub.paths().count("/v1/completions") == 3
+    backend = OpenAICompletionsBackend("tiny", base_url=stub.url, vllm=True)
+    rec = _run_one(backend, tmp_path, RetryPolicy(max_attempts=3, backoff_base_s=0.01))
+    assert rec["status"] == "infra_error" and rec["attempts"] == 3 and "HTTP 500" in rec["error"]
+    assert stub.paths().count("/v1/completions") == 3  # one policy: 3 tries in all, not 3 × 3
 
 
 def test_recorded_shapes_timeout_is_transient(stub: Stub) -> None:
     stub.routes[("POST", "/v1/completions")] = _vllm_completion
     stub.delay_s = 1.0
     backend = OpenAICompletionsBackend(
-        "tiny", base_url=stub.url, check_served_model=False, max_attempts=1, timeout_s=0.2
+        "tiny", base_url=stub.url, check_served_model=False, options=HTTPOptions(timeout_s=0.2)
     )
     backend._probed = True  # skip /v1/models (it would time out too)
     with pytest.raises(TransientBackendError, match="timed out"):
@@ -446,12 +466,11 @@ def test_recorded_shapes_timeout_is_transient(stub: Stub) -> None:
 
 def test_unreachable_endpoint_is_a_clear_infra_error_naming_the_url() -> None:
     url = f"http://127.0.0.1:{_free_port()}"
-    backend = OpenAICompletionsBackend("tiny", base_url=url, max_attempts=2, backoff_base_s=0.01)
+    backend = OpenAICompletionsBackend("tiny", base_url=url)
     with pytest.raises(InfraError) as info:
         run(_once(backend, _req([1, 2, 3])))
     assert isinstance(info.value, TransientBackendError)
     assert f"cannot reach {url}/v1/models" in str(info.value)
-    assert "gave up after 2 attempt" in str(info.value)
 
 
 # --- recorded OpenAI chat shapes (research/api_facts.md §4.1) ------------------------------------
@@ -550,7 +569,6 @@ def test_recorded_shapes_anthropic_messages(stub: Stub) -> None:
     assert resp.text == "4821" and resp.finish_reason == "stop"
     assert resp.prompt_tokens_server == 1500 and resp.prefix_cache_hit_tokens == 1491
     assert resp.extra["count_tokens"] == 1500 and resp.completion_tokens == 11
-    assert resp.attempts == 2
 
 
 def test_recorded_shapes_anthropic_overlength(stub: Stub) -> None:
@@ -612,7 +630,7 @@ def _fake_vllm(window: int, calls: list[Any]) -> types.ModuleType:
 
 
 def test_recorded_shapes_vllm_offline(monkeypatch: pytest.MonkeyPatch) -> None:
-    from depthgate.backends.vllm_offline import VLLMOfflineBackend
+    from depthgate.run.backends.vllm_offline import VLLMOfflineBackend
 
     calls: list[Any] = []
     monkeypatch.setitem(sys.modules, "vllm", _fake_vllm(256, calls))
@@ -631,7 +649,7 @@ def test_recorded_shapes_vllm_offline(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_vllm_offline_without_vllm_is_a_clear_infra_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    from depthgate.backends.vllm_offline import VLLMOfflineBackend
+    from depthgate.run.backends.vllm_offline import VLLMOfflineBackend
 
     monkeypatch.setitem(sys.modules, "vllm", None)  # import vllm -> ImportError
     with pytest.raises(InfraError, match="vLLM is not installed") as info:
@@ -689,10 +707,9 @@ def test_api_key_never_leaks(
     stub.routes[("POST", "/v1/chat/completions")] = echo_401
     stub.routes[("POST", "/v1/messages/count_tokens")] = echo_500
     caplog.set_level(logging.DEBUG)
-    chat = make_backend(_system(backend="openai", endpoint=stub.url), max_attempts=2)
-    anthropic = make_backend(_system(backend="anthropic", endpoint=stub.url), max_attempts=2)
+    chat = make_backend(_system(backend="openai", endpoint=stub.url))
+    anthropic = make_backend(_system(backend="anthropic", endpoint=stub.url))
     assert isinstance(anthropic, AnthropicBackend)
-    anthropic.backoff_base_s = 0.01
     errors: list[BaseException] = []
     for backend in (chat, anthropic):
         try:
@@ -734,7 +751,7 @@ class LlamaServer:
 @pytest.fixture(scope="module")
 def llama_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaServer]:
     pytest.importorskip("llama_cpp.server.app", reason="llama-cpp-python[server] is not installed")
-    from depthgate.gguf_tokenizer import gemma_default_gguf, tokenizer_from_gguf
+    from depthgate.layout.gguf_tokenizer import gemma_default_gguf, tokenizer_from_gguf
 
     gguf = gemma_default_gguf()
     port = _free_port()
@@ -788,7 +805,7 @@ def _local_ids(server: LlamaServer, text: str) -> list[int]:
 
 @pytest.mark.smoke_model
 def test_llamacpp_python_server_rejects_token_id_prompts(llama_server: LlamaServer) -> None:
-    backend = OpenAICompletionsBackend("gemma3-270m", base_url=llama_server.url, max_attempts=1)
+    backend = OpenAICompletionsBackend("gemma3-270m", base_url=llama_server.url)
     with pytest.raises(BackendRequestError, match="does not accept token-id prompts") as info:
         run(_once(backend, _req(_local_ids(llama_server, PROMPT))))
     assert info.value.status == 500  # pydantic string_type errors, reported as HTTP 500 by this server
@@ -826,7 +843,7 @@ def test_llamacpp_python_server_silent_clamp_is_caught_by_the_runner(
 ) -> None:
     """A 2,040-token prompt with max_tokens 16 in a 2,048 window: the server clamps max_tokens to 8
     without an error; the runner records it as system_fail max_tokens_clamped."""
-    from depthgate.runner import read_records, run_pairs
+    from depthgate.run.runner import RunOptions, read_records, run_pairs
 
     sentence = " The access code for vault 7 is 4821."
     text = "Handbook."
@@ -843,12 +860,14 @@ def test_llamacpp_python_server_silent_clamp_is_caught_by_the_runner(
         [("baseline", layout)],
         {"baseline": backend},
         tmp_path,
-        concurrency=1,
-        seeds=[0],
-        decode=DecodeParams(max_tokens=16, stop=[]),
-        run_id="clamp",
-        manifest_digest="d",
-        progress=False,
+        RunOptions(
+            concurrency=1,
+            seeds=[0],
+            decode=DecodeParams(max_tokens=16, stop=[]),
+            run_id="clamp",
+            manifest_digest="d",
+            progress=False,
+        ),
     )
     rec = read_records(tmp_path).row(0, named=True)
     assert summary.system_fail == 1

@@ -9,7 +9,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from depthgate.cli import main
+from depthgate.commands.cli import main
 from depthgate.exceptions import ExitCode
 from fixtures_paths import tokenizers_dir
 
@@ -260,7 +260,7 @@ def test_replayed_incidents_get_position_variants(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("matrix", sorted(Path("matrices").glob("*.toml")), ids=lambda p: p.stem)
 def test_every_shipped_matrix_validates(matrix: Path) -> None:
-    from depthgate.models import load_matrix
+    from depthgate.spec.models import load_matrix
 
     loaded = load_matrix(matrix)
     assert loaded.lengths and loaded.positions

@@ -8,8 +8,8 @@ from typing import Any
 import polars as pl
 import pytest
 
-from depthgate.controls import CATEGORIES, CONTROLS_SCHEMA, build_controls, classify_failures, score_controls
-from depthgate.layouts import (
+from depthgate.judge.controls import CATEGORIES, classify_failures, score_controls
+from depthgate.layout.layouts import (
     BuildOptions,
     Tokenizer,
     build_layouts,
@@ -18,9 +18,10 @@ from depthgate.layouts import (
     parse_positions,
     read_layouts,
 )
-from depthgate.models import Suite
-from depthgate.suites import builtin_suite
-from depthgate.templates import load_chat_template
+from depthgate.layout.templates import load_chat_template
+from depthgate.run.controls import CONTROLS_SCHEMA, build_controls
+from depthgate.spec.models import Suite
+from depthgate.spec.suites import builtin_suite
 
 
 @pytest.fixture(scope="module")
@@ -202,19 +203,19 @@ def test_score_controls_hallucination_rule(suite: Suite, shared_dir: Path, tmp_p
 @pytest.fixture(scope="module")
 def gemma_tokenizer() -> Tokenizer:
     pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed")
-    from depthgate.cli import resolve_tokenizer_path
+    from depthgate.layout.gguf_tokenizer import resolve_tokenizer_path
 
     return load_tokenizer(resolve_tokenizer_path("gguf:"))
 
 
 @pytest.mark.smoke_model
 def test_controls_on_the_embedded_model(gemma_tokenizer: Tokenizer, tmp_path: Path) -> None:
-    from depthgate.backends.base import EmbeddedBackendAdapter
-    from depthgate.backends.llamacpp import EmbeddedLlamaBackend
-    from depthgate.gguf_tokenizer import gemma_default_gguf, tokenizer_from_gguf
-    from depthgate.models import DecodeParams
-    from depthgate.oracle import score_records
-    from depthgate.runner import read_records, run_pairs
+    from depthgate.judge.oracle import score_records
+    from depthgate.layout.gguf_tokenizer import gemma_default_gguf, tokenizer_from_gguf
+    from depthgate.run.backends.base import EmbeddedBackendAdapter
+    from depthgate.run.backends.llamacpp import EmbeddedLlamaBackend
+    from depthgate.run.runner import RunOptions, read_records, run_pairs
+    from depthgate.spec.models import DecodeParams
 
     suite = builtin_suite(2)
     options = BuildOptions(lengths=[512], positions=parse_positions(["0.5"]), system="gemma")
@@ -233,12 +234,14 @@ def test_controls_on_the_embedded_model(gemma_tokenizer: Tokenizer, tmp_path: Pa
                 [("gemma", r) for r in frame.iter_rows(named=True)],
                 {"gemma": EmbeddedBackendAdapter(backend, name="gemma", owns=False)},
                 tmp_path / name,
-                concurrency=1,
-                seeds=None,
-                decode=decode,
-                run_id=name,
-                manifest_digest="d" * 64,
-                progress=False,
+                RunOptions(
+                    concurrency=1,
+                    seeds=None,
+                    decode=decode,
+                    run_id=name,
+                    manifest_digest="d" * 64,
+                    progress=False,
+                ),
             )
     finally:
         backend.close()
@@ -253,7 +256,7 @@ def test_controls_on_the_embedded_model(gemma_tokenizer: Tokenizer, tmp_path: Pa
 
 @pytest.mark.smoke_model
 def test_prefix_cache_control_on_three_layouts(gemma_tokenizer: Tokenizer, tmp_path: Path) -> None:
-    from depthgate.cache import run_cache_control_embedded
+    from depthgate.run.cache import run_cache_control_embedded
 
     path = tmp_path / "layouts.parquet"
     build_layouts(

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from depthgate import diff
-from depthgate.diff import assert_no_reuse, diff_templates, diff_tokenizers
+from depthgate.commands import diff
+from depthgate.commands.diff import assert_no_reuse, diff_templates, diff_tokenizers
 from depthgate.exceptions import ExitCode, TemplateError, VerificationError
-from depthgate.layouts import BuildOptions, build_layouts, load_tokenizer, parse_positions
-from depthgate.models import Suite, System, load_matrix
-from depthgate.suites import builtin_suite
+from depthgate.layout.layouts import BuildOptions, build_layouts, load_tokenizer, parse_positions
+from depthgate.spec.models import Suite, System, load_matrix
+from depthgate.spec.suites import builtin_suite
 
 REPO = Path(__file__).resolve().parents[1]
 POSITIONS = ["0", "0.5", "1"]
@@ -226,7 +226,7 @@ def test_upgrade_matrices_differ_only_in_tokenizer_or_template(name: str) -> Non
 
 
 def test_tokenizer_upgrade_matrix_builds_both_arms(tmp_path: Path, tok_dir: Path) -> None:
-    from depthgate.cli import main
+    from depthgate.commands.cli import main
 
     # The matrix names ../../shared/tokenizers (a checkout next to a shared/ folder); point it at the
     # materialized fixtures instead, changing nothing else.
@@ -241,8 +241,8 @@ def test_tokenizer_upgrade_matrix_builds_both_arms(tmp_path: Path, tok_dir: Path
 
 
 def test_gemma_turns_template_frames_every_case() -> None:
-    from depthgate.layouts import case_frame
-    from depthgate.templates import load_chat_template
+    from depthgate.layout.layouts import case_frame
+    from depthgate.layout.templates import load_chat_template
 
     template = load_chat_template(REPO / "matrices" / "templates" / "gemma-turns.jinja")
     for case in builtin_suite(8).cases:

@@ -13,9 +13,8 @@ from typing import Any
 import polars as pl
 import pytest
 
-from depthgate import faults
-from depthgate.exceptions import ExitCode, InputError
-from depthgate.faults import (
+from depthgate.commands import faults
+from depthgate.commands.faults import (
     FAULT_NAMES,
     FaultResult,
     duplicate_distractor,
@@ -24,7 +23,8 @@ from depthgate.faults import (
     run_faults,
     stale_tokenizer_variant,
 )
-from depthgate.layouts import (
+from depthgate.exceptions import ExitCode, InputError
+from depthgate.layout.layouts import (
     LAYOUT_SCHEMA,
     BuildOptions,
     Tokenizer,
@@ -33,9 +33,9 @@ from depthgate.layouts import (
     parse_positions,
     read_layouts,
 )
-from depthgate.models import Suite
-from depthgate.suites import builtin_suite
-from depthgate.templates import load_chat_template, raw_frame
+from depthgate.layout.templates import load_chat_template, raw_frame
+from depthgate.spec.models import Suite
+from depthgate.spec.suites import builtin_suite
 
 RAW = raw_frame(user_before="", user_after="").template_digest
 

@@ -18,7 +18,7 @@ import pytest
 from tokenizers import Tokenizer
 
 from depthgate.exceptions import InputError, TokenizerLoadError
-from depthgate.gguf_tokenizer import (
+from depthgate.layout.gguf_tokenizer import (
     ProbeMismatch,
     ProbeReport,
     gemma_default_gguf,

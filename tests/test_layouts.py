@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from tokenizers import Tokenizer as HFTokenizer
 
 from depthgate.exceptions import SpecError, TokenizerLoadError
-from depthgate.layouts import (
+from depthgate.layout.layouts import (
     BuildOptions,
     build_batch,
     build_layouts,
@@ -23,8 +23,8 @@ from depthgate.layouts import (
     parse_positions,
     read_layouts,
 )
-from depthgate.suites import builtin_suite, generate_suite
-from depthgate.templates import load_chat_template
+from depthgate.layout.templates import load_chat_template
+from depthgate.spec.suites import builtin_suite, generate_suite
 from fixtures_paths import tokenizers_dir
 
 TOK = tokenizers_dir()
@@ -301,7 +301,7 @@ def test_zh_suite_builds_on_byte_level_and_spm() -> None:
 
 def test_front_filler_digest_equals_the_core_digest() -> None:
     """The front hashes the filler once per build; the core would hash it per batch. Same bytes, same ids."""
-    from depthgate.layouts import _fields_digest
+    from depthgate.layout.layouts import _fields_digest
 
     tok = load_tokenizer(TOK / "gpt2" / "tokenizer.json")
     filler = [" Staff file forms.", "\n\nSection 2. Records.", "\nLegal staff archive boxes."] * 40

@@ -12,7 +12,7 @@ import pytest
 from pydantic import ValidationError
 
 from depthgate.exceptions import InputError, SpecError
-from depthgate.models import (
+from depthgate.spec.models import (
     AnalysisPlan,
     BuiltinSuiteRef,
     Case,

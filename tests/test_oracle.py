@@ -1,4 +1,4 @@
-"""Tests of the oracle (depthgate.oracle) on real generated cases.
+"""Tests of the oracle (depthgate.judge.oracle) on real generated cases.
 
 Outputs are written the way the embedded base model produces them: the continuation of the cloze answer
 prefix (``claim.text`` minus ``case.answer_prefix``, e.g. ``" 415 USD per night."``), sometimes followed by
@@ -15,8 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from depthgate.exceptions import InputError
-from depthgate.models import Case, Claim, Distractor, EvidenceDoc, Suite
-from depthgate.oracle import (
+from depthgate.judge.oracle import (
     SCORE_COLUMNS,
     Score,
     answer_line,
@@ -25,8 +24,9 @@ from depthgate.oracle import (
     score,
     score_records,
 )
-from depthgate.stats import GatePlan, gate
-from depthgate.suites import generate_suite
+from depthgate.judge.stats import GatePlan, gate
+from depthgate.spec.models import Case, Claim, Distractor, EvidenceDoc, Suite
+from depthgate.spec.suites import generate_suite
 
 PATTERNS_WITH_EVIDENCE = ("single", "override", "exception", "order", "negation")
 

@@ -1,4 +1,4 @@
-"""Tests of the reports (depthgate.report) on a seeded synthetic run with one planted regression."""
+"""Tests of the reports (depthgate.report.report) on a seeded synthetic run with one planted regression."""
 
 from __future__ import annotations
 
@@ -14,9 +14,10 @@ import polars as pl
 import pytest
 from pydantic import ValidationError
 
-import depthgate.report as report
+import depthgate.report.report as report
 from depthgate.exceptions import ExitCode, InputError
-from depthgate.report import (
+from depthgate.judge.stats import GatePlan, GateResult, SliceStatus, Verdict, gate
+from depthgate.report.report import (
     HEATMAP_ACCURACY,
     HEATMAP_DELTA,
     VerdictDocument,
@@ -27,7 +28,6 @@ from depthgate.report import (
     slice_key,
     write_reports,
 )
-from depthgate.stats import GatePlan, GateResult, SliceStatus, Verdict, gate
 
 PLANTED = (2048, "0.5")
 SHORT = (4096, "1.0")  # only a few cases: INCONCLUSIVE
@@ -347,8 +347,8 @@ def test_verdict_slice_schema_mirrors_the_gate_slice_result() -> None:
     validated without the gate); this keeps the two from drifting apart."""
     import dataclasses
 
-    from depthgate.report import VerdictSlice
-    from depthgate.stats import SliceResult
+    from depthgate.judge.stats import SliceResult
+    from depthgate.report.report import VerdictSlice
 
     gate_fields = [f.name for f in dataclasses.fields(SliceResult)]
     assert list(VerdictSlice.model_fields) == ["slice", *gate_fields]

@@ -27,7 +27,8 @@ from typing import Any
 import polars as pl
 import pytest
 
-from depthgate.backends.base import (
+from depthgate.exceptions import InfraError, InputError, PlanChangedError
+from depthgate.run.backends.base import (
     Backend,
     BackendRequestError,
     OverLengthError,
@@ -35,11 +36,11 @@ from depthgate.backends.base import (
     Response,
     TransientBackendError,
 )
-from depthgate.exceptions import InfraError, InputError, PlanChangedError
-from depthgate.models import DecodeParams
-from depthgate.runner import (
+from depthgate.run.runner import (
     RECORD_SCHEMA,
     RECORDS_FILE,
+    RetryPolicy,
+    RunOptions,
     _DirLock,
     compact,
     interleaved_order,
@@ -47,6 +48,7 @@ from depthgate.runner import (
     read_records,
     run_pairs,
 )
+from depthgate.spec.models import DecodeParams
 
 PYTHON_DIR = Path(__file__).resolve().parents[1] / "python"
 ARMS = ("baseline", "candidate")
@@ -131,6 +133,7 @@ class FakeBackend:
 
 
 def _run(tmp: Path, backends: dict[str, Any], job_list: list[Any] | None = None, **kw: Any) -> Any:
+    retry = {k: kw.pop(k) for k in ("max_attempts", "breaker_after") if k in kw}
     args: dict[str, Any] = {
         "concurrency": 4,
         "seeds": [0, 1, 2],
@@ -138,12 +141,11 @@ def _run(tmp: Path, backends: dict[str, Any], job_list: list[Any] | None = None,
         "run_id": "run-1",
         "manifest_digest": "a" * 64,
         "progress": False,
-        "backoff_base_s": 0.001,
-        "backoff_max_s": 0.01,
+        "retry": RetryPolicy(backoff_base_s=0.001, backoff_max_s=0.01, **retry),
         "flush_seconds": 0.05,
     }
     args.update(kw)
-    return run_pairs(jobs() if job_list is None else job_list, backends, tmp, **args)
+    return run_pairs(jobs() if job_list is None else job_list, backends, tmp, RunOptions(**args))
 
 
 def _backends(**kw: Any) -> dict[str, FakeBackend]:
@@ -393,9 +395,9 @@ def slow_server() -> Iterator[str]:
 CHILD = textwrap.dedent(
     """
     import json, sys
-    from depthgate.backends.http import OpenAICompletionsBackend
-    from depthgate.models import DecodeParams
-    from depthgate.runner import run_pairs
+    from depthgate.run.backends.http import OpenAICompletionsBackend
+    from depthgate.spec.models import DecodeParams
+    from depthgate.run.runner import RunOptions, run_pairs
 
     def make_jobs():
         out = []
@@ -413,9 +415,10 @@ CHILD = textwrap.dedent(
         url, out_dir = sys.argv[1], sys.argv[2]
         backends = {arm: OpenAICompletionsBackend("stub", base_url=url, name=arm, vllm=True)
                     for arm in ("baseline", "candidate")}
-        summary = run_pairs(make_jobs(), backends, out_dir, concurrency=4, seeds=[0, 1],
-                            decode=DecodeParams(max_tokens=1, seeds=[0, 1]), run_id="crash",
-                            manifest_digest="c" * 64, progress=False, batch_size=3, flush_seconds=0.3)
+        options = RunOptions(run_id="crash", manifest_digest="c" * 64,
+                             decode=DecodeParams(max_tokens=1, seeds=[0, 1]), concurrency=4,
+                             seeds=[0, 1], progress=False, batch_size=3, flush_seconds=0.3)
+        summary = run_pairs(make_jobs(), backends, out_dir, options)
         print(json.dumps({"total": summary.total, "already_done": summary.already_done,
                           "written": summary.written, "complete": summary.complete}))
     """
@@ -484,10 +487,11 @@ def test_sigkill_mid_run_then_resume_loses_and_duplicates_nothing(slow_server: s
 @pytest.mark.smoke_model
 def test_embedded_llamacpp_adapter_runs_two_layouts(tmp_path: Path) -> None:
     pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed")
-    from depthgate.backends.base import EmbeddedBackendAdapter, make_backend
-    from depthgate.backends.llamacpp import EmbeddedLlamaBackend
-    from depthgate.gguf_tokenizer import gemma_default_gguf, tokenizer_from_gguf
-    from depthgate.models import System
+    from depthgate.layout.gguf_tokenizer import gemma_default_gguf, tokenizer_from_gguf
+    from depthgate.run.backends import make_backend
+    from depthgate.run.backends.base import EmbeddedBackendAdapter
+    from depthgate.run.backends.llamacpp import EmbeddedLlamaBackend
+    from depthgate.spec.models import System
 
     tokenizer = tokenizer_from_gguf(gemma_default_gguf())
     facts = [("vault 7", "4821"), ("locker 12", "3967"), ("archive " + "and archive " * 150, "1111")]
@@ -522,12 +526,14 @@ def test_embedded_llamacpp_adapter_runs_two_layouts(tmp_path: Path) -> None:
             rows,
             backends,
             tmp_path,
-            concurrency=2,
-            seeds=[0],
-            decode=DecodeParams(max_tokens=6),
-            run_id="embedded",
-            manifest_digest="e" * 64,
-            progress=False,
+            RunOptions(
+                run_id="embedded",
+                manifest_digest="e" * 64,
+                decode=DecodeParams(max_tokens=6),
+                concurrency=2,
+                seeds=[0],
+                progress=False,
+            ),
         )
     finally:
         for backend in (backends["candidate"], baseline):  # the baseline adapter owns the model

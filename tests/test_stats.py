@@ -1,4 +1,4 @@
-"""Tests of the statistical release gate (depthgate.stats) against shared/research/stats_gate.md.
+"""Tests of the statistical release gate (depthgate.judge.stats) against shared/research/stats_gate.md.
 
 * Golden values: the published Newcombe-10 tables and every number of spec §5.1, §2.8 and §3.
 * A transcription of the spec's Appendix A ``gate_lib.py`` is the reference implementation: the gate's
@@ -28,7 +28,7 @@ from statsmodels.stats.multitest import multipletests
 from statsmodels.stats.proportion import proportion_confint
 
 from depthgate.exceptions import InputError, SpecError
-from depthgate.stats import (
+from depthgate.judge.stats import (
     METHOD_COMBINED,
     METHOD_NEWCOMBE,
     GatePlan,
@@ -553,7 +553,7 @@ def test_result_is_json_ready(harness_result):
 _SUBPROCESS = """
 import json, sys
 import polars as pl
-from depthgate.stats import GatePlan, gate
+from depthgate.judge.stats import GatePlan, gate
 plan = GatePlan(floor=0.70, bootstrap_reps=999, bootstrap_seed=7)
 print(json.dumps(gate(pl.read_ipc(sys.argv[1]), plan).to_dict(), sort_keys=True))
 """

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from depthgate.exceptions import SpecError
-from depthgate.models import (
+from depthgate.spec.models import (
     BuiltinSuiteRef,
     Case,
     FileSuiteRef,
@@ -19,7 +19,7 @@ from depthgate.models import (
     find_special_token,
     unit_contract_violation,
 )
-from depthgate.suites import (
+from depthgate.spec.suites import (
     COMPETING_DEPTHS,
     DISTRACTORS_PER_CASE,
     REGIONS,

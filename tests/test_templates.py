@@ -22,7 +22,7 @@ import pytest
 from jinja2.exceptions import SecurityError
 
 from depthgate.exceptions import TemplateError
-from depthgate.templates import (
+from depthgate.layout.templates import (
     DEFAULT_PINNED_DATE,
     SLOT_SENTINEL,
     ChatTemplate,

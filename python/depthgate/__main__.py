@@ -1,5 +1,5 @@
 import sys
 
-from depthgate.cli import main
+from depthgate.commands.cli import main
 
 sys.exit(main())

@@ -1,5 +1,5 @@
 """Type stub for the Rust extension ``depthgate._core`` (rust/depthgate-py). Private: use
-``depthgate.layouts`` instead."""
+``depthgate.layout.layouts`` instead."""
 
 from typing import Any, final
 

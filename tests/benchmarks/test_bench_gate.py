@@ -2,7 +2,8 @@
 
 Opt-in (``-m bench``). The measurement runs in a **fresh child process** (this file run as a script with
 ``--json``), so its peak RSS is the gate's and the report's, not pytest's. The synthetic scored frame has
-the columns of :func:`depthgate.oracle.score_records` (record columns + ``outcome``, ``safety``, the list
+the columns of :func:`depthgate.judge.oracle.score_records` (record columns + ``outcome``,
+``safety``, the list
 columns, ``score_reason``): 2 arms × 4 lengths × 5 positions × 500 cases × 50 seeds = 10⁶ rows by
 default, with per-case difficulty, a mild candidate drop at one depth, 1 % system failures and 0.5 %
 missing runs. Timed separately: ``stats.gate`` (with the spec's 9,999 bootstrap replicates and the
@@ -174,7 +175,7 @@ def index_bootstrap_t(
 
     import numpy as np
 
-    from depthgate.stats import BootstrapBounds
+    from depthgate.judge.stats import BootstrapBounds
 
     d = np.asarray(differences, dtype=np.float64)
     n = d.size
@@ -214,13 +215,13 @@ def index_bootstrap_t(
 def measure(cases: int, seeds: int, reps: int, out_dir: Path, profile_dir: Path | None) -> dict[str, Any]:
     import polars as pl
 
-    import depthgate.stats
-    from depthgate.report import write_reports
-    from depthgate.stats import GatePlan, gate
+    import depthgate.judge.stats
+    from depthgate.judge.stats import GatePlan, gate
+    from depthgate.report.report import write_reports
 
     whatif = os.environ.get("DEPTHGATE_BENCH_GATE_WHATIF", "")
     if whatif == "index-bootstrap":
-        depthgate.stats.bootstrap_t = index_bootstrap_t
+        depthgate.judge.stats.bootstrap_t = index_bootstrap_t
     elif whatif:
         raise SystemExit(f"unknown DEPTHGATE_BENCH_GATE_WHATIF {whatif!r}")
 

@@ -424,7 +424,7 @@ def run_httpx_loop(url: str, jobs: list[tuple[str, dict[str, Any]]], cfg: Config
 
 
 def _backends(url: str) -> dict[str, Any]:
-    from depthgate.backends.http import OpenAICompletionsBackend
+    from depthgate.run.backends.http import OpenAICompletionsBackend
 
     return {
         arm: OpenAICompletionsBackend(
@@ -435,7 +435,7 @@ def _backends(url: str) -> dict[str, Any]:
 
 
 def run_backend_only(url: str, jobs: list[tuple[str, dict[str, Any]]], cfg: Config, out: Path) -> int:
-    from depthgate.backends.base import Request
+    from depthgate.run.backends.base import Request
 
     async def main() -> int:
         backends = _backends(url)
@@ -464,8 +464,8 @@ def run_backend_only(url: str, jobs: list[tuple[str, dict[str, Any]]], cfg: Conf
 
 
 def run_runner(url: str, jobs: list[tuple[str, dict[str, Any]]], cfg: Config, out: Path) -> int:
-    from depthgate.models import DecodeParams
-    from depthgate.runner import run_pairs
+    from depthgate.run.runner import RunOptions, run_pairs
+    from depthgate.spec.models import DecodeParams
 
     backends = _backends(url)
     try:
@@ -473,12 +473,14 @@ def run_runner(url: str, jobs: list[tuple[str, dict[str, Any]]], cfg: Config, ou
             jobs,
             backends,
             out,
-            concurrency=cfg.concurrency,
-            seeds=[0],
-            decode=DecodeParams(max_tokens=12, seeds=[0]),
-            run_id="bench",
-            manifest_digest="b" * 64,
-            progress=False,
+            RunOptions(
+                concurrency=cfg.concurrency,
+                seeds=[0],
+                decode=DecodeParams(max_tokens=12, seeds=[0]),
+                run_id="bench",
+                manifest_digest="b" * 64,
+                progress=False,
+            ),
         )
     finally:
         for backend in backends.values():

@@ -94,7 +94,7 @@ fn build_layouts<'py>(
         spec_error(
             "spec",
             e,
-            "build the spec with depthgate.layouts (pydantic), not by hand",
+            "build the spec with depthgate.layout.layouts (pydantic), not by hand",
         )
     })?;
     let (flat, offsets, meta) = detached(py, || {

@@ -30,6 +30,7 @@ from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalize
 from tokenizers.processors import TemplateProcessing
 
 from depthgate.exceptions import InfraError, InputError, TokenizerLoadError
+from depthgate.spec.paths import resolve_relative
 
 __all__ = [
     "CONVERTER_VERSION",
@@ -738,7 +739,8 @@ class ProbeReport:
             f"{self.n_probes} probe strings ({shown})",
             file=file,
             field="tokenizer",
-            fix="use the tokenizer converted from this GGUF (depthgate.gguf_tokenizer.tokenizer_from_gguf) "
+            fix="use the tokenizer converted from this GGUF "
+            "(depthgate.layout.gguf_tokenizer.tokenizer_from_gguf) "
             "or the model's exact tokenizer.json; if that was used, the GGUF's tokenizer.ggml.pre type "
             "is not reproduced by the converter — report it with the mismatching strings",
         )
@@ -765,3 +767,20 @@ def verify_against_llamacpp(
             if expected != got:
                 mismatches.append(ProbeMismatch(text, add_special, expected, got))
     return ProbeReport(n_probes=n, mismatches=tuple(mismatches))
+
+
+def resolve_tokenizer_path(spec: str, *, base_dir: Path | None = None) -> Path:
+    """A tokenizer path, or ``gguf:`` (the embedded Gemma model) / ``gguf:<file>`` (any GGUF)."""
+    if spec.startswith("gguf:"):
+        target = spec[len("gguf:") :]
+        gguf = resolve_relative(target, base_dir) if target else gemma_default_gguf()
+        return tokenizer_json_from_gguf(gguf)
+    path = resolve_relative(spec, base_dir)
+    if not path.is_file():
+        raise InputError(
+            "tokenizer file not found",
+            file=str(path),
+            field="tokenizer",
+            fix="pass the path of a tokenizer.json, or 'gguf:' for the embedded model",
+        )
+    return path

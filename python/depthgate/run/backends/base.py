@@ -1,4 +1,5 @@
-"""The typed protocol every backend implements, its error classes and the factory.
+"""The typed protocol every backend implements, and its error classes (the factory,
+:func:`depthgate.run.backends.make_backend`, sits one level up).
 
 A backend turns one :class:`Request` (a layout, an arm, a seed and the decode parameters) into one
 :class:`Response`. Every backend is async; a backend that is synchronous underneath (llama.cpp in
@@ -7,7 +8,8 @@ process, vLLM offline) runs its calls one at a time in a dedicated worker thread
 Errors a backend raises, and what the runner does with them:
 
 * :class:`TransientBackendError` (HTTP 429/5xx, timeouts, refused connections, a crashed engine): retried
-  with exponential backoff; a job still failing is recorded as ``infra_error`` and re-run on resume.
+  by the runner with the run's one policy (:mod:`depthgate.run.retry`); a job still failing is recorded
+  as ``infra_error`` and re-run on resume.
 * :class:`OverLengthError` (the server refused the prompt as longer than its window): a *system* failure
   of the layout, recorded as ``system_fail`` with reason ``overflow``; never retried.
 * :class:`BackendRequestError` (any other refused request: 4xx, an unknown model, a bad parameter): the
@@ -23,18 +25,14 @@ import asyncio
 import concurrent.futures
 import os
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
 from depthgate.exceptions import BackendError, DepthgateError, ExitCode, InfraError, InputError
 
 if TYPE_CHECKING:
-    from tokenizers import Tokenizer
-
-    from depthgate.backends.llamacpp import EmbeddedLlamaBackend
-    from depthgate.models import System
+    from depthgate.run.backends.llamacpp import EmbeddedLlamaBackend
 
 __all__ = [
     "Backend",
@@ -46,7 +44,6 @@ __all__ = [
     "Secret",
     "TransientBackendError",
     "api_key_from_env",
-    "make_backend",
 ]
 
 T = TypeVar("T")
@@ -59,8 +56,8 @@ class TransientBackendError(BackendError):
     """A failure worth retrying: HTTP 429/5xx, a timeout, a refused or dropped connection.
 
     ``summary`` is a short description without any server-supplied text (safe for records and logs);
-    ``retry_after`` the server's ``Retry-After`` in seconds when it sent one; ``attempts`` how many
-    attempts the backend made before giving up.
+    ``retry_after`` the server's ``Retry-After`` in seconds when it sent one. A backend makes one
+    attempt; the runner retries (:class:`depthgate.run.retry.RetryPolicy`).
     """
 
     def __init__(
@@ -69,7 +66,6 @@ class TransientBackendError(BackendError):
         *,
         summary: str | None = None,
         retry_after: float | None = None,
-        attempts: int = 1,
         status: int | None = None,
         file: str | None = None,
         field: str | None = None,
@@ -78,7 +74,6 @@ class TransientBackendError(BackendError):
         super().__init__(message, file=file, field=field, fix=fix)
         self.summary = summary or message
         self.retry_after = retry_after
-        self.attempts = attempts
         self.status = status
 
 
@@ -219,7 +214,6 @@ class Response:
     server_prompt_ids_match: bool | None = None
     system_fingerprint: str | None = None
     prefix_cache_hit_tokens: int | None = None
-    attempts: int = 1
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -253,7 +247,7 @@ _OVERLENGTH_WORDS = re.compile(r"exceeds the context window", re.IGNORECASE)
 
 
 class EmbeddedBackendAdapter:
-    """:class:`~depthgate.backends.llamacpp.EmbeddedLlamaBackend` behind the async protocol.
+    """:class:`~depthgate.run.backends.llamacpp.EmbeddedLlamaBackend` behind the async protocol.
 
     llama.cpp is synchronous and holds one context, so calls run one at a time on a single dedicated
     worker thread (concurrency 1 whatever the runner's concurrency). Only the newline stop is supported
@@ -340,137 +334,6 @@ class EmbeddedBackendAdapter:
         if backend is not None and self._owns:
             await asyncio.get_running_loop().run_in_executor(self._executor, backend.close)
         self._executor.shutdown(wait=False)
-
-
-# --------------------------------------------------------------------------------------------------
-# factory
-
-
-def _tokenizer_for(system: System, model_path: Path | None) -> Tokenizer | None:
-    """The tokenizer named by ``system.tokenizer``: ``gguf:`` (from the model), ``gguf:<path>`` or a
-    ``tokenizer.json`` path. ``None`` = let the embedded backend convert it from the model."""
-    spec = system.tokenizer
-    if spec == "gguf:":
-        return None
-    from depthgate.gguf_tokenizer import tokenizer_from_gguf
-
-    if spec.startswith("gguf:"):
-        return tokenizer_from_gguf(spec[len("gguf:") :])
-    from tokenizers import Tokenizer
-
-    path = Path(spec)
-    if not path.is_file():
-        raise InputError(
-            "tokenizer file not found",
-            file=str(path),
-            field=f"{system.name}.tokenizer",
-            fix='give a tokenizer.json path, or "gguf:" to read it from the GGUF model',
-        )
-    return Tokenizer.from_file(str(path))
-
-
-_DEFAULT_MODEL_NAMES = frozenset({"default", "gemma3-270m", "gemma-3-270m", "gemma3-270m-q4-k-m"})
-
-_DEFAULT_KEY_ENV: Mapping[str, str] = {"openai": "OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY"}
-
-
-def make_backend(
-    system: System,
-    *,
-    tokenizer: Tokenizer | None = None,
-    api_key_env: str | None = None,
-    prompt_format: Literal["token_ids", "text"] | None = None,
-    api: Literal["chat", "completions"] | None = None,
-    max_attempts: int = 4,
-    timeout_s: float = 300.0,
-    count_tolerance: float | None = None,
-    n_threads: int | None = None,
-    reuse_prefix: bool = False,
-    vllm_kwargs: Mapping[str, Any] | None = None,
-) -> Backend:
-    """The backend of one system (one arm).
-
-    * ``llamacpp`` without endpoint: llama.cpp in process (:class:`EmbeddedBackendAdapter`); ``model`` is
-      a ``.gguf`` path or ``"gemma3-270m"`` (the packaged default); ``window`` sets ``n_ctx`` (default
-      4096). With an endpoint: an OpenAI-compatible ``/v1/completions`` server; ``llama-server`` accepts
-      token ids (the default), the llama-cpp-python server only text (pass ``prompt_format="text"``).
-    * ``vllm``: :class:`~depthgate.backends.vllm_offline.VLLMOfflineBackend` (token ids).
-    * ``vllm-server``: :class:`~depthgate.backends.http.OpenAICompletionsBackend` (token ids,
-      ``return_token_ids``, ``max_model_len`` from ``/v1/models``).
-    * ``openai``: :class:`~depthgate.backends.http.OpenAIChatBackend` (text; ``api="completions"`` for a
-      compatible server that takes token ids). Key from ``OPENAI_API_KEY`` (or ``api_key_env``); required
-      for api.openai.com, optional for a self-hosted endpoint.
-    * ``anthropic``: :class:`~depthgate.backends.http.AnthropicBackend`; key from ``ANTHROPIC_API_KEY``
-      (or ``api_key_env``), always required.
-    """
-    kind = system.backend
-    if kind == "llamacpp" and system.endpoint is None:
-        from depthgate.backends.llamacpp import EmbeddedLlamaBackend
-
-        model_path = None if system.model in _DEFAULT_MODEL_NAMES else Path(system.model)
-        tok = tokenizer if tokenizer is not None else _tokenizer_for(system, model_path)
-        embedded = EmbeddedLlamaBackend(
-            model_path,
-            n_ctx=system.window or 4096,
-            tokenizer=tok,
-            reuse_prefix=reuse_prefix,
-            n_threads=n_threads,
-        )
-        return EmbeddedBackendAdapter(embedded, name=system.name)
-    if kind == "vllm":
-        from depthgate.backends.vllm_offline import VLLMOfflineBackend
-
-        return VLLMOfflineBackend(
-            system.model, name=system.name, window=system.window, engine_kwargs=dict(vllm_kwargs or {})
-        )
-
-    from depthgate.backends import http
-
-    if kind == "anthropic":
-        key = api_key_from_env(api_key_env or _DEFAULT_KEY_ENV["anthropic"], what="Anthropic")
-        return http.AnthropicBackend(
-            system.model,
-            base_url=system.endpoint or http.ANTHROPIC_URL,
-            api_key=key,
-            name=system.name,
-            window=system.window,
-            max_attempts=max_attempts,
-            timeout_s=timeout_s,
-            count_tolerance=http.TEXT_COUNT_TOLERANCE if count_tolerance is None else count_tolerance,
-        )
-    if kind == "openai" and (api or "chat") == "chat":
-        env = api_key_env or _DEFAULT_KEY_ENV["openai"]
-        key = api_key_from_env(env, required=system.endpoint is None, what="OpenAI")
-        return http.OpenAIChatBackend(
-            system.model,
-            base_url=system.endpoint or http.OPENAI_URL,
-            api_key=key,
-            name=system.name,
-            window=system.window,
-            max_attempts=max_attempts,
-            timeout_s=timeout_s,
-            count_tolerance=http.TEXT_COUNT_TOLERANCE if count_tolerance is None else count_tolerance,
-        )
-    # OpenAI-compatible /v1/completions: vllm-server, llamacpp with an endpoint, openai with api="completions"
-    endpoint = system.endpoint or http.OPENAI_URL
-    key = None
-    if api_key_env is not None:
-        key = api_key_from_env(api_key_env, what=endpoint)
-    elif kind == "openai":
-        key = api_key_from_env(_DEFAULT_KEY_ENV["openai"], required=system.endpoint is None, what="OpenAI")
-    fmt = prompt_format or "token_ids"
-    return http.OpenAICompletionsBackend(
-        system.model,
-        base_url=endpoint,
-        api_key=key,
-        name=system.name,
-        window=system.window,
-        prompt_format=fmt,
-        vllm=kind == "vllm-server",
-        max_attempts=max_attempts,
-        timeout_s=timeout_s,
-        count_tolerance=0.0 if count_tolerance is None else count_tolerance,
-    )
 
 
 def redact_all(text: str, secrets: Sequence[Secret | None]) -> str:

@@ -580,7 +580,7 @@ class System(_Frozen):
 
 
 class BuiltinSuiteRef(_Frozen):
-    """The built-in generated suite (:func:`depthgate.suites.builtin_suite`)."""
+    """The built-in generated suite (:func:`depthgate.spec.suites.builtin_suite`)."""
 
     kind: Literal["builtin"] = "builtin"
     cases: StrictInt = Field(default=8, ge=1)
@@ -805,7 +805,10 @@ def _default_fix(error: Mapping[str, Any], field: str) -> str:
     if kind == "missing":
         return f"add `{last}`"
     if kind == "extra_forbidden":
-        return f"remove `{last}` or correct its spelling (depthgate.models.schema() lists the allowed fields)"
+        return (
+            f"remove `{last}` or correct its spelling "
+            "(depthgate.spec.models.schema() lists the allowed fields)"
+        )
     if kind == "literal_error":
         return f"use one of {ctx.get('expected', 'the allowed values')}"
     if kind in {"greater_than", "greater_than_equal", "less_than", "less_than_equal"}:

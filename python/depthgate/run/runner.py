@@ -34,14 +34,15 @@ import time
 import uuid
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import IO, Any
 
 import polars as pl
 
-from depthgate.backends.base import (
+from depthgate.exceptions import InfraError, InputError, PlanChangedError
+from depthgate.run.backends.base import (
     Backend,
     BackendRequestError,
     OverLengthError,
@@ -49,8 +50,8 @@ from depthgate.backends.base import (
     Response,
     TransientBackendError,
 )
-from depthgate.exceptions import InfraError, InputError, PlanChangedError
-from depthgate.models import DecodeParams
+from depthgate.run.retry import CircuitBreaker, RetryPolicy
+from depthgate.spec.models import DecodeParams
 
 __all__ = [
     "FINAL_STATUSES",
@@ -58,6 +59,8 @@ __all__ = [
     "RECORD_KEY",
     "RECORD_SCHEMA",
     "Job",
+    "RetryPolicy",
+    "RunOptions",
     "RunSummary",
     "arun_pairs",
     "compact",
@@ -67,7 +70,7 @@ __all__ = [
     "run_pairs",
 ]
 
-log = logging.getLogger("depthgate.runner")
+log = logging.getLogger("depthgate.run.runner")
 
 RECORDS_DIR = "records"
 RECORDS_FILE = "records.parquet"
@@ -457,6 +460,7 @@ class RunSummary:
     infra_error: int
     shards_written: int
     elapsed_s: float
+    circuit_open: str | None = None
 
     @property
     def written(self) -> int:
@@ -478,25 +482,49 @@ def _ids(layout: Mapping[str, Any]) -> list[int]:
     return ids if isinstance(ids, list) else list(ids)
 
 
+@dataclass(frozen=True)
+class RunOptions:
+    """How one call of :func:`run_pairs` runs.
+
+    ``run_id``, ``manifest_digest``: written to every record; a folder holding another run or digest
+    is refused. ``decode``: ``max_tokens``, ``temperature``, ``stop`` and the default seed set.
+    ``seeds``: the seed set run on every layout of every arm (``None``: ``decode.seeds``).
+    ``concurrency``: requests in flight at most (a backend may serialize further). ``progress``: a
+    progress line on stderr (``None``: only when stderr is a terminal). ``retry``: the one retry policy
+    and circuit breaker (:class:`~depthgate.run.retry.RetryPolicy`). ``batch_size``, ``flush_seconds``:
+    records are written as a shard every ``batch_size`` records or ``flush_seconds``, whichever comes
+    first, and at the end.
+    """
+
+    run_id: str
+    manifest_digest: str
+    decode: DecodeParams
+    concurrency: int = 4
+    seeds: Sequence[int] | None = None
+    progress: bool | None = True
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    batch_size: int = 64
+    flush_seconds: float = 5.0
+
+    def __post_init__(self) -> None:
+        if self.concurrency < 1 or self.batch_size < 1:
+            raise InputError(
+                "concurrency and batch_size must be ≥ 1",
+                field="concurrency",
+                fix="use positive integers",
+            )
+        if not self.run_id or not self.manifest_digest:
+            raise InputError("run_id and manifest_digest must be non-empty", field="run_id", fix="pass both")
+
+
 class _Run:
-    def __init__(
-        self,
-        *,
-        backends: Mapping[str, Backend],
-        run_id: str,
-        manifest_digest: str,
-        decode: DecodeParams,
-        max_attempts: int,
-        backoff_base_s: float,
-        backoff_max_s: float,
-    ) -> None:
+    def __init__(self, *, backends: Mapping[str, Backend], options: RunOptions) -> None:
         self.backends = backends
-        self.run_id = run_id
-        self.manifest_digest = manifest_digest
-        self.decode = decode
-        self.max_attempts = max_attempts
-        self.backoff_base_s = backoff_base_s
-        self.backoff_max_s = backoff_max_s
+        self.run_id = options.run_id
+        self.manifest_digest = options.manifest_digest
+        self.decode = options.decode
+        self.retry = options.retry
+        self.breaker = CircuitBreaker(options.retry.breaker_after)
         self.jitter = random.Random()
 
     def record(self, job: Job, status: str, **fields: Any) -> dict[str, Any]:
@@ -556,12 +584,6 @@ class _Run:
             system_fingerprint=resp.system_fingerprint,
         )
 
-    def _delay(self, attempt: int, retry_after: float | None) -> float:
-        if retry_after is not None:
-            return float(min(retry_after, self.backoff_max_s))
-        cap = min(self.backoff_max_s, self.backoff_base_s * (2 ** (attempt - 1)))
-        return float(cap * (0.5 + 0.5 * self.jitter.random()))
-
     async def execute(self, job: Job) -> dict[str, Any]:
         """Send one job; retry transient failures; return its record. Raises only for a refusal the
         caller must fix (:class:`BackendRequestError`) or a bug."""
@@ -579,11 +601,13 @@ class _Run:
         )
         attempts = 0
         last: InfraError | None = None
-        for attempt in range(1, self.max_attempts + 1):
+        max_attempts = self.retry.max_attempts
+        for attempt in range(1, max_attempts + 1):
             start = time.perf_counter()
             try:
                 resp = await backend.generate(request)
             except OverLengthError as exc:
+                self.breaker.success(job.arm)
                 return self.record(
                     job,
                     "system_fail",
@@ -593,19 +617,22 @@ class _Run:
                     error=exc.summary,
                 )
             except TransientBackendError as exc:
-                attempts += max(1, exc.attempts)
+                attempts += 1
                 last = exc
+                self.breaker.failure(job.arm)
                 log.warning(
                     "transient failure on %s layout %s seed %d (attempt %d/%d): %s",
                     job.arm,
                     job.layout_id,
                     job.seed,
                     attempt,
-                    self.max_attempts,
+                    max_attempts,
                     exc.summary,
                 )
-                if attempt < self.max_attempts:
-                    await asyncio.sleep(self._delay(attempt, exc.retry_after))
+                if self.breaker.open:
+                    break  # the endpoint is down: stop retrying, the rerun resumes this job
+                if attempt < max_attempts:
+                    await asyncio.sleep(self.retry.delay(attempt, exc.retry_after, self.jitter))
                 continue
             except BackendRequestError:
                 raise
@@ -613,7 +640,8 @@ class _Run:
                 attempts += 1
                 last = exc
                 break
-            return self._check(job, resp, time.perf_counter() - start, attempts + resp.attempts)
+            self.breaker.success(job.arm)
+            return self._check(job, resp, time.perf_counter() - start, attempts + 1)
         summary = getattr(last, "summary", None) or (type(last).__name__ if last else "unknown")
         return self.record(job, "infra_error", attempts=attempts, error=str(summary)[:300])
 
@@ -622,30 +650,12 @@ async def arun_pairs(
     jobs: Iterable[tuple[str, Mapping[str, Any]]],
     backends: Mapping[str, Backend],
     out_dir: str | os.PathLike[str],
-    *,
-    concurrency: int,
-    seeds: Sequence[int] | None,
-    decode: DecodeParams,
-    run_id: str,
-    manifest_digest: str,
-    progress: bool | None = True,
-    max_attempts: int = 3,
-    backoff_base_s: float = 1.0,
-    backoff_max_s: float = 60.0,
-    batch_size: int = 64,
-    flush_seconds: float = 5.0,
+    options: RunOptions,
 ) -> RunSummary:
     """Async form of :func:`run_pairs` (the caller owns the event loop and the backends)."""
     started = time.monotonic()
-    if concurrency < 1 or max_attempts < 1 or batch_size < 1:
-        raise InputError(
-            "concurrency, max_attempts and batch_size must be ≥ 1",
-            field="concurrency",
-            fix="use positive integers",
-        )
-    if not run_id or not manifest_digest:
-        raise InputError("run_id and manifest_digest must be non-empty", field="run_id", fix="pass both")
-    seed_list = [int(s) for s in (decode.seeds if seeds is None else seeds)]
+    run_id, concurrency = options.run_id, options.concurrency
+    seed_list = [int(s) for s in (options.decode.seeds if options.seeds is None else options.seeds)]
     if not seed_list or len(set(seed_list)) != len(seed_list):
         raise InputError(
             "seeds must be a non-empty list of distinct integers", field="seeds", fix="e.g. seeds=[0, 1]"
@@ -660,27 +670,19 @@ async def arun_pairs(
         for stale in folder.glob(".tmp-*.parquet"):  # a temp file of a killed writer: never a record
             stale.unlink(missing_ok=True)
         existing = read_records(out, dedup=False)
-        _check_same_run(existing, run_id, manifest_digest, out)
+        _check_same_run(existing, run_id, options.manifest_digest, out)
         done = {
             (a, lid, int(s))
             for a, lid, s, st in existing.select([*RECORD_KEY, "status"]).iter_rows()
             if st in FINAL_STATUSES
         }
         shard_seqs = [int(m.group(1)) for p in _shards(out) if (m := _SHARD_NAME.match(p.name))]
-        writer = _ShardWriter(folder, max(shard_seqs, default=-1) + 1, batch_size)
+        writer = _ShardWriter(folder, max(shard_seqs, default=-1) + 1, options.batch_size)
         pending = [job for job in order if job.key not in done]
         already = len(order) - len(pending)
-        show = sys.stderr.isatty() if progress is None else progress
+        show = sys.stderr.isatty() if options.progress is None else options.progress
         meter = _Progress(len(pending), show)
-        run = _Run(
-            backends=backends,
-            run_id=run_id,
-            manifest_digest=manifest_digest,
-            decode=decode,
-            max_attempts=max_attempts,
-            backoff_base_s=backoff_base_s,
-            backoff_max_s=backoff_max_s,
-        )
+        run = _Run(backends=backends, options=options)
         log.info(
             "run %s: %d jobs, %d already recorded, %d to send (concurrency %d)",
             run_id,
@@ -728,14 +730,14 @@ async def arun_pairs(
 
         async def flusher() -> None:
             while True:
-                await asyncio.sleep(flush_seconds)
+                await asyncio.sleep(options.flush_seconds)
                 writer.flush()
 
         flush_task = asyncio.create_task(flusher())
         try:
             for job in sendable:
                 await semaphore.acquire()
-                if fatal:
+                if fatal or run.breaker.open:
                     semaphore.release()
                     break
                 task = asyncio.create_task(one(job))
@@ -764,6 +766,7 @@ async def arun_pairs(
         infra_error=counts["infra_error"],
         shards_written=writer.shards_written,
         elapsed_s=time.monotonic() - started,
+        circuit_open=run.breaker.tripped,
     )
 
 
@@ -791,51 +794,17 @@ def run_pairs(
     jobs: Iterable[tuple[str, Mapping[str, Any]]],
     backends: Mapping[str, Backend],
     out_dir: str | os.PathLike[str],
-    *,
-    concurrency: int,
-    seeds: Sequence[int] | None,
-    decode: DecodeParams,
-    run_id: str,
-    manifest_digest: str,
-    progress: bool | None = True,
-    max_attempts: int = 3,
-    backoff_base_s: float = 1.0,
-    backoff_max_s: float = 60.0,
-    batch_size: int = 64,
-    flush_seconds: float = 5.0,
+    options: RunOptions,
 ) -> RunSummary:
     """Run every (arm, layout) job with every seed against its arm's backend; append records to
     ``out_dir/records/``; resume where an earlier call with the same run id stopped.
 
-    Args:
-        jobs: ``(arm, layout row)`` pairs; a row has at least ``layout_id``, ``case_id``,
-            ``target_tokens``, ``position``, ``token_ids``, ``text`` and ``status`` (rows with a status
-            other than ``"ok"`` are recorded as ``system_fail`` with their ``reason_code``, not sent).
-        backends: one backend per arm (the caller closes them).
-        concurrency: requests in flight at most (a backend may serialize further).
-        seeds: the seed set run on every layout of every arm (``None``: ``decode.seeds``).
-        decode: ``max_tokens``, ``temperature`` and ``stop`` of every request.
-        run_id, manifest_digest: written to every record; a folder holding another run or digest is refused.
-        progress: a progress line on stderr (``None``: only when stderr is a terminal).
-        max_attempts: tries per job for transient failures (each may itself retry inside the backend).
-        batch_size, flush_seconds: records are written as a shard every ``batch_size`` records or
-            ``flush_seconds``, whichever comes first, and at the end.
+    ``jobs`` are ``(arm, layout row)`` pairs; a row has at least ``layout_id``, ``case_id``,
+    ``target_tokens``, ``position``, ``token_ids``, ``text`` and ``status`` (rows with a status other
+    than ``"ok"`` are recorded as ``system_fail`` with their ``reason_code``, not sent). ``backends``:
+    one backend per arm (the caller closes them). A transient failure is retried by ``options.retry``;
+    one still failing is recorded as ``infra_error`` (re-run on resume). After
+    ``options.retry.breaker_after`` consecutive transient failures on one arm the run stops sending
+    (:attr:`RunSummary.circuit_open` names the arm); nothing sent is lost and the rerun resumes.
     """
-    return asyncio.run(
-        arun_pairs(
-            jobs,
-            backends,
-            out_dir,
-            concurrency=concurrency,
-            seeds=seeds,
-            decode=decode,
-            run_id=run_id,
-            manifest_digest=manifest_digest,
-            progress=progress,
-            max_attempts=max_attempts,
-            backoff_base_s=backoff_base_s,
-            backoff_max_s=backoff_max_s,
-            batch_size=batch_size,
-            flush_seconds=flush_seconds,
-        )
-    )
+    return asyncio.run(arun_pairs(jobs, backends, out_dir, options))

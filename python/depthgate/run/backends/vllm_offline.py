@@ -7,7 +7,7 @@ prefix-cache hits (``num_cached_tokens``). A prompt longer than ``max_model_len`
 vLLM is imported lazily; without it the backend raises :class:`~depthgate.exceptions.InfraError`.
 
 The engine is synchronous: requests run one at a time on a dedicated worker thread. For throughput on
-many GPUs use vLLM's server (:class:`~depthgate.backends.http.OpenAICompletionsBackend`) per replica.
+many GPUs use vLLM's server (:class:`~depthgate.run.backends.http.OpenAICompletionsBackend`) per replica.
 """
 
 from __future__ import annotations
@@ -19,14 +19,14 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from depthgate.backends.base import (
+from depthgate.exceptions import InfraError
+from depthgate.run.backends.base import (
     BackendRequestError,
     OverLengthError,
     Request,
     Response,
     TransientBackendError,
 )
-from depthgate.exceptions import InfraError
 
 __all__ = ["VLLMOfflineBackend", "import_vllm"]
 

@@ -15,55 +15,21 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from depthgate.exceptions import DepthgateError, ExitCode, InputError
+from depthgate.layout.gguf_tokenizer import resolve_tokenizer_path
+from depthgate.spec.paths import csv_ints, csv_list
 
 BUILTIN_CASES = 8
 
 
-def csv_ints(value: str) -> list[int]:
-    try:
-        return [int(v) for v in value.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"{value!r}: expected comma-separated token counts, e.g. 1024,4096"
-        ) from None
-
-
-def csv_list(value: str) -> list[str]:
-    return [v.strip() for v in value.split(",") if v.strip()]
-
-
-def resolve_tokenizer_path(spec: str, *, base_dir: Path | None = None) -> Path:
-    """A tokenizer path, or ``gguf:`` (the embedded Gemma model) / ``gguf:<file>`` (any GGUF)."""
-    if spec.startswith("gguf:"):
-        from depthgate.gguf_tokenizer import gemma_default_gguf, tokenizer_json_from_gguf
-
-        target = spec[len("gguf:") :]
-        gguf = Path(target) if target else gemma_default_gguf()
-        if target and base_dir is not None and not gguf.is_absolute():
-            gguf = base_dir / gguf
-        return tokenizer_json_from_gguf(gguf)
-    path = Path(spec)
-    if base_dir is not None and not path.is_absolute():
-        path = base_dir / path
-    if not path.is_file():
-        raise InputError(
-            "tokenizer file not found",
-            file=str(path),
-            field="tokenizer",
-            fix="pass the path of a tokenizer.json, or 'gguf:' for the embedded model",
-        )
-    return path
-
-
 def _cmd_build(args: argparse.Namespace) -> int:
-    from depthgate.layouts import BuildOptions, build_layouts, load_tokenizer, parse_positions
-    from depthgate.suites import builtin_suite
-    from depthgate.templates import load_chat_template
+    from depthgate.layout.layouts import BuildOptions, build_layouts, load_tokenizer, parse_positions
+    from depthgate.layout.templates import load_chat_template
+    from depthgate.spec.suites import builtin_suite
 
     out = Path(args.out)
     if args.matrix:
-        from depthgate.models import load_matrix
-        from depthgate.suites import resolve_suite
+        from depthgate.spec.models import load_matrix
+        from depthgate.spec.suites import resolve_suite
 
         matrix_path = Path(args.matrix)
         matrix = load_matrix(matrix_path)
@@ -100,7 +66,7 @@ def _cmd_build(args: argparse.Namespace) -> int:
     template = load_chat_template(args.chat_template) if args.chat_template else None
     preamble = Path(args.preamble_file).read_text(encoding="utf-8") if args.preamble_file else ""
     if args.suite:
-        from depthgate.models import load_suite
+        from depthgate.spec.models import load_suite
 
         suite = load_suite(args.suite)
     else:
@@ -135,7 +101,7 @@ def _print_build(summary: object, path: Path) -> None:
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
-    from depthgate.layouts import check_layouts, load_tokenizer
+    from depthgate.layout.layouts import check_layouts, load_tokenizer
 
     tok = load_tokenizer(resolve_tokenizer_path(args.tokenizer))
     summary = check_layouts(args.layouts, tok)
@@ -149,7 +115,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
 
 def _cmd_schema(args: argparse.Namespace) -> int:
-    from depthgate.models import schema
+    from depthgate.spec.models import schema
 
     text = json.dumps(schema(), indent=2, sort_keys=True)
     if args.out:
@@ -160,7 +126,7 @@ def _cmd_schema(args: argparse.Namespace) -> int:
 
 
 def _cmd_suite_generate(args: argparse.Namespace) -> int:
-    from depthgate.suites import generate_suite
+    from depthgate.spec.suites import generate_suite
 
     suite = generate_suite(args.seed, args.cases, args.lang)
     text = suite.model_dump_json(indent=1)
@@ -176,7 +142,7 @@ def _cmd_suite_generate(args: argparse.Namespace) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from depthgate.pipeline import run_matrix
+    from depthgate.commands.pipeline import run_matrix
 
     result, code, html = run_matrix(
         args.matrix,
@@ -191,7 +157,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_gate(args: argparse.Namespace) -> int:
-    from depthgate.pipeline import gate_run
+    from depthgate.commands.pipeline import gate_run
 
     result, code, html = gate_run(args.run_dir, report_dir=args.report_dir)
     _print_verdict(result, code, html)
@@ -218,7 +184,7 @@ def _print_verdict(result: object, code: int, html: Path) -> None:
 
 
 def _cmd_suite_import(args: argparse.Namespace) -> int:
-    from depthgate.suites import import_incidents
+    from depthgate.spec.suites import import_incidents
 
     suite = import_incidents(args.incidents)
     out = Path(args.out)
@@ -296,7 +262,7 @@ def build_parser() -> argparse.ArgumentParser:
     imp.add_argument("--out", required=True)
     imp.set_defaults(func=_cmd_suite_import)
 
-    from depthgate import diff, faults
+    from depthgate.commands import diff, faults
 
     faults.add_parsers(sub)  # depthgate faults
     diff.add_parsers(sub)  # depthgate diff-tokenizer, depthgate diff-template

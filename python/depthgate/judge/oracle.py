@@ -71,7 +71,7 @@ from typing import Any, Literal, TypeAlias
 import polars as pl
 
 from depthgate.exceptions import InputError
-from depthgate.models import Case, Claim, Suite
+from depthgate.spec.models import Case, Claim, Suite
 
 Outcome: TypeAlias = Literal["pass", "fail", "system_fail", "missing"]
 
@@ -731,7 +731,7 @@ def _layout_evidence(layouts: pl.DataFrame) -> dict[str, frozenset[str]]:
 
 
 def score_records(records: pl.DataFrame, suite: Suite, layouts: pl.DataFrame) -> pl.DataFrame:
-    """Score every record; the result is ready for :func:`depthgate.stats.gate`.
+    """Score every record; the result is ready for :func:`depthgate.judge.stats.gate`.
 
     ``records`` has the columns of :data:`RECORD_COLUMNS`; ``layouts`` has ``layout_id`` and
     ``evidence_spans`` (list of structs with ``evidence_id`` and ``kind``: "evidence" or "distractor").

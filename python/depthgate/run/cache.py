@@ -23,10 +23,10 @@ from typing import TYPE_CHECKING, Any
 import polars as pl
 
 from depthgate.exceptions import InputError
-from depthgate.layouts import read_layouts
+from depthgate.layout.layouts import read_layouts
 
 if TYPE_CHECKING:
-    from depthgate.backends.llamacpp import EmbeddedLlamaBackend, Generation
+    from depthgate.run.backends.llamacpp import EmbeddedLlamaBackend, Generation
 
 __all__ = [
     "CacheControlReport",
@@ -245,8 +245,8 @@ def run_cache_control_embedded(
     repeats: int = 2,
 ) -> CacheControlReport:
     """:func:`run_cache_control` on two embedded Gemma backends (reuse off / on) created and closed here."""
-    from depthgate.backends.llamacpp import EmbeddedLlamaBackend
-    from depthgate.gguf_tokenizer import gemma_default_gguf, tokenizer_from_gguf
+    from depthgate.layout.gguf_tokenizer import gemma_default_gguf, tokenizer_from_gguf
+    from depthgate.run.backends.llamacpp import EmbeddedLlamaBackend
 
     gguf = Path(model_path) if model_path is not None else gemma_default_gguf()
     tok = tokenizer_from_gguf(gguf)

@@ -23,9 +23,9 @@ import polars as pl
 
 from depthgate import _core
 from depthgate.exceptions import InputError, SpecError
-from depthgate.filler import filler_pool, filler_units
-from depthgate.models import Case, Suite
-from depthgate.templates import ChatTemplate, Frame, chat_frame, raw_frame
+from depthgate.layout.templates import ChatTemplate, Frame, chat_frame, raw_frame
+from depthgate.spec.filler import filler_pool, filler_units
+from depthgate.spec.models import Case, Suite
 
 __all__ = [
     "ASSEMBLER_VERSION",
@@ -271,7 +271,7 @@ def build_layouts(
 
     Returns a summary frame (no ids or text): one row per layout with its status and reason.
     Evidence-absent cases have nothing to place; they are controls, not position variants, and are
-    skipped here (see ``depthgate.suites``).
+    skipped here (see ``depthgate.spec.suites``).
     """
     cases = [c for c in (suite.cases if isinstance(suite, Suite) else suite) if c.decisive]
     if not cases:

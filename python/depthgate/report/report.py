@@ -24,6 +24,7 @@ reasons, and the manifest contributes only its digests and short scalar fields w
 from __future__ import annotations
 
 import base64
+import dataclasses
 import io
 import json
 import math
@@ -31,11 +32,12 @@ import os
 import re
 import shutil
 import tempfile
+import typing
 import xml.etree.ElementTree as ET
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import jinja2
 import numpy as np
@@ -44,10 +46,10 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import Normalize, TwoSlopeNorm
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
-from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, ValidationError, create_model, model_validator
 
 from depthgate.exceptions import ExitCode, InputError
-from depthgate.stats import (
+from depthgate.judge.stats import (
     ARMS,
     BASELINE,
     CANDIDATE,
@@ -106,40 +108,29 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class VerdictSlice(_Strict):
-    """One slice row of ``verdict.json`` (the fields of :class:`depthgate.stats.SliceResult` + ``slice``)."""
+def _verdict_slice_model() -> type[_Strict]:
+    """``slice`` plus every field of :class:`~depthgate.judge.stats.SliceResult`, with its types: the
+    schema follows the gate's row instead of restating it."""
+    hints = typing.get_type_hints(SliceResult)
+    fields: dict[str, Any] = {"slice": (str, ...)}
+    fields.update({f.name: (hints[f.name], ...) for f in dataclasses.fields(SliceResult)})
+    return create_model(
+        "VerdictSlice",
+        __base__=_Strict,
+        __module__=__name__,
+        __doc__="One slice row of ``verdict.json``: ``slice`` + the fields of ``SliceResult``.",
+        **fields,
+    )
 
-    slice: str
-    length: int
-    position: str
-    status: Literal["PASS", "FAIL_NOT_SHOWN", "FAIL_REGRESSION", "FAIL_FLOOR", "INCONCLUSIVE"]
-    reason: str
-    n_planned: int
-    n_cases: int
-    n_missing: int
-    seeds: int
-    acc_baseline: float | None
-    acc_candidate: float | None
-    delta: float | None
-    lower: float | None
-    upper: float | None
-    method: str | None
-    p_ni: float
-    q_ni: float
-    p_reg: float
-    q_reg: float
-    deff: float | None
-    informative: int | None
-    sd_diff: float | None
-    floor_lb: float | None
-    floor_lb_baseline: float | None
-    floor_lb_naive: float | None
-    floor_deff: float | None
-    floor_n_eff: float | None
-    replanned_n: int | None
-    safety_baseline: int
-    safety_candidate: int
-    bootstrap_seed: int | None
+
+if TYPE_CHECKING:
+
+    class VerdictSlice(_Strict):  # the type checker's view; the real class is derived below
+        slice: str
+        status: SliceStatus
+
+else:
+    VerdictSlice = _verdict_slice_model()
 
 
 class OracleCounts(_Strict):
@@ -184,7 +175,7 @@ class VerdictDocument(_Strict):
     digests: dict[str, str]
     run: dict[str, str | int | float | bool | None]
     files: dict[str, str]
-    # Added by the pipeline when controls ran beside the matrix (depthgate.controls.classify_failures).
+    # Added by the pipeline when controls ran beside the matrix (depthgate.run.controls.classify_failures).
     controls: dict[str, Any] | None = None
 
     @model_validator(mode="after")
@@ -220,7 +211,7 @@ def load_verdict(path: str | Path) -> VerdictDocument:
         raise InputError(
             f"invalid verdict document: {exc.errors(include_url=False)[0]['msg']}",
             file=str(path),
-            fix="regenerate it with depthgate.report.write_reports",
+            fix="regenerate it with depthgate.report.report.write_reports",
         ) from exc
 
 
@@ -315,7 +306,7 @@ def _prepare_scored(scored: pl.DataFrame) -> pl.DataFrame:
         raise InputError(
             f"scored records lack column(s) {missing}",
             field=", ".join(missing),
-            fix="pass the frame returned by depthgate.oracle.score_records",
+            fix="pass the frame returned by depthgate.judge.oracle.score_records",
         )
     extra: list[pl.Expr] = []
     if "seed" not in df.columns:
@@ -927,181 +918,6 @@ def render_accuracy_heatmap(result: GateResult) -> bytes:
 # --------------------------------------------------------------------------------------------------------
 # report.html
 
-_HTML = """<!DOCTYPE html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<title>depthgate {{ verdict }} – position regression report</title>
-<style>
-body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; color: #1d1d1f; margin: 24px auto;
-       max-width: 1180px; padding: 0 16px; }
-h1 { font-size: 22px; margin: 0 0 4px; } h2 { font-size: 18px; margin-top: 32px;
-     border-bottom: 1px solid #ddd; padding-bottom: 4px; }
-.badge { display: inline-block; padding: 2px 10px; border-radius: 4px; color: #fff; font-weight: 600; }
-.PASS { background: #1a7f37; } .FAIL { background: #cf222e; } .INCONCLUSIVE { background: #9a6700; }
-.SAFETY { background: #6e1b8f; }
-.banner { border-left: 6px solid #6e1b8f; background: #f7eefc; padding: 8px 12px; margin: 12px 0; }
-.muted { color: #666; } .small { font-size: 12px; }
-table { border-collapse: collapse; margin: 8px 0; font-size: 13px; }
-th, td { border: 1px solid #ddd; padding: 3px 8px; text-align: left; vertical-align: top; }
-th { background: #f6f8fa; } td.num { text-align: right; font-variant-numeric: tabular-nums; }
-tr.s-FAIL_REGRESSION td, tr.s-FAIL_NOT_SHOWN td, tr.s-FAIL_FLOOR td { background: #fff0f0; }
-tr.s-INCONCLUSIVE td { background: repeating-linear-gradient(45deg, #f4f4f4, #f4f4f4 6px, #fafafa 6px,
-                       #fafafa 12px); }
-.legend dt { font-weight: 600; float: left; clear: left; width: 190px; }
-.legend dd { margin: 0 0 4px 200px; }
-.swatch { display: inline-block; width: 14px; height: 14px; vertical-align: -2px; border: 1px solid #999; }
-img.heatmap { max-width: 100%; border: 1px solid #eee; }
-code { font-size: 12px; }
-.mark { font-size: 20px; line-height: 14px; }
-.hatch { background: repeating-linear-gradient(45deg, #bbb, #bbb 2px, #eee 2px, #eee 5px); }
-table.slices { width: 100%; font-size: 12px; }
-table.slices td:last-child { min-width: 220px; }
-td.num { white-space: nowrap; }
-.scroll { overflow-x: auto; }
-details summary { cursor: pointer; margin: 6px 0; }
-</style>
-</head>
-<body>
-<h1>depthgate report <span class="badge {{ verdict }}">{{ verdict }}</span>
-{% if safety_flag %}<span class="badge SAFETY">SAFETY</span>{% endif %}</h1>
-<div class="muted">exit code {{ exit_value }} ({{ exit_name }})
-{%- for k, v in run.items() %} · {{ k }}: {{ v }}{% endfor %}</div>
-{% if safety_flag %}
-<div class="banner"><strong>Safety flag.</strong> {{ safety.hits_candidate }} candidate and
-{{ safety.hits_baseline }} baseline run(s) gave a forbidden claim (a superseded, overridden, ruled-out or
-distractor value) as the answer. This blocks the release pending human review, independent of the
-statistics.{% if safety.upper_rate_candidate is not none %} Candidate hit rate one-sided upper bound:
-{{ "%.3f%%"|format(100 * safety.upper_rate_candidate) }}.{% endif %}</div>
-{% endif %}
-<p>{{ n_slices }} slices (total length × evidence depth): <strong>{{ n_fail }} failing</strong>,
-{{ n_inc }} inconclusive, {{ n_pass }} passing. Margin M = {{ margin }}, one-sided α = {{ alpha }}.
-{% if overall %}Overall (all tested slices pooled per case, never overrules a slice): Δ {{ overall.delta }},
-lower bound {{ overall.lower }}.{% endif %}</p>
-{% if reasons %}<details><summary>Reasons of the verdict ({{ reasons|length }})</summary>
-<ul class="small">{% for r in reasons %}<li>{{ r }}</li>{% endfor %}</ul></details>{% endif %}
-
-<h2>How to read the grids</h2>
-<dl class="legend">
-<dt>Rows, columns</dt><dd>Each cell is one slice: total prompt length in tokens (rows) × depth of the
-decisive evidence in the context (columns, 0% = start, 100% = end).</dd>
-<dt>Colour of Δ</dt><dd><span class="swatch" style="background:#b2182b"></span> red: the candidate is less
-accurate than the baseline, <span class="swatch" style="background:#2166ac"></span> blue: more accurate,
-white: no change. The scale is centred at 0 and symmetric (±{{ delta_limit }}); the dashed line on the
-colour bar is −M.</dd>
-<dt>Δ, LB</dt><dd>Δ = candidate − baseline accuracy (mean paired per-case difference). LB = one-sided
-{{ confidence }} lower bound on Δ. A slice is non-inferior when LB &gt; −M = {{ neg_margin }}.</dd>
-<dt><span class="mark">{{ mark_regression }}</span></dt><dd>Confirmed regression: Δ is below −M with
-{{ regression_method }}-adjusted q ≤ α (status FAIL_REGRESSION; valid under any dependence between
-slices).</dd>
-<dt><span class="mark">{{ mark_ni }}</span></dt><dd>Non-inferiority significant after {{ fdr_method }}
-adjustment over all slices
-(q_NI &lt; α).</dd>
-<dt>Black frame</dt><dd>The slice fails the gate (FAIL_REGRESSION, FAIL_NOT_SHOWN or FAIL_FLOOR).</dd>
-<dt><span class="swatch hatch"></span>
-INCONCLUSIVE</dt><dd>Grey, hatched: too few valid cases (&lt; n_min = {{ n_min }}), more than
-{{ max_missing }} of cases missing, or unpaired seeds. Not tested (p = 1 in every family) and never merged
-with a neighbour; the cell shows the number of valid cases and, if any, the untested Δ.</dd>
-<dt>no slice</dt><dd>The combination was not run.</dd>
-</dl>
-
-<h2>Δ per slice</h2>
-<img class="heatmap" alt="Heatmap of delta accuracy by total length and evidence depth"
-     src="data:image/png;base64,{{ delta_png }}" data-file="{{ delta_file }}">
-<p class="small muted">Also saved as <a href="{{ delta_file }}">{{ delta_file }}</a>.</p>
-<h2>Accuracy per slice</h2>
-<img class="heatmap" alt="Heatmaps of baseline and candidate accuracy by total length and evidence depth"
-     src="data:image/png;base64,{{ accuracy_png }}" data-file="{{ accuracy_file }}">
-<p class="small muted">Also saved as <a href="{{ accuracy_file }}">{{ accuracy_file }}</a>.</p>
-
-<h2>Slices (failing and inconclusive first)</h2>
-<div class="scroll"><table class="slices">
-<tr><th>slice</th><th>depth</th><th>status</th><th>cases</th><th>missing</th>
-<th>baseline</th><th>candidate</th><th>Δ</th><th>LB</th><th>UB</th><th>q_NI ({{ fdr_method }})</th>
-<th>q_REG ({{ regression_method }})</th><th>marks</th><th>reason</th></tr>
-{% for s in slices %}<tr class="s-{{ s.status }}"><td><code>{{ s.key }}</code></td>
-<td>{{ s.depth }}</td><td>{{ s.status }}</td><td class="num">{{ s.n_cases }}</td>
-<td class="num">{{ s.n_missing }}</td>
-<td class="num">{{ s.acc_baseline }}</td><td class="num">{{ s.acc_candidate }}</td>
-<td class="num">{{ s.delta }}</td><td class="num">{{ s.lower }}</td><td class="num">{{ s.upper }}</td>
-<td class="num">{{ s.q_ni }}</td><td class="num">{{ s.q_reg }}</td><td class="mark">{{ s.marks }}</td>
-<td class="small">{{ s.reason }}</td></tr>
-{% endfor %}</table></div>
-<p class="small muted">Slice = total length in tokens / depth. {{ seeds_note }}</p>
-
-<h2>Worst positions</h2>
-<p class="small muted">Per length, over cases observed at every depth: each case's worst-depth accuracy and
-its range (best − worst depth), baseline → candidate. "Worst slice" is the depth with the lowest lower
-bound.</p>
-{% if worst %}<table>
-<tr><th>length</th><th>cases</th><th>worst slice (LB)</th><th>worst-depth accuracy</th><th>Δ</th><th>LB</th>
-<th>range</th><th>range increase (upper bound)</th><th>fragile cases</th></tr>
-{% for w in worst %}<tr><td class="num">{{ w.length }}</td><td class="num">{{ w.n_cases }}</td>
-<td>{{ w.worst_slice }}</td>
-<td>{{ w.worst_acc }}</td><td class="num">{{ w.worst_delta }}</td><td class="num">{{ w.worst_lower }}</td>
-<td>{{ w.range }}</td>
-<td>{{ w.range_increase }}</td><td>{{ w.fragile }}</td></tr>{% endfor %}
-</table>{% else %}<p>No complete cases.</p>{% endif %}
-{% if shares %}<p class="small">Share of cases whose worst depth is each depth (ties split),
-baseline → candidate:</p>
-<table><tr><th>length</th>{% for p in share_positions %}<th>{{ p }}</th>{% endfor %}</tr>
-{% for length, row in shares %}<tr><td class="num">{{ length }}</td>{% for cell in row %}
-<td>{{ cell }}</td>{% endfor %}</tr>{% endfor %}
-</table>{% endif %}
-{% if triage %}<details><summary>Triage: {{ triage|length }} (case, slice) cells where the candidate
-dropped most</summary>
-<p class="small muted">{{ triage_note }}.</p>
-<table><tr><th>case</th><th>slice</th><th>baseline</th><th>candidate</th><th>Δ</th><th>Fisher p</th>
-<th>re-run seeds</th></tr>
-{% for t in triage %}<tr><td><code>{{ t.case_id }}</code></td><td><code>{{ t.key }}</code></td>
-<td class="num">{{ t.acc_baseline }}</td>
-<td class="num">{{ t.acc_candidate }}</td><td class="num">{{ t.delta }}</td>
-<td class="num">{{ t.fisher_p }}</td><td class="num">{{ t.rerun_seeds }}</td></tr>{% endfor %}
-</table></details>{% endif %}
-
-<h2>Oracle: problems per slice</h2>
-<p class="small muted">Each cell counts runs as <strong>candidate / baseline</strong>, failing slices first.
-System failures (truncation, overflow, template error, timeout, refusal by the serving stack) count as
-fails in the gate; missing runs (infrastructure errors) drop out of the pairing.</p>
-<div class="scroll"><table class="oracle">
-<tr><th>slice</th><th>runs</th><th>pass</th><th>fail</th><th>missing claims</th><th>wrong citations</th>
-<th>forbidden answers</th><th>abstained</th><th>system failures</th><th>system failures by reason</th>
-<th>missing</th></tr>
-{% for o in oracle %}<tr><td><code>{{ o.key }}</code></td><td class="num">{{ o.runs }}</td>
-<td class="num">{{ o.passed }}</td>
-<td class="num">{{ o.failed }}</td><td class="num">{{ o.missing_claims }}</td>
-<td class="num">{{ o.wrong_citations }}</td>
-<td class="num">{{ o.safety_hits }}</td><td class="num">{{ o.abstained }}</td>
-<td class="num">{{ o.system_fail }}</td>
-<td class="small">{% for line in o.reasons %}{{ line }}{% if not loop.last %}<br>{% endif %}
-{%- else %}–{% endfor %}</td>
-<td class="num">{{ o.missing }}</td></tr>{% endfor %}
-</table></div>
-
-{% for section in problem_lists %}
-<h2>{{ section.title }}</h2>
-{% if section.rows %}<details{% if section.open %} open{% endif %}><summary>{{ section.total }}
-(arm, slice, case) row(s), candidate runs in failing slices first
-{%- if section.more %}; the first {{ section.rows|length }} shown{% endif %}</summary>
-<table><tr><th>arm</th><th>slice</th><th>case</th><th>{{ section.column }}</th><th>runs</th><th>seeds</th>
-<th>oracle reason (first run)</th></tr>
-{% for r in section.rows %}<tr><td>{{ r.arm }}</td><td><code>{{ r.slice }}</code></td>
-<td><code>{{ r.case_id }}</code></td>
-<td><code>{{ r.ids|join(", ") }}</code></td><td class="num">{{ r.runs }}</td>
-<td class="small">{{ r.seeds|join(", ") }}</td>
-<td class="small">{{ r.reason }}</td></tr>{% endfor %}
-</table></details>
-{% else %}<p>None.</p>{% endif %}
-{% endfor %}
-
-<h2>Digests</h2>
-{% if digests %}<table>{% for k, v in digests.items() %}<tr><td><code>{{ k }}</code></td>
-<td><code>{{ v }}</code></td></tr>{% endfor %}</table>
-{% else %}<p class="muted">The manifest has no digests.</p>{% endif %}
-</body>
-</html>
-"""
-
 
 def _html_rows(result: GateResult) -> list[dict[str, Any]]:
     plan = result.plan
@@ -1251,8 +1067,12 @@ def render_html(
     seeds_note = (
         f"Seeds per case: {', '.join(str(n) for n in seed_counts)}." if seed_counts else "No seeds recorded."
     )
-    env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
-    template = env.from_string(_HTML)
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("depthgate.report", "."),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+    )
+    template = env.get_template("report.html.j2")
     code = exit_code_for(result)
     overall = result.overall
     return template.render(
@@ -1343,7 +1163,7 @@ def write_reports(
 ) -> ReportPaths:
     """Write verdict.json, summary.md, junit.xml, report.html and the heatmap PNGs into ``out_dir``.
 
-    ``scored`` is the frame of :func:`depthgate.oracle.score_records` (per-run oracle columns);
+    ``scored`` is the frame of :func:`depthgate.judge.oracle.score_records` (per-run oracle columns);
     ``manifest`` the run manifest (only its digests and short scalar fields are copied). All files are
     staged in a temporary directory inside ``out_dir`` and moved in with ``os.replace``; the previous
     ``verdict.json`` is removed before and the new one moved after every other file, so a verdict on

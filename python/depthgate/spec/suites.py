@@ -20,7 +20,7 @@ Evidence patterns and fact types:
 * ``negation``  one evidence block that rules out a value before stating the right one.
 * ``absent``    the asked-for fact is not in the context (only distractors): the system must abstain.
 
-Generation is deterministic (:class:`~depthgate.filler.SplitMix64`, no :mod:`random`) and prefix-stable:
+Generation is deterministic (:class:`~depthgate.spec.filler.SplitMix64`, no :mod:`random`) and prefix-stable:
 ``generate_suite(s, n)`` is the first ``n`` cases of ``generate_suite(s, n + k)``. The ``en`` and ``zh``
 suites of one seed are translations of each other, case by case. The first 8 cases are the pilot's smoke set:
 override, alternating hotel_cap and invoice_terms.
@@ -38,8 +38,8 @@ from typing import Any, Literal, TypeAlias
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from depthgate.exceptions import SpecError
-from depthgate.filler import SplitMix64
-from depthgate.models import (
+from depthgate.spec.filler import SplitMix64
+from depthgate.spec.models import (
     BuiltinSuiteRef,
     Case,
     Claim,
