@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
+import sys
 from collections import Counter
+from importlib import resources
 from pathlib import Path
+from string import Formatter
 from typing import Any
 
 import pytest
@@ -22,6 +26,8 @@ from depthgate.spec.models import (
 from depthgate.spec.suites import (
     COMPETING_DEPTHS,
     DISTRACTORS_PER_CASE,
+    NAMES_EN,
+    NAMES_ZH,
     REGIONS,
     builtin_suite,
     generate_suite,
@@ -29,6 +35,11 @@ from depthgate.spec.suites import (
     resolve_suite,
     split_suite,
 )
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10 needs the tomli backport
+    import tomli as tomllib
 
 N_CASES = 320
 
@@ -181,6 +192,55 @@ def test_builtin_suite() -> None:
     assert suite.cases == generate_suite(0, 8, "en").cases
     assert len(builtin_suite(3, 1, "zh").cases) == 3
     assert resolve_suite(BuiltinSuiteRef(cases=8)).digest() == suite.digest()
+
+
+# sha256 of ``Suite.model_dump_json()``, recorded before the sentence tables moved from suites.py to
+# python/depthgate/spec/data (issue #9). Any change of wording, names, order or generation shows here: if
+# one is intended, update the digests in the same commit and say why.
+GOLDEN_SUITE_DIGESTS = {
+    ("en", 0): "3ada55a96d71bec9e53a268e0d16402d149a42825423fd2c0de61677d4397f9b",
+    ("en", 1): "86ab0cd00e1a093d5351b05a7c8616649cd2a19aa6da6634b5bf875e18c51d44",
+    ("en", 7): "1a789596ce8ae5a9a9c929f314cdc97cbdaa8e1558cdf1c37a7aeba1d3f3c9c1",
+    ("en", "builtin"): "b8ddd0e885cd959a84e35e619cf851de322dde011861f3627fee7be38d2e829c",
+    ("zh", 0): "91b74faee024dac94dfd0b5994649a8d51ba51788a2396024421e4ebfb7b4ada",
+    ("zh", 1): "e43fbb05c8ce3ac0a8b4a7be4746269431aa2450c9ec3890eb720ba7e71b3ebe",
+    ("zh", 7): "42d10fd366f498a701fe43815d2dfe5d21370f8aec7abda72798739c8de9d43f",
+    ("zh", "builtin"): "6ef0a3bcf2371c7e18c6a27e8749980d6922f1386fe6d9f64a0621e315a5f118",
+}
+
+
+@pytest.mark.parametrize("language", ["en", "zh"])
+def test_generated_suites_are_byte_stable(language: str) -> None:
+    def digest(suite: Suite) -> str:
+        return hashlib.sha256(suite.model_dump_json().encode()).hexdigest()
+
+    digests: dict[tuple[str, int | str], str] = {
+        (language, seed): digest(generate_suite(seed, 300, language)) for seed in (0, 1, 7)
+    }
+    digests[(language, "builtin")] = digest(builtin_suite(language=language))
+    assert digests == {key: value for key, value in GOLDEN_SUITE_DIGESTS.items() if key[0] == language}
+
+
+def test_sentence_tables_are_package_data() -> None:
+    data = resources.files("depthgate.spec") / "data"
+    names = tomllib.loads((data / "names.toml").read_text(encoding="utf-8"))
+    assert len(names["names_en"]) == len(names["names_zh"]) == len(NAMES_EN) == len(NAMES_ZH)
+    assert all(len(region) == 3 for region in names["regions"]) and len(REGIONS) == len(names["regions"])
+    en, zh = (
+        tomllib.loads((data / f"sentences_{language}.toml").read_text(encoding="utf-8"))
+        for language in ("en", "zh")
+    )
+
+    def fields(template: str | list[str]) -> set[str]:
+        templates = [template] if isinstance(template, str) else template
+        return {name for text in templates for _, name, _, _ in Formatter().parse(text) if name} - {"surname"}
+
+    # the two languages are translations of each other: the same templates, with the same fields
+    assert en.keys() == zh.keys() == {"hotel_cap", "invoice_terms", "incident_contact", "expense_signoff"}
+    for fact in en:
+        assert en[fact].keys() == zh[fact].keys(), fact
+        for key in en[fact]:
+            assert fields(en[fact][key]) == fields(zh[fact][key]), (fact, key)
 
 
 @pytest.mark.parametrize(

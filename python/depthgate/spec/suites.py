@@ -28,10 +28,13 @@ override, alternating hotel_cap and invoice_terms.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 from typing import Any, Literal, TypeAlias
 
@@ -55,6 +58,11 @@ from depthgate.spec.models import (
     spec_error_from_validation,
 )
 
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10 needs the tomli backport
+    import tomli as tomllib
+
 FactType: TypeAlias = Literal["hotel_cap", "invoice_terms", "incident_contact", "expense_signoff"]
 
 #: Depths of the non-moving competing evidence, balanced across the cases of each pattern.
@@ -62,119 +70,27 @@ COMPETING_DEPTHS = (0.125, 0.375, 0.625, 0.875)
 DISTRACTORS_PER_CASE = 10
 SMOKE_CASES = 8
 
-# (English, Chinese, family slug). The en and zh suites of a seed pick the same indices.
-REGIONS: tuple[tuple[str, str, str], ...] = (
-    ("China", "中国", "china"),
-    ("UK", "英国", "uk"),
-    ("Nordics", "北欧", "nordics"),
-    ("Gulf States", "海湾国家", "gulf-states"),
-    ("South-East Asia", "东南亚", "south-east-asia"),
-    ("Japan", "日本", "japan"),
-    ("Korea", "韩国", "korea"),
-    ("India", "印度", "india"),
-    ("Brazil", "巴西", "brazil"),
-    ("Mexico", "墨西哥", "mexico"),
-    ("Canada", "加拿大", "canada"),
-    ("Germany", "德国", "germany"),
-    ("France", "法国", "france"),
-    ("Iberia", "伊比利亚", "iberia"),
-    ("Benelux", "比荷卢", "benelux"),
-    ("Italy", "意大利", "italy"),
-    ("Poland", "波兰", "poland"),
-    ("Turkey", "土耳其", "turkey"),
-    ("South Africa", "南非", "south-africa"),
-    ("Australia", "澳大利亚", "australia"),
-    ("New Zealand", "新西兰", "new-zealand"),
-    ("Central America", "中美洲", "central-america"),
-    ("Andean States", "安第斯国家", "andean-states"),
-    ("Baltics", "波罗的海国家", "baltics"),
-)
 
-NAMES_EN = (
-    "Grace Mbeki",
-    "Anna Lindqvist",
-    "Tomás Herrera",
-    "Priya Raman",
-    "Daniel Okafor",
-    "Mei Tanaka",
-    "Lukas Brandt",
-    "Sofia Marino",
-    "Omar Haddad",
-    "Claire Dubois",
-    "Rahul Mehta",
-    "Elena Petrova",
-    "James Whitaker",
-    "Aisha Bello",
-    "Kenji Watanabe",
-    "Laura Gómez",
-    "Pieter de Vries",
-    "Hannah Kowalski",
-    "Samuel Mensah",
-    "Ingrid Solberg",
-    "Marco Bianchi",
-    "Yusuf Demir",
-    "Chloe Martin",
-    "Arjun Nair",
-    "Fatima Benali",
-    "Oliver Grant",
-    "Nadia Rahman",
-    "Victor Almeida",
-    "Emma Schultz",
-    "Diego Castillo",
-    "Leila Karimi",
-    "Patrick O'Neill",
-    "Sven Eriksen",
-    "Julia Novak",
-    "Kwame Asante",
-    "Isabel Fonseca",
-    "Hiroshi Sato",
-    "Zoe Papadopoulos",
-    "Ravi Kapoor",
-    "Lina Haddou",
-)
+def _data_file(name: str) -> dict[str, Any]:
+    """A TOML file of ``depthgate/spec/data``, shipped in the package."""
+    return tomllib.loads((resources.files("depthgate.spec") / "data" / name).read_text(encoding="utf-8"))
 
-NAMES_ZH = (
-    "王芳",
-    "李伟",
-    "张敏",
-    "刘洋",
-    "陈静",
-    "杨磊",
-    "赵丽",
-    "黄强",
-    "周婷",
-    "吴军",
-    "徐丹",
-    "孙浩",
-    "胡颖",
-    "朱鹏",
-    "高洁",
-    "林峰",
-    "何雪",
-    "郭涛",
-    "马琳",
-    "罗斌",
-    "梁爽",
-    "宋佳",
-    "郑凯",
-    "谢楠",
-    "韩冰",
-    "唐亮",
-    "冯雨",
-    "于晨",
-    "董青",
-    "萧然",
-    "程远",
-    "曹阳",
-    "袁媛",
-    "邓超",
-    "许诺",
-    "傅宁",
-    "沈琪",
-    "曾瑞",
-    "彭博",
-    "吕欣",
+
+def _strings(value: object, where: str) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+        raise TypeError(f"depthgate/spec/data: {where} must be a list of strings")
+    return tuple(value)
+
+
+_NAMES = _data_file("names.toml")
+#: (English, Chinese, family slug), from ``data/names.toml``. The en and zh suites of a seed pick the
+#: same indices.
+REGIONS: tuple[tuple[str, str, str], ...] = tuple(
+    (english, chinese, slug)
+    for english, chinese, slug in (_strings(row, "regions[]") for row in _NAMES["regions"])
 )
+NAMES_EN: tuple[str, ...] = _strings(_NAMES["names_en"], "names_en")
+NAMES_ZH: tuple[str, ...] = _strings(_NAMES["names_zh"], "names_zh")
 
 HOTEL_RATES = tuple(range(120, 481, 5))  # USD per night
 PAYMENT_TERMS = tuple(range(10, 121, 5))  # days
@@ -221,7 +137,8 @@ def _slot(index: int) -> tuple[EvidencePattern, FactType]:
 
 
 # --------------------------------------------------------------------------------------------------------
-# Sentences. Each fact type has a stem that ends right before the value (the cloze), in both languages.
+# Sentences: the templates of data/sentences_en.toml and data/sentences_zh.toml, one table per fact type.
+# Each fact type has a stem that ends right before the value (the cloze), in both languages.
 
 
 @dataclass(frozen=True)
@@ -235,234 +152,94 @@ class _Value:
         return f"n{self.number}" if self.number is not None else f"p{self.name}"
 
 
+_Templates: TypeAlias = dict[str, dict[str, str | tuple[str, ...]]]
+
+
+@functools.cache
+def _sentence_templates(language: Language) -> _Templates:
+    """Fact type -> template name -> template (a list of templates for ``aliases``)."""
+    return {
+        fact: {
+            key: template if isinstance(template, str) else _strings(template, f"{fact}.{key}")
+            for key, template in table.items()
+        }
+        for fact, table in _data_file(f"sentences_{language}.toml").items()
+    }
+
+
 class _Writer:
-    """Renders the sentences of one language."""
+    """Renders the sentences of one language: templates looked up by (fact type, template name), filled in
+    with :meth:`str.format`."""
 
     def __init__(self, language: Language) -> None:
         self.language = language
-        self.zh = language == "zh"
+        self.templates = _sentence_templates(language)
+        self.column = 1 if language == "zh" else 0
+        self.names = NAMES_ZH if language == "zh" else NAMES_EN
 
     def region(self, index: int) -> str:
-        return REGIONS[index][1] if self.zh else REGIONS[index][0]
+        return REGIONS[index][self.column]
 
-    def name(self, index: int) -> str:
-        return NAMES_ZH[index] if self.zh else NAMES_EN[index]
+    def value(self, value: _Value) -> str:
+        return self.names[value.name] if value.name is not None else str(value.number)
 
-    # value surface forms -------------------------------------------------------------------------------
+    def _template(self, fact: FactType, key: str) -> str:
+        template = self.templates[fact][key]
+        if not isinstance(template, str):
+            raise TypeError(f"sentences_{self.language}.toml: {fact}.{key} must be a string")
+        return template
 
-    def value(self, fact: FactType, value: _Value) -> str:
-        if value.name is not None:
-            return self.name(value.name)
-        return str(value.number)
+    def sentence(
+        self,
+        fact: FactType,
+        key: str,
+        *,
+        region: int | None = None,
+        value: _Value | None = None,
+        old: _Value | None = None,
+        new: _Value | None = None,
+        threshold: str = "",
+        **numbers: int,
+    ) -> str:
+        """The template ``key`` of ``fact`` with its fields filled in (unused fields are ignored)."""
+        fields: dict[str, object] = {"threshold": threshold, **numbers}
+        if region is not None:
+            fields["region"] = self.region(region)
+        for field, item in (("value", value), ("old", old), ("new", new)):
+            if item is not None:
+                fields[field] = self.value(item)
+        return self._template(fact, key).format(**fields)
 
     def unit(self, fact: FactType) -> str | None:
-        if fact == "hotel_cap":
-            return "美元/晚" if self.zh else "USD per night"
-        if fact == "invoice_terms":
-            return "天" if self.zh else "days"
-        return None
-
-    def with_unit(self, fact: FactType, value: _Value) -> str:
-        """The value as it follows the cloze stem: ' 245 USD per night' / '245美元'."""
-        text = self.value(fact, value)
-        if fact == "hotel_cap":
-            return f"{text}美元" if self.zh else f" {text} USD per night"
-        if fact == "invoice_terms":
-            return f"{text}天内付清" if self.zh else f" {text} days"
-        return text if self.zh else f" {text}"
+        return self._template(fact, "unit") if "unit" in self.templates[fact] else None
 
     def aliases(self, fact: FactType, value: _Value) -> list[str]:
-        text = self.value(fact, value)
-        if fact == "hotel_cap":
-            return (
-                [f"每晚{text}美元", f"{text}美元", text]
-                if self.zh
-                else [f"{text} USD per night", f"{text} USD", text]
-            )
-        if fact == "invoice_terms":
-            return [f"{text}天", text] if self.zh else [f"{text} days", text]
-        if self.zh:
-            return [text]
-        return [text, text.split(" ", 1)[1]]  # surnames ("de Vries") are unique within the name pool
-
-    def end(self) -> str:
-        return "。" if self.zh else "."
-
-    # plain fact sentences: the single evidence, the distractors ------------------------------------------
-
-    def stem(self, fact: FactType, region: int, threshold: str = "") -> str:
-        """The plain sentence up to the value; also the cloze answer prefix of a single-evidence question."""
-        r = self.region(region)
-        if fact == "hotel_cap":
-            return (
-                f"{r}区域商务差旅的最高酒店房价为每晚"
-                if self.zh
-                else (f"The maximum hotel rate for business travel in region {r} is")
-            )
-        if fact == "invoice_terms":
-            return (
-                f"{r}区域的供应商发票必须在"
-                if self.zh
-                else f"Supplier invoices in region {r} must be paid within"
-            )
-        if fact == "incident_contact":
-            return (
-                f"{r}区域的安全事件必须报告给"
-                if self.zh
-                else f"Security incidents in region {r} must be reported to"
-            )
-        return (
-            f"{r}区域超过{threshold}美元的费用审批须由"
-            if self.zh
-            else (f"Expense approvals above {threshold} USD in region {r} require sign-off by")
-        )
-
-    def fact(self, fact: FactType, region: int, value: _Value, threshold: str = "") -> str:
-        """The plain fact sentence (no leading separator)."""
-        stem = self.stem(fact, region, threshold)
-        tail = self.with_unit(fact, value)
-        if fact == "invoice_terms" and not self.zh:
-            return f"{stem}{tail}."
-        if fact == "expense_signoff":
-            return f"{stem}{tail}签字批准。" if self.zh else f"{stem}{tail}."
-        return f"{stem}{tail}{self.end()}"
+        templates = self.templates[fact]["aliases"]
+        if isinstance(templates, str):
+            raise TypeError(f"sentences_{self.language}.toml: {fact}.aliases must be a list")
+        text = self.value(value)
+        surname = text.split(" ", 1)[-1]  # surnames ("de Vries") are unique within the name pool
+        return [template.format(value=text, surname=surname) for template in templates]
 
     def question(self, fact: FactType, region: int, threshold: str = "", current: bool = False) -> str:
-        r = self.region(region)
-        if self.zh:
-            policy = {"hotel_cap": "根据现行差旅政策，", "invoice_terms": "根据现行财务政策，"}.get(fact, "")
-            prefix = policy if current else ""
-            return {
-                "hotel_cap": f"{prefix}{r}区域商务差旅的最高酒店房价是每晚多少美元？",
-                "invoice_terms": f"{prefix}{r}区域的供应商发票必须在多少天内付清？",
-                "incident_contact": f"{r}区域的安全事件必须报告给谁？",
-                "expense_signoff": f"{r}区域超过{threshold}美元的费用审批须由谁签字批准？",
-            }[fact]
-        if current and fact == "hotel_cap":
-            return (
-                "Under the current travel policy, what is the maximum hotel rate for business travel "
-                f"in region {r}?"
-            )
-        if current and fact == "invoice_terms":
-            return (
-                "Under the current finance policy, within how many days must supplier invoices "
-                f"in region {r} be paid?"
-            )
-        return {
-            "hotel_cap": f"What is the maximum hotel rate for business travel in region {r}?",
-            "invoice_terms": f"Within how many days must supplier invoices in region {r} be paid?",
-            "incident_contact": f"To whom must security incidents in region {r} be reported?",
-            "expense_signoff": f"Who must sign off expense approvals above {threshold} USD in region {r}?",
-        }[fact]
+        """The question; ``current``: its current-policy form, if the fact type has one."""
+        key = "current_question" if current and "current_question" in self.templates[fact] else "question"
+        return self.sentence(fact, key, region=region, threshold=threshold)
 
     def answer_prefix(self, fact: FactType, region: int, threshold: str = "", current: bool = False) -> str:
-        stem = self.stem(fact, region, threshold)
-        if not current:
-            return stem
-        if self.zh:
-            return {"hotel_cap": "根据现行差旅政策，", "invoice_terms": "根据现行财务政策，"}[fact] + stem
-        policy = "travel" if fact == "hotel_cap" else "finance"
-        return f"Under the current {policy} policy, {stem[0].lower()}{stem[1:]}"
-
-    # two-evidence and block patterns ----------------------------------------------------------------------
-
-    def override(
-        self, fact: FactType, region: int, value: _Value, version: int, year: int, replaces: bool
-    ) -> str:
-        r = self.region(region)
-        v = self.value(fact, value)
-        if self.zh:
-            policy = "差旅政策" if fact == "hotel_cap" else "财务政策"
-            head = f"{policy}第{version}版（{year}年）" + (f"取代第{version - 1}版" if replaces else "")
-            return f"{head}：{self.fact(fact, region, value)}"
-        policy = "Travel" if fact == "hotel_cap" else "Finance"
-        head = f"{policy} policy version {version} ({year})" + (
-            f", which replaces version {version - 1}" if replaces else ""
+        """The cloze: the plain sentence up to the value, or its current-policy form."""
+        key = (
+            "current_answer_prefix" if current and "current_answer_prefix" in self.templates[fact] else "stem"
         )
-        if fact == "hotel_cap":
-            body = f"the maximum hotel rate for business travel in region {r} is {v} USD per night."
-        else:
-            body = f"supplier invoices in region {r} must be paid within {v} days."
-        return f"{head}: {body}"
-
-    def general_rule(self, fact: FactType, value: _Value) -> str:
-        v = self.value(fact, value)
-        if self.zh:
-            return {
-                "hotel_cap": f"所有区域商务差旅的最高酒店房价为每晚{v}美元。",
-                "invoice_terms": f"所有区域的供应商发票必须在{v}天内付清。",
-                "incident_contact": f"所有区域的安全事件都必须报告给首席安全官{v}。",
-            }[fact]
-        return {
-            "hotel_cap": f"The maximum hotel rate for business travel in all regions is {v} USD per night.",
-            "invoice_terms": f"Supplier invoices in all regions must be paid within {v} days.",
-            "incident_contact": (
-                f"Security incidents in all regions must be reported to the chief security officer, {v}."
-            ),
-        }[fact]
-
-    def exception(self, fact: FactType, region: int, value: _Value) -> str:
-        r = self.region(region)
-        v = self.value(fact, value)
-        if self.zh:
-            return {
-                "hotel_cap": f"例外：{r}区域商务差旅的最高酒店房价改为每晚{v}美元。",
-                "invoice_terms": f"例外：{r}区域的供应商发票改为必须在{v}天内付清。",
-                "incident_contact": f"例外：{r}区域的安全事件必须改为报告给{v}。",
-            }[fact]
-        return {
-            "hotel_cap": (
-                f"Exception: in region {r}, the maximum hotel rate for business travel is {v} USD per night "
-                "instead."
-            ),
-            "invoice_terms": (
-                f"Exception: in region {r}, supplier invoices must be paid within {v} days instead."
-            ),
-            "incident_contact": (
-                f"Exception: in region {r}, security incidents must be reported to {v} instead."
-            ),
-        }[fact]
-
-    def order(self, fact: FactType, region: int, old: _Value, new: _Value, year: int) -> str:
-        r = self.region(region)
-        o, n = self.value(fact, old), self.value(fact, new)
-        if self.zh:
-            if fact == "hotel_cap":
-                return f"{r}区域商务差旅的最高酒店房价最初定为每晚{o}美元，{year}年复审后改为每晚{n}美元。"
-            return f"{r}区域的供应商发票最初须在{o}天内付清，{year}年复审后改为须在{n}天内付清。"
-        if fact == "hotel_cap":
-            return (
-                f"In region {r} the maximum hotel rate for business travel was first set at {o} USD per "
-                "night; "
-                f"after the {year} review it was changed to {n} USD per night."
-            )
-        return (
-            f"In region {r} supplier invoices were first to be paid within {o} days; "
-            f"after the {year} review the term was changed to {n} days."
-        )
-
-    def negation(self, fact: FactType, region: int, old: _Value, new: _Value) -> str:
-        r = self.region(region)
-        o = self.value(fact, old)
-        plain = self.fact(fact, region, new)
-        if self.zh:
-            if fact == "hotel_cap":
-                return f"部分纸质版本中列出的每晚{o}美元不适用于{r}区域；{plain}"
-            return f"部分纸质版本中列出的{o}天付款期限不适用于{r}区域；{plain}"
-        lowered = plain[0].lower() + plain[1:]
-        if fact == "hotel_cap":
-            head = f"The figure of {o} USD per night shown in some printed copies"
-        else:
-            head = f"The payment term of {o} days shown in some printed copies"
-        return f"{head} does not apply in region {r}; {lowered}"
+        return self.sentence(fact, key, region=region, threshold=threshold)
 
     def claim_text(self, prefix: str, fact: FactType, value: _Value) -> str:
-        tail = self.with_unit(fact, value)
-        if fact == "invoice_terms" and self.zh:
-            return f"{prefix}{tail}。"
-        if fact == "expense_signoff" and self.zh:
-            return f"{prefix}{tail}签字批准。"
-        return f"{prefix}{tail}{self.end()}"
+        """A cloze completed with ``value``."""
+        return prefix + self.sentence(fact, "completion", value=value)
+
+    def fact(self, fact: FactType, region: int, value: _Value, threshold: str = "") -> str:
+        """The plain fact sentence (no leading separator): the stem completed with ``value``."""
+        return self.claim_text(self.sentence(fact, "stem", region=region, threshold=threshold), fact, value)
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -593,7 +370,7 @@ def _build_case(case_id: str, pattern: EvidencePattern, fact: FactType, draw: _D
                 id="answer",
                 text=writer.claim_text(prefix, fact, answer),
                 aliases=writer.aliases(fact, answer),
-                value=writer.value(fact, answer),
+                value=writer.value(answer),
                 unit=writer.unit(fact),
             )
         )
@@ -603,7 +380,7 @@ def _build_case(case_id: str, pattern: EvidencePattern, fact: FactType, draw: _D
                 id="competing" if pattern in ("override", "exception") else "ruled_out",
                 text=writer.claim_text(prefix, fact, old),
                 aliases=writer.aliases(fact, old),
-                value=writer.value(fact, old),
+                value=writer.value(old),
                 unit=writer.unit(fact),
                 severity="wrong",
             )
@@ -622,7 +399,10 @@ def _build_case(case_id: str, pattern: EvidencePattern, fact: FactType, draw: _D
             EvidenceDoc(
                 id=f"{case_id}/v{draw.version}",
                 version=str(draw.version),
-                text=" " + writer.override(fact, region, old, draw.version, draw.year_old, replaces=False),
+                text=" "
+                + writer.sentence(
+                    fact, "override", region=region, value=old, version=draw.version, year=draw.year_old
+                ),
                 supports=["competing"],
                 role="competing",
             )
@@ -632,7 +412,15 @@ def _build_case(case_id: str, pattern: EvidencePattern, fact: FactType, draw: _D
                 id=f"{case_id}/v{draw.version + 1}",
                 version=str(draw.version + 1),
                 text=" "
-                + writer.override(fact, region, answer, draw.version + 1, draw.year_new, replaces=True),
+                + writer.sentence(
+                    fact,
+                    "override_replacing",
+                    region=region,
+                    value=answer,
+                    version=draw.version + 1,
+                    previous_version=draw.version,
+                    year=draw.year_new,
+                ),
                 supports=["answer"],
             )
         )
@@ -640,7 +428,7 @@ def _build_case(case_id: str, pattern: EvidencePattern, fact: FactType, draw: _D
         evidence.append(
             EvidenceDoc(
                 id=f"{case_id}/general",
-                text=" " + writer.general_rule(fact, old),
+                text=" " + writer.sentence(fact, "general_rule", value=old),
                 supports=["competing"],
                 role="competing",
             )
@@ -648,7 +436,7 @@ def _build_case(case_id: str, pattern: EvidencePattern, fact: FactType, draw: _D
         evidence.append(
             EvidenceDoc(
                 id=f"{case_id}/exception",
-                text=" " + writer.exception(fact, region, answer),
+                text=" " + writer.sentence(fact, "exception", region=region, value=answer),
                 supports=["answer"],
             )
         )
@@ -656,7 +444,10 @@ def _build_case(case_id: str, pattern: EvidencePattern, fact: FactType, draw: _D
         evidence.append(
             EvidenceDoc(
                 id=f"{case_id}/history",
-                text=" " + writer.order(fact, region, old, answer, min(draw.year_new, 2025)),
+                text=" "
+                + writer.sentence(
+                    fact, "order", region=region, old=old, new=answer, year=min(draw.year_new, 2025)
+                ),
                 supports=["answer"],
             )
         )
@@ -664,7 +455,7 @@ def _build_case(case_id: str, pattern: EvidencePattern, fact: FactType, draw: _D
         evidence.append(
             EvidenceDoc(
                 id=f"{case_id}/evidence",
-                text=" " + writer.negation(fact, region, old, answer),
+                text=" " + writer.sentence(fact, "negation", region=region, old=old, new=answer),
                 supports=["answer"],
             )
         )
@@ -681,7 +472,7 @@ def _build_case(case_id: str, pattern: EvidencePattern, fact: FactType, draw: _D
                 id=f"distractor_{number:02d}",
                 text=sentence,
                 aliases=writer.aliases(fact, value),
-                value=writer.value(fact, value),
+                value=writer.value(value),
                 unit=writer.unit(fact),
                 severity="wrong",
             )
@@ -689,7 +480,7 @@ def _build_case(case_id: str, pattern: EvidencePattern, fact: FactType, draw: _D
 
     expected: dict[str, str] = {"region": writer.region(region)}
     if answer is not None:
-        expected["value"] = writer.value(fact, answer)
+        expected["value"] = writer.value(answer)
         unit = writer.unit(fact)
         if unit is not None:
             expected["unit"] = unit
@@ -697,7 +488,7 @@ def _build_case(case_id: str, pattern: EvidencePattern, fact: FactType, draw: _D
         expected["value"] = ""
         expected["abstain"] = "true"
     if fact == "expense_signoff":
-        expected["threshold"] = f"{threshold}美元" if writer.zh else f"{threshold} USD"
+        expected["threshold"] = writer.sentence(fact, "threshold", threshold=threshold)
 
     return Case(
         id=case_id,
