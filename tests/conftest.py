@@ -21,7 +21,8 @@ def shared_dir() -> Path:
     try:
         return fixtures_root()
     except FixtureError as exc:
-        pytest.fail(str(exc), pytrace=False)
+        message = str(exc)
+    pytest.fail(message, pytrace=False)  # outside the handler: one message, no chained traceback
 
 
 def __getattr__(name: str) -> Path:
