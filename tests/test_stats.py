@@ -876,3 +876,65 @@ def test_bench_size_and_power_table(dgp_delta):
             assert passed / sims <= _mc_limit(0.05, sims)
         else:
             assert passed / sims >= 0.85
+
+
+# --------------------------------------------------------------------------------------------------
+# Issue #11: near-ceiling bootstrap, stop rule, floor design effect, plan denominators, bootstrap size
+
+
+def _one_failed_run(n: int, runs: int, failed: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """Every run of both arms passes except ``failed`` candidate runs, one per case."""
+    yb, yc = np.ones((n, runs)), np.ones((n, runs))
+    for i in range(failed):
+        yc[i, i % runs] = 0.0
+    return yb, yc
+
+
+def test_bootstrap_skips_resamples_without_spread():
+    """n = 300, R = 5, one failed candidate run: 37% of case resamples miss that case (se* = 0). The
+    Appendix A bootstrap made them t* = +inf and the bound -inf at any n; they are now left out and the
+    slice takes the design-effect Newcombe bound (-0.003), as the issue measured it alone."""
+    yb, yc = _one_failed_run(300, 5)
+    boot = bootstrap_t(yc.mean(1) - yb.mean(1), 0.10, 0.05, reps=9999, seed=0)
+    assert boot.degenerate + boot.used == 9999
+    assert 0.33 < boot.degenerate / 9999 < 0.41  # (1 - 1/300)^300 = 0.367
+    assert math.isfinite(boot.lower) and boot.p_ni == 1 / (boot.used + 1)
+    s = slice_statistics(yb, yc, 0.10, 0.05, reps=9999, seed=0)
+    assert math.isfinite(s.lower_bootstrap) and s.lower == s.lower_newcombe
+    assert round(s.lower, 4) == -0.0030 and s.p_ni < 0.001
+    ref_lb = ref_boot_t(yc.mean(1) - yb.mean(1), 0.10, reps=9999, seed=0)[0]
+    assert ref_lb < -1e300  # the spec's helper (nan_to_num makes -inf -1.8e308), for the record
+
+
+def test_bootstrap_two_discordant_cases_against_the_candidate():
+    """Two cases differ, both against the candidate, n = 40, R = 3: 13.5% degenerate resamples."""
+    yb, yc = _one_failed_run(40, 3, failed=2)
+    s = slice_statistics(yb, yc, 0.10, 0.05, reps=999, seed=1)
+    assert -0.10 < s.lower < s.delta < 0
+    assert s.lower == s.lower_newcombe and s.lower_bootstrap is not None and s.lower_bootstrap > s.lower
+    r = gate(records_from_arrays({(4096, "0.5"): (yb, yc)}), FAST)
+    assert r.slice_results[0].status is SliceStatus.PASS and r.verdict is Verdict.PASS
+
+
+def test_bootstrap_degenerate_handling_keeps_resamples_with_spread():
+    """Resamples with spread are untouched: where none is degenerate the result equals gate_lib."""
+    d = np.random.default_rng(9).normal(-0.02, 0.2, 70)
+    got = bootstrap_t(d, 0.10, 0.05, reps=3000, seed=4)
+    assert got.degenerate == 0 and got.used == 3000
+    assert (got.lower, got.upper, got.p_ni, got.p_reg) == pytest.approx(
+        ref_boot_t(d, 0.10, reps=3000, seed=4), abs=1e-14
+    )
+    flat = bootstrap_t(np.zeros(40), 0.10, 0.05, reps=999, seed=0)  # no spread at all: defer
+    assert (flat.lower, flat.upper, flat.p_ni, flat.p_reg, flat.used) == (0.0, 0.0, None, None, 0)
+
+
+def test_near_ceiling_aa_slices_rarely_fail_small():
+    """CI-sized version of the A/A calibration (the opt-in one is tests/test_stats_sim.py): 99%
+    accuracy (spec §4 DGP, Beta(1.98, 0.02) per case), R = 3, n = 40. Appendix A failed ~26%."""
+    rng = np.random.default_rng(1111)
+    sims = 300
+    wrong = sum(
+        not slice_statistics(*draw_pairs(rng, 40, 3, mu=0.99), 0.10, 0.05, reps=199, seed=i).lower > -0.10
+        for i in range(sims)
+    )
+    assert wrong / sims <= 0.05

@@ -349,12 +349,19 @@ def floor_lower_bound(
 
 @dataclass(frozen=True)
 class BootstrapBounds:
-    """Studentized case bootstrap: one-sided (1 - alpha) bounds and p-values (None when se = 0)."""
+    """Studentized case bootstrap: one-sided (1 - alpha) bounds and p-values (None: the bootstrap-t is
+    undefined, se = 0 or no resample with spread; the caller defers to another bound).
+
+    ``degenerate`` counts the resamples without spread (every drawn case has the same difference), which
+    are left out of the t* distribution; ``used`` is the number of resamples the bounds rest on.
+    """
 
     lower: float
     upper: float
     p_ni: float | None
     p_reg: float | None
+    degenerate: int = 0
+    used: int = 0
 
 
 def bootstrap_t(
@@ -362,9 +369,19 @@ def bootstrap_t(
 ) -> BootstrapBounds:
     """Bootstrap-t over cases (section 2.2): resample cases ``reps`` times, t* = (mean* - mean)/se*.
 
-    Quantiles use method "higher"/"lower" (interpolating between +-inf gives NaN). p_NI =
-    (1 + #{t* >= (mean + M)/se}) / (reps + 1); p_REG symmetric. Identical to gate_lib.boot_t for the same
-    seed at alpha = 0.05.
+    **Degenerate resamples** (every drawn case has the same difference, so se* = 0 and t* is undefined)
+    are left out: the bounds and p-values use the t* distribution *conditional on a resample with
+    spread*. Spec Appendix A set t* = +-inf there, which near the ceiling (one or two discordant cases,
+    all against the candidate: more than alpha of the resamples draw none of them) made the lower bound
+    -inf at any n (research/stats_gate.md, Erratum). Conditioning mirrors how the gate uses the
+    statistic: a sample without spread never reaches the studentized bound (se = 0 returns the mean and
+    p = None), the Newcombe-RS bound that every slice also takes the minimum with covers it. Under the
+    null at the margin degenerate resamples are rare, so the size is unchanged (docs/gate-calibration.md).
+    Resamples with spread are untouched: for data where no resample is degenerate the result equals
+    gate_lib.boot_t for the same seed.
+
+    Quantiles use method "higher"/"lower". p_NI = (1 + #{t* >= (mean + M)/se}) / (used + 1); p_REG
+    symmetric.
     """
     d = np.asarray(differences, dtype=np.float64)
     n = d.size
@@ -378,24 +395,33 @@ def bootstrap_t(
     remaining = reps
     while remaining > 0:
         size = min(remaining, _BOOTSTRAP_BLOCK)
-        weights = rng.multinomial(n, probs, size=size) / n
+        counts = rng.multinomial(n, probs, size=size)
+        weights = counts / n
         means = weights @ d
         sds = np.sqrt(np.maximum(weights @ d**2 - means**2, 0) * n / (n - 1) / n)
+        drawn = counts > 0
+        spread = np.where(drawn, d, np.inf).min(axis=1) < np.where(drawn, d, -np.inf).max(axis=1)
         with np.errstate(divide="ignore", invalid="ignore"):
             t_star = np.where(sds > 0, (means - mean) / sds, np.sign(means - mean) * np.inf)
-        t_blocks.append(np.nan_to_num(t_star, nan=0.0, posinf=np.inf, neginf=-np.inf))
+        t_blocks.append(np.nan_to_num(t_star[spread], nan=0.0, posinf=np.inf, neginf=-np.inf))
         remaining -= size
     t_all = np.concatenate(t_blocks)
+    used = int(t_all.size)
+    if se <= 0 or used == 0:
+        return BootstrapBounds(
+            lower=mean, upper=mean, p_ni=None, p_reg=None, degenerate=reps - used, used=used
+        )
     q_high = float(np.quantile(t_all, 1.0 - alpha, method="higher"))
     q_low = float(np.quantile(t_all, alpha, method="lower"))
-    lower, upper = mean - q_high * se, mean - q_low * se
-    if se > 0:
-        t_obs = (mean + margin) / se
-        p_ni: float | None = (1 + int(np.sum(t_all >= t_obs))) / (reps + 1)
-        p_reg: float | None = (1 + int(np.sum(t_all <= t_obs))) / (reps + 1)
-    else:
-        p_ni = p_reg = None
-    return BootstrapBounds(lower=lower, upper=upper, p_ni=p_ni, p_reg=p_reg)
+    t_obs = (mean + margin) / se
+    return BootstrapBounds(
+        lower=mean - q_high * se,
+        upper=mean - q_low * se,
+        p_ni=(1 + int(np.sum(t_all >= t_obs))) / (used + 1),
+        p_reg=(1 + int(np.sum(t_all <= t_obs))) / (used + 1),
+        degenerate=reps - used,
+        used=used,
+    )
 
 
 @dataclass(frozen=True)
