@@ -938,3 +938,20 @@ def test_near_ceiling_aa_slices_rarely_fail_small():
         for i in range(sims)
     )
     assert wrong / sims <= 0.05
+
+
+def test_floor_uses_worst_case_design_effect_at_the_boundary():
+    """40 all-pass cases at R = 3: no spread to estimate DEFF from, so DEFF = R (as Newcombe-RS does):
+    the Wilson bound of 40/40 = 0.937, not of 120 independent runs (0.978)."""
+    lb, deff, n_eff = floor_lower_bound(np.ones(40), 3, 0.05)
+    assert (deff, n_eff) == (3.0, 40.0)
+    assert lb == pytest.approx(wilson_lower(40, 40)) and round(lb, 3) == 0.937
+    assert wilson_lower(120, 120) == pytest.approx(0.978, abs=5e-4)
+    assert floor_lower_bound(np.zeros(40), 3, 0.05)[1:] == (3.0, 40.0)
+    assert floor_lower_bound(np.ones(40), 1, 0.05)[1] == 1.0  # R = 1: plain Wilson on the cases
+    ones = np.ones((40, 3))
+    r = gate(
+        records_from_arrays({(2048, "0.5"): (ones, ones.copy())}), GatePlan(bootstrap_reps=999, floor=0.95)
+    )
+    row = r.slice_results[0]
+    assert row.status is SliceStatus.FAIL_FLOOR and row.floor_n_eff == 40.0 and row.floor_lb < 0.95

@@ -329,8 +329,11 @@ def floor_lower_bound(
 ) -> tuple[float, float, float]:
     """Wilson lower bound on the effective sample size: (lower bound, DEFF, n_eff) (section 2.5).
 
-    DEFF = clip(R * s^2(per-case rate) / (p(1 - p)), 1, R) (Kish); n_eff = n * R / DEFF. DEFF is 1 when
-    p is 0 or 1 (no spread), and R when there is a single case.
+    DEFF = clip(R * s^2(per-case rate) / (p(1 - p)), 1, R) (Kish); n_eff = n * R / DEFF. When p is 0 or
+    1 there is no spread to estimate DEFF from, and the bound takes the worst case DEFF = R (n_eff = the
+    number of cases), as the paired Newcombe-RS bound does when no run is discordant (section 2.2):
+    40 all-pass cases at R = 3 give the Wilson bound of 40/40 (0.937), not of 120/120 (0.978). DEFF is
+    also R when there is a single case.
     """
     rates = np.asarray(per_case_rates, dtype=np.float64)
     n = rates.size
@@ -342,7 +345,7 @@ def floor_lower_bound(
         deff = r
     else:
         var_srs = p * (1.0 - p) / (n * r)
-        deff = float(np.clip((float(rates.var(ddof=1)) / n) / var_srs, 1.0, r)) if var_srs > 0 else 1.0
+        deff = float(np.clip((float(rates.var(ddof=1)) / n) / var_srs, 1.0, r)) if var_srs > 0 else r
     n_eff = n * r / deff
     return wilson_lower(p * n_eff, n_eff, alpha), deff, n_eff
 
