@@ -955,3 +955,106 @@ def test_floor_uses_worst_case_design_effect_at_the_boundary():
     )
     row = r.slice_results[0]
     assert row.status is SliceStatus.FAIL_FLOOR and row.floor_n_eff == 40.0 and row.floor_lb < 0.95
+
+
+def test_one_extension_tests_every_look_at_half_alpha():
+    """stop_rule one_extension: Bonferroni over the two looks, so the gate tests at alpha / 2."""
+    plan = GatePlan(bootstrap_reps=999, stop_rule="one_extension")
+    assert plan.look_alpha == 0.025 and GatePlan(bootstrap_reps=999).look_alpha == 0.05
+    assert plan.to_dict()["stop_rule"] == "one_extension" and plan.to_dict()["look_alpha"] == 0.025
+    # A slice that shows NI at 0.05 but not at 0.025.
+    rng = np.random.default_rng(0)
+    for _ in range(500):
+        yb, yc = draw_pairs(rng, 40, 3, delta=-0.05)
+        at_05 = slice_statistics(yb, yc, 0.10, 0.05, reps=999, seed=stable_seed(0, "slice", 4096, "0.5"))
+        at_025 = slice_statistics(yb, yc, 0.10, 0.025, reps=999, seed=stable_seed(0, "slice", 4096, "0.5"))
+        if at_05.lower > -0.10 >= at_025.lower:
+            break
+    else:
+        pytest.fail("no slice between the two levels")
+    records = records_from_arrays({(4096, "0.5"): (yb, yc)})
+    fixed = gate(records, FAST)
+    extension = gate(records, plan)
+    assert fixed.verdict is Verdict.PASS and fixed.slice_results[0].lower == at_05.lower
+    assert extension.slice_results[0].status is SliceStatus.FAIL_NOT_SHOWN
+    assert extension.slice_results[0].lower == at_025.lower and extension.verdict is Verdict.FAIL
+    with pytest.raises(SpecError):
+        GatePlan(stop_rule="sequential")  # type: ignore[arg-type]
+
+
+def _planned(n=60, runs=3, **kwargs) -> GatePlan:
+    return GatePlan(
+        bootstrap_reps=999,
+        planned_cases=tuple(f"c{i:03d}" for i in range(n)),
+        planned_seeds=tuple(range(runs)),
+        **kwargs,
+    )
+
+
+def test_cases_absent_from_every_slice_count_as_missing():
+    df = _two_slices(n=60)
+    dropped = [f"c{i:03d}" for i in range(12)]  # 20% of the cases, gone from every slice
+    kept = df.filter(~pl.col("case_id").is_in(dropped))
+    from_records = gate(kept, FAST)
+    assert all(s.n_missing == 0 and s.n_planned == 48 for s in from_records.slice_results)  # direct callers
+    planned = gate(kept, _planned())
+    for s in planned.slice_results:
+        assert (s.n_planned, s.n_cases, s.n_missing) == (60, 48, 12)
+        assert s.status is SliceStatus.INCONCLUSIVE and "12/60 planned cases missing" in s.reason
+    assert planned.verdict is Verdict.INCONCLUSIVE
+
+
+def test_seed_absent_from_both_arms_keeps_the_planned_r():
+    df = _two_slices(n=60, runs=3)
+    one_gone = gate(df.filter(pl.col("seed") != 2), _planned())
+    for s in one_gone.slice_results:
+        assert s.seeds == 3 and s.n_cases == 60 and s.method == METHOD_COMBINED  # 2 >= ceil(3/2) seeds
+    two_gone = df.filter(pl.col("seed") == 0)
+    from_records = gate(two_gone, FAST)
+    assert all(s.seeds == 1 and s.method == METHOD_NEWCOMBE for s in from_records.slice_results)
+    planned = gate(two_gone, _planned())
+    for s in planned.slice_results:  # 1 valid paired seed < ceil(3/2): every case is missing
+        assert s.seeds == 3 and s.n_cases == 0 and s.n_missing == 60
+        assert s.status is SliceStatus.INCONCLUSIVE
+
+
+def test_records_outside_the_frozen_sets_are_refused():
+    df = _two_slices(n=60)
+    with pytest.raises(InputError, match="outside the frozen case set"):
+        gate(df, _planned(n=59))
+    with pytest.raises(InputError, match="outside the frozen seed set"):
+        gate(df, _planned(runs=2))
+    with pytest.raises(SpecError):
+        GatePlan(planned_cases=("a", "a"))
+    with pytest.raises(SpecError):
+        GatePlan(planned_seeds=())
+    complete = gate(df, _planned())
+    assert complete.to_dict()["slices"] == gate(df, FAST).to_dict()["slices"]  # same data, same answer
+
+
+def test_bootstrap_size_must_allow_a_confirmed_regression():
+    """p >= 1/(B+1): with B = 999 and 20 slices the smallest BY q is 0.072, so FAIL_REGRESSION was
+    impossible. The plan is refused instead; B = 1439 is the smallest that works."""
+    from depthgate.spec.models import min_bootstrap_resamples
+
+    grid = tuple((length, p) for length in LENGTHS for p in POSITIONS)
+    assert min_bootstrap_resamples(20, 0.05) == 1439
+    for reps, q in ((999, 0.0720), (1438, 0.05), (1439, 0.05)):
+        p = np.ones(20)
+        p[0] = 1 / (reps + 1)
+        smallest = multipletests(p, 0.05, "fdr_by")[1][0]
+        assert round(smallest, 4) == q if reps == 999 else (smallest <= 0.05) == (reps >= 1439)
+    with pytest.raises(SpecError, match="cannot confirm a regression") as info:
+        GatePlan(bootstrap_reps=999, planned_slices=grid)
+    assert info.value.field == "bootstrap_reps" and "1439" in (info.value.fix or "")
+    with pytest.raises(SpecError):
+        GatePlan(bootstrap_reps=1439, planned_slices=grid, stop_rule="one_extension")  # alpha/2: 2878
+    assert min_bootstrap_resamples(20, 0.05, "holm") == 399
+    GatePlan(bootstrap_reps=399, planned_slices=grid, regression_method="holm")
+    # With the smallest valid B a regression in one of 20 slices is confirmed.
+    rng = np.random.default_rng(12)
+    slices = {key: draw_pairs(rng, 40, 3, coupling=0.8) for key in grid}
+    slices[(131072, "0.5")] = draw_pairs(rng, 40, 3, delta=-0.6, coupling=0.8)
+    r = gate(records_from_arrays(slices), GatePlan(bootstrap_reps=1439, planned_slices=grid))
+    regressed = next(s for s in r.slice_results if (s.length, s.position) == (131072, "0.5"))
+    assert regressed.status is SliceStatus.FAIL_REGRESSION and regressed.q_reg <= 0.05

@@ -24,7 +24,7 @@ import json
 import os
 import platform
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -71,9 +71,24 @@ def _versions() -> dict[str, str]:
     return out
 
 
-def gate_plan(plan: AnalysisPlan, lengths: list[int], positions: list[str]) -> GatePlan:
+def gate_plan(
+    plan: AnalysisPlan,
+    lengths: list[int],
+    positions: list[str],
+    *,
+    cases: Sequence[str] | None = None,
+    seeds: Sequence[int] | None = None,
+) -> GatePlan:
     """The statistical gate's parameters from the frozen analysis plan; the planned slices are the
-    matrix's full length × position grid, so a slice that produced no data is INCONCLUSIVE, not absent."""
+    matrix's full length × position grid, so a slice that produced no data is INCONCLUSIVE, not absent.
+
+    ``cases`` (the frozen suite's placeable case ids: ``[c.id for c in suite.cases if c.decisive]``, the
+    cases ``build_layouts`` places) and ``seeds`` (the manifest's seed set) make the gate count missing
+    data against the plan instead of the records. The stop rule is passed on: under "one_extension"
+    every look tests at alpha / 2. The plan was validated by ``AnalysisPlan``/``Matrix`` with the same
+    rules ``GatePlan`` applies (``depthgate.spec.models.plan_violations``), so this never refuses a plan
+    after the requests were sent.
+    """
     return GatePlan(
         margin=plan.margin,
         alpha=plan.alpha,
@@ -84,6 +99,9 @@ def gate_plan(plan: AnalysisPlan, lengths: list[int], positions: list[str]) -> G
         bootstrap_reps=plan.bootstrap_resamples,
         bootstrap_seed=plan.bootstrap_seed,
         planned_slices=tuple((length, pos) for length in lengths for pos in positions),
+        stop_rule=plan.stop_rule,
+        planned_cases=None if cases is None else tuple(cases),
+        planned_seeds=None if seeds is None else tuple(int(s) for s in seeds),
     )
 
 

@@ -40,6 +40,8 @@ from statsmodels.stats.power import TTestPower
 from statsmodels.stats.proportion import proportion_confint
 
 from depthgate.exceptions import InputError, SpecError
+from depthgate.spec.models import look_alpha as _look_alpha
+from depthgate.spec.models import plan_violations
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -108,6 +110,19 @@ class GatePlan:
     ``regression_method`` adjusts the confirmed-regression family (BY or Holm: valid under any
     dependence). ``block_known_gap``: a floor failure where the baseline also misses the floor still
     blocks (default, section 2.5).
+
+    ``stop_rule`` "one_extension" pre-specifies at most one extension of the run: every look (the first
+    and the pooled second) then tests at ``alpha / 2`` (Bonferroni over the two looks, section 2.4), so
+    the chance of a wrong PASS over both looks stays <= ``alpha``. :attr:`look_alpha` is the level the
+    gate uses for every bound, q-value threshold and the floor.
+
+    ``planned_cases`` and ``planned_seeds`` are the frozen case set and seed set. When given, missing
+    data are counted against them (a case absent from every record is missing in every slice; a seed
+    absent from both arms is a missing run, R stays the planned R) and records of an unplanned case or
+    seed are refused. None keeps the record-based denominators for direct callers.
+
+    The numeric rules are :func:`depthgate.spec.models.plan_violations`, the same function that
+    validates the matrix's ``AnalysisPlan`` before a run is frozen.
     """
 
     margin: float = 0.10
@@ -125,34 +140,67 @@ class GatePlan:
     triage_top_k: int = 20
     triage_rerun_seeds: int = 20
     power: float = 0.8
+    stop_rule: Literal["fixed", "one_extension"] = "fixed"
+    planned_cases: tuple[str, ...] | None = None
+    planned_seeds: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
+        names = {"bootstrap_resamples": "bootstrap_reps"}
+        for name, problem, fix in plan_violations(
+            margin=self.margin,
+            alpha=self.alpha,
+            n_min=self.n_min,
+            floor=self.floor,
+            max_missing=self.max_missing,
+            bootstrap_resamples=self.bootstrap_reps,
+            stop_rule=self.stop_rule,
+            regression_method=self.regression_method
+            if self.regression_method in _REGRESSION_METHODS
+            else "BY",
+            n_slices=None if self.planned_slices is None else len(set(self.planned_slices)),
+        ):
+            raise SpecError(f"invalid gate plan: {problem}", field=names.get(name, name), fix=fix)
         checks: list[tuple[bool, str, str]] = [
-            (0.0 < self.margin < 1.0, "margin", "a margin in (0, 1), e.g. 0.10 for 10 points"),
-            (0.0 < self.alpha < 0.5, "alpha", "a one-sided alpha in (0, 0.5), e.g. 0.05"),
-            (self.n_min >= 2, "n_min", "at least 2 cases per slice (the spec uses 40)"),
-            (self.floor is None or 0.0 <= self.floor <= 1.0, "floor", "a floor in [0, 1] or None"),
             (self.fdr_method in _NI_METHODS, "fdr_method", f"one of {sorted(_NI_METHODS)}"),
             (
                 self.regression_method in _REGRESSION_METHODS,
                 "regression_method",
                 f"one of {sorted(_REGRESSION_METHODS)} (valid under arbitrary dependence)",
             ),
-            (0.0 <= self.max_missing < 1.0, "max_missing", "a share in [0, 1)"),
-            (self.bootstrap_reps >= 99, "bootstrap_reps", "at least 99 replicates (the spec uses 9999)"),
             (0.0 < self.fragile_range <= 1.0, "fragile_range", "a range in (0, 1]"),
             (self.triage_top_k >= 0, "triage_top_k", "a non-negative count"),
             (self.triage_rerun_seeds >= 1, "triage_rerun_seeds", "a positive seed count"),
             (0.0 < self.power < 1.0, "power", "a power in (0, 1)"),
+            (
+                self.planned_cases is None
+                or (len(self.planned_cases) > 0 and len(set(self.planned_cases)) == len(self.planned_cases)),
+                "planned_cases",
+                "a non-empty list of distinct case ids, or None",
+            ),
+            (
+                self.planned_seeds is None
+                or (len(self.planned_seeds) > 0 and len(set(self.planned_seeds)) == len(self.planned_seeds)),
+                "planned_seeds",
+                "a non-empty list of distinct seeds, or None",
+            ),
         ]
         for ok, name, fix in checks:
             if not ok:
                 raise SpecError(f"invalid gate plan value {getattr(self, name)!r}", field=name, fix=fix)
 
+    @property
+    def look_alpha(self) -> float:
+        """The one-sided level of every test in this analysis: alpha, or alpha / 2 under one_extension."""
+        return _look_alpha(self.alpha, self.stop_rule)
+
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
         if self.planned_slices is not None:
             out["planned_slices"] = [[length, position] for length, position in self.planned_slices]
+        for name in ("planned_cases", "planned_seeds"):
+            value = getattr(self, name)
+            out[name] = None if value is None else list(value)
+        out["look_alpha"] = self.look_alpha
         return out
 
 
@@ -860,9 +908,16 @@ class _SliceData:
 
 
 def _slice_data(
-    length: int, position: str, runs: pl.DataFrame, planned_cases: Sequence[str], safety: tuple[int, int]
+    length: int,
+    position: str,
+    runs: pl.DataFrame,
+    planned_cases: Sequence[str],
+    safety: tuple[int, int],
+    planned_seeds: Sequence[int] | None = None,
 ) -> _SliceData:
-    seeds = sorted(runs["seed"].unique().to_list())
+    # With a frozen seed set, R is the planned R: a seed absent from both arms is a missing run, not a
+    # smaller design (ceil(R/2) valid paired seeds per case still apply).
+    seeds = sorted(runs["seed"].unique().to_list()) if planned_seeds is None else sorted(planned_seeds)
     need = math.ceil(len(seeds) / 2)
     per_case = runs.group_by("case_id").agg(
         (~(pl.col("has_b") & pl.col("has_c"))).sum().alias("unpaired"),
@@ -928,9 +983,11 @@ def _describe(draft: _Draft, plan: GatePlan) -> dict[str, Any]:
     out["acc_baseline"] = float(rate_b.mean())
     out["acc_candidate"] = float(rate_c.mean())
     out["delta"] = float((rate_c - rate_b).mean())
-    out["floor_lb"], out["floor_deff"], out["floor_n_eff"] = floor_lower_bound(rate_c, runs / n, plan.alpha)
-    out["floor_lb_baseline"] = floor_lower_bound(rate_b, runs / n, plan.alpha)[0]
-    out["floor_lb_naive"] = wilson_lower(float(np.nansum(data.candidate)), runs, plan.alpha)
+    out["floor_lb"], out["floor_deff"], out["floor_n_eff"] = floor_lower_bound(
+        rate_c, runs / n, plan.look_alpha
+    )
+    out["floor_lb_baseline"] = floor_lower_bound(rate_b, runs / n, plan.look_alpha)[0]
+    out["floor_lb_naive"] = wilson_lower(float(np.nansum(data.candidate)), runs, plan.look_alpha)
     return out
 
 
@@ -939,7 +996,7 @@ def _replanned_n(stats: SliceStatistics, plan: GatePlan, n_slices: int) -> int |
         return None
     try:
         return sample_size_per_slice(
-            stats.sd_diff, plan.margin, plan.alpha, plan.power, n_slices=n_slices, n_min=plan.n_min
+            stats.sd_diff, plan.margin, plan.look_alpha, plan.power, n_slices=n_slices, n_min=plan.n_min
         )
     except (ValueError, RuntimeError, ArithmeticError):
         return None
@@ -961,10 +1018,10 @@ def _status(draft: _Draft, q_reg: float, desc: Mapping[str, Any], plan: GatePlan
             reason += f"; suspected regression (delta {delta:+.3f} <= -{m:g}) - rerun at full size"
         return SliceStatus.INCONCLUSIVE, reason
     st = draft.stats
-    if q_reg <= plan.alpha:
+    if q_reg <= plan.look_alpha:
         return SliceStatus.FAIL_REGRESSION, (
             f"confirmed regression: upper bound {st.upper:+.4f} < -{m:g}, "
-            f"{plan.regression_method} q {q_reg:.4g} <= {plan.alpha:g}"
+            f"{plan.regression_method} q {q_reg:.4g} <= {plan.look_alpha:g}"
         )
     if not st.lower > -m:
         return SliceStatus.FAIL_NOT_SHOWN, f"non-inferiority not shown: lower bound {st.lower:+.4f} <= -{m:g}"
@@ -990,14 +1047,35 @@ def gate(records: pl.DataFrame, plan: GatePlan | None = None) -> GateResult:
     Columns: see ``RECORD_SCHEMA``. ``outcome`` "pass" scores 1; "fail" and "system_fail" (overflow,
     template error, truncation, timeout: caused by a system, so never missing) score 0; "missing"
     (an unresolved infrastructure error) drops that seed from the pairing. The planned case set is
-    every case_id in the records: a case with no valid data in a slice counts as missing there. A case
-    needs ceil(R/2) valid paired seeds, R = distinct seeds in the slice. Raises ``InputError`` on
-    malformed records.
+    ``plan.planned_cases`` (else every case_id in the records): a case with no valid data in a slice
+    counts as missing there. A case needs ceil(R/2) valid paired seeds, R = ``len(plan.planned_seeds)``
+    (else the distinct seeds in the slice). Raises ``InputError`` on malformed records and on records of
+    a case or seed outside the planned sets.
     """
     plan = plan or GatePlan()
     df = _prepare_records(records)
     paired = _pair_runs(df)
-    planned_cases = sorted(paired["case_id"].unique().to_list())
+    observed_cases = sorted(paired["case_id"].unique().to_list())
+    if plan.planned_cases is None:
+        planned_cases = observed_cases
+    else:
+        planned_cases = sorted(plan.planned_cases)
+        unplanned = sorted(set(observed_cases) - set(planned_cases))
+        if unplanned:
+            raise InputError(
+                f"records of {len(unplanned)} case(s) outside the frozen case set, e.g. {unplanned[:3]}",
+                field="case_id",
+                fix="gate the records of the run the plan was frozen for (GatePlan.planned_cases)",
+            )
+    if plan.planned_seeds is not None:
+        extra_seeds = sorted(set(paired["seed"].unique().to_list()) - set(plan.planned_seeds))
+        if extra_seeds:
+            raise InputError(
+                f"records of seed(s) {extra_seeds[:5]} outside the frozen seed set "
+                f"{list(plan.planned_seeds)}",
+                field="seed",
+                fix="gate the records of the run the plan was frozen for (GatePlan.planned_seeds)",
+            )
 
     safety_counts: dict[tuple[int, str, str], int] = {}
     for row in (
@@ -1022,12 +1100,22 @@ def gate(records: pl.DataFrame, plan: GatePlan | None = None) -> GateResult:
         runs = observed.get((length, position))
         if runs is None:
             empty = np.full((0, 1), np.nan)
+            n_seeds = 0 if plan.planned_seeds is None else len(plan.planned_seeds)
             data = _SliceData(
-                length, position, 0, len(planned_cases), len(planned_cases), 0, (), empty, empty.copy(), *hits
+                length,
+                position,
+                n_seeds,
+                len(planned_cases),
+                len(planned_cases),
+                0,
+                (),
+                empty,
+                empty.copy(),
+                *hits,
             )
             drafts.append(_Draft(data, ["no records for this pre-registered slice"]))
             continue
-        data = _slice_data(length, position, runs, planned_cases, hits)
+        data = _slice_data(length, position, runs, planned_cases, hits, plan.planned_seeds)
         reasons: list[str] = []
         if preregistered is not None and (length, position) not in preregistered:
             reasons.append("not on the pre-registered slice list (exploratory only)")
@@ -1048,7 +1136,7 @@ def gate(records: pl.DataFrame, plan: GatePlan | None = None) -> GateResult:
                 data.baseline,
                 data.candidate,
                 plan.margin,
-                plan.alpha,
+                plan.look_alpha,
                 plan.bootstrap_reps,
                 draft.seed,
                 seeds_planned=data.seeds,
@@ -1057,8 +1145,8 @@ def gate(records: pl.DataFrame, plan: GatePlan | None = None) -> GateResult:
 
     p_ni = [1.0 if d.stats is None else d.stats.p_ni for d in drafts]
     p_reg = [1.0 if d.stats is None else d.stats.p_reg for d in drafts]
-    q_ni = _adjust(p_ni, plan.alpha, _NI_METHODS[plan.fdr_method])
-    q_reg = _adjust(p_reg, plan.alpha, _REGRESSION_METHODS[plan.regression_method])
+    q_ni = _adjust(p_ni, plan.look_alpha, _NI_METHODS[plan.fdr_method])
+    q_reg = _adjust(p_reg, plan.look_alpha, _REGRESSION_METHODS[plan.regression_method])
 
     slice_results: list[SliceResult] = []
     for i, draft in enumerate(drafts):
@@ -1217,7 +1305,7 @@ def _overall(cells: Sequence[_Cell], plan: GatePlan) -> OverallResult | None:
         return None
     d = np.array([float(np.mean(per_case[c])) for c in sorted(per_case)])
     boot = bootstrap_t(
-        d, plan.margin, plan.alpha, plan.bootstrap_reps, stable_seed(plan.bootstrap_seed, "overall")
+        d, plan.margin, plan.look_alpha, plan.bootstrap_reps, stable_seed(plan.bootstrap_seed, "overall")
     )
     p_ni = (
         boot.p_ni
@@ -1302,7 +1390,7 @@ def _worst_positions(
             worst = bootstrap_t(
                 wc - wb,
                 plan.margin,
-                plan.alpha,
+                plan.look_alpha,
                 plan.bootstrap_reps,
                 stable_seed(plan.bootstrap_seed, "worst", length),
             )
@@ -1310,7 +1398,7 @@ def _worst_positions(
             spread = bootstrap_t(
                 gb - gc,
                 plan.margin,
-                plan.alpha,
+                plan.look_alpha,
                 plan.bootstrap_reps,
                 stable_seed(plan.bootstrap_seed, "range", length),
             )

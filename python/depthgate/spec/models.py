@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 import sys
 from collections.abc import Mapping, Sequence
@@ -488,19 +489,154 @@ class Suite(_Frozen):
 # Plan, decoding, systems, matrices
 
 
+#: Adjustments of the confirmed-regression family the gate supports (valid under any dependence).
+RegressionMethod: TypeAlias = Literal["BY", "holm"]
+StopRule: TypeAlias = Literal["fixed", "one_extension"]
+
+
+def look_alpha(alpha: float, stop_rule: str) -> float:
+    """The one-sided level every look tests at: alpha for a fixed design, alpha / 2 when one pre-specified
+    extension may follow (Bonferroni over the two looks, research/stats_gate.md section 2.4)."""
+    return alpha / 2.0 if stop_rule == "one_extension" else alpha
+
+
+def min_bootstrap_resamples(n_slices: int, alpha: float, method: RegressionMethod = "BY") -> int:
+    """The smallest B at which a regression in one of ``n_slices`` slices can be confirmed at ``alpha``.
+
+    A bootstrap p-value is at least 1/(B+1). With one slice at that floor and every other at p = 1, the
+    smallest adjusted q is n*c(n)/(B+1) for Benjamini-Yekutieli (c(n) = 1 + 1/2 + ... + 1/n) and
+    n/(B+1) for Holm, so B + 1 >= factor/alpha. 20 slices at alpha 0.05 under BY need B >= 1439 (at
+    B = 999 the smallest q is 0.072); the spec's B = 9999 serves up to 96 slices.
+    """
+    return max(99, math.ceil(_smallest_q_factor(n_slices, method) / alpha - 1e-9) - 1)
+
+
+def _smallest_q_factor(n_slices: int, method: RegressionMethod) -> float:
+    """q = factor * p for the one small p-value of a family of ``n_slices`` (all others 1)."""
+    if n_slices < 1:
+        raise ValueError(f"n_slices must be >= 1, got {n_slices}")
+    factor = float(n_slices)
+    if method == "BY":
+        factor *= math.fsum(1.0 / i for i in range(1, n_slices + 1))
+    return factor
+
+
+def plan_violations(
+    *,
+    margin: float,
+    alpha: float,
+    n_min: int,
+    floor: float | None,
+    max_missing: float,
+    bootstrap_resamples: int,
+    stop_rule: str = "fixed",
+    regression_method: RegressionMethod = "BY",
+    n_slices: int | None = None,
+) -> list[tuple[str, str, str]]:
+    """Every rule a plan must meet before anything runs, as (field, problem, fix); empty when valid.
+
+    The single validator of the gate's parameters: :class:`AnalysisPlan` (and :class:`Matrix`, which
+    knows the number of slices) and ``depthgate.judge.stats.GatePlan`` both call it, so a
+    plan the matrix accepts is never refused by the gate after the requests were sent. The bootstrap
+    size is checked when the slice count is known, whatever the repeats: one seed per case uses
+    Newcombe-10 p-values, which have no 1/(B+1) floor, but one rule that does not depend on R keeps the
+    matrix and the gate in agreement (the default B = 9999 serves up to 96 slices).
+    """
+    problems: list[tuple[str, str, str]] = []
+    if not 0.0 < margin < 1.0:
+        problems.append(
+            ("margin", f"margin {margin!r} is outside (0, 1)", "give a margin in (0, 1), e.g. 0.10")
+        )
+    if not 0.0 < alpha < 0.5:
+        problems.append(
+            (
+                "alpha",
+                f"alpha {alpha!r} is not a one-sided level in (0, 0.5)",
+                "give a one-sided alpha in (0, 0.5), e.g. 0.05",
+            )
+        )
+    if n_min < 2:
+        problems.append(
+            ("n_min", f"n_min {n_min!r} < 2", "give at least 2 cases per slice (a real plan uses 40)")
+        )
+    if floor is not None and not 0.0 <= floor < 1.0:
+        problems.append(
+            ("floor", f"floor {floor!r} is outside [0, 1)", "give an accuracy floor in [0, 1), or none")
+        )
+    if not 0.0 <= max_missing < 1.0:
+        problems.append(
+            ("max_missing", f"max_missing {max_missing!r} is outside [0, 1)", "give a share in [0, 1)")
+        )
+    if bootstrap_resamples < 99:
+        problems.append(
+            (
+                "bootstrap_resamples",
+                f"{bootstrap_resamples} bootstrap resamples < 99",
+                "use at least 99 (the spec uses 9999)",
+            )
+        )
+    if stop_rule not in ("fixed", "one_extension"):
+        problems.append(("stop_rule", f"unknown stop rule {stop_rule!r}", "use 'fixed' or 'one_extension'"))
+    if n_slices is not None and n_slices >= 1 and 0.0 < alpha < 0.5:
+        level = look_alpha(alpha, stop_rule)
+        need = min_bootstrap_resamples(n_slices, level, regression_method)
+        if bootstrap_resamples < need:
+            floor_p = 1.0 / (bootstrap_resamples + 1)
+            factor = _smallest_q_factor(n_slices, regression_method)
+            problems.append(
+                (
+                    "bootstrap_resamples",
+                    f"{bootstrap_resamples} bootstrap resamples cannot confirm a regression among "
+                    f"{n_slices} slices: the smallest p-value is 1/(B+1) = {floor_p:.2g} and its "
+                    f"{regression_method}-adjusted q is about {min(1.0, factor * floor_p):.3g} > "
+                    f"{level:g}",
+                    f"set bootstrap_resamples >= {need} (or plan fewer slices)",
+                )
+            )
+    return problems
+
+
 class AnalysisPlan(_Frozen):
-    """The frozen statistical plan (research/stats_gate.md). Digested before any run; never changed after."""
+    """The frozen statistical plan (research/stats_gate.md). Digested before any run; never changed after.
+
+    Validated once, here and in :class:`Matrix`, by :func:`plan_violations` (the rules the gate applies):
+    alpha in (0, 0.5), n_min >= 2, margin in (0, 1), floor in [0, 1), and enough bootstrap resamples to
+    confirm a regression among the matrix's slices.
+    """
 
     primary_metric: Literal["pass"] = "pass"
     margin: StrictFloat = Field(default=0.10, gt=0.0, lt=1.0)
-    alpha: StrictFloat = Field(default=0.05, gt=0.0, lt=1.0)
-    n_min: StrictInt = Field(default=40, ge=1)
-    floor: StrictFloat | None = Field(default=None, ge=0.0, le=1.0)
+    alpha: StrictFloat = Field(default=0.05, gt=0.0, lt=1.0, description="one-sided; must be < 0.5")
+    n_min: StrictInt = Field(default=40, ge=2)
+    floor: StrictFloat | None = Field(default=None, ge=0.0, lt=1.0)
     fdr_method: Literal["BH", "BY", "holm"] = "BH"
-    stop_rule: Literal["fixed", "one_extension"] = "fixed"
+    stop_rule: StopRule = "fixed"
     max_missing: StrictFloat = Field(default=0.10, ge=0.0, lt=1.0)
     bootstrap_resamples: StrictInt = Field(default=9999, ge=99)
     bootstrap_seed: StrictInt = Field(default=0, ge=0)
+
+    @model_validator(mode="after")
+    def _check_plan(self) -> AnalysisPlan:
+        self.raise_violations()
+        return self
+
+    def violations(self, *, n_slices: int | None = None) -> list[tuple[str, str, str]]:
+        """:func:`plan_violations` of this plan (with the slice count when known)."""
+        return plan_violations(
+            margin=self.margin,
+            alpha=self.alpha,
+            n_min=self.n_min,
+            floor=self.floor,
+            max_missing=self.max_missing,
+            bootstrap_resamples=self.bootstrap_resamples,
+            stop_rule=self.stop_rule,
+            n_slices=n_slices,
+        )
+
+    def raise_violations(self, *, n_slices: int | None = None, prefix: str = "") -> None:
+        """Raise the first violation as a validation error on ``prefix + field``."""
+        for field, problem, fix in self.violations(n_slices=n_slices):
+            raise _violation(problem, field=f"{prefix}{field}", fix=fix)
 
 
 class DecodeParams(_Frozen):
@@ -737,6 +873,9 @@ class Matrix(_Frozen):
                 field="candidate.name",
                 fix="give the two systems different names (an A/A run may otherwise use identical settings)",
             )
+        # The slice count is known here: refuse a bootstrap too small to confirm a regression before
+        # the plan is frozen and any request is sent.
+        self.plan.raise_violations(n_slices=len(self.lengths) * len(self.positions), prefix="plan.")
         return self
 
 
@@ -946,8 +1085,10 @@ __all__ = [
     "Language",
     "Matrix",
     "Position",
+    "RegressionMethod",
     "Risk",
     "RunManifest",
+    "StopRule",
     "Suite",
     "SuiteRef",
     "System",
@@ -957,7 +1098,10 @@ __all__ = [
     "find_special_token",
     "load_matrix",
     "load_suite",
+    "look_alpha",
+    "min_bootstrap_resamples",
     "parse_spec",
+    "plan_violations",
     "schema",
     "spec_error_from_validation",
     "unit_contract_violation",
