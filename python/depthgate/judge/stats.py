@@ -655,6 +655,20 @@ class SliceResult:
         return _row(self)
 
 
+def non_inferiority_shown(result: SliceResult, margin: float) -> bool:
+    """The one rule for "non-inferiority shown" in every report: the slice was tested and its one-sided
+    lower bound is above -M, exactly the NI condition of the slice status (PASS and FAIL_FLOOR have it;
+    FAIL_NOT_SHOWN, FAIL_REGRESSION and INCONCLUSIVE do not). The BH q_NI is reported beside it for
+    partial-release use; it never sets the mark, since an adjusted q can disagree with the slice's own
+    test in both directions."""
+    return (
+        result.status is not SliceStatus.INCONCLUSIVE
+        and result.lower is not None
+        and math.isfinite(result.lower)
+        and result.lower > -margin
+    )
+
+
 @dataclass(frozen=True)
 class OverallResult:
     """NI on the per-case mean difference over all tested slices (section 2.6); never overrules."""
@@ -1487,6 +1501,7 @@ __all__ = [
     "gate",
     "newcombe10_paired",
     "newcombe_p_values",
+    "non_inferiority_shown",
     "paired_design_effect",
     "position_sort_key",
     "run_counts",

@@ -58,6 +58,7 @@ from depthgate.judge.stats import (
     SliceResult,
     SliceStatus,
     Verdict,
+    non_inferiority_shown,
     position_sort_key,
 )
 
@@ -70,6 +71,7 @@ HEATMAP_DELTA = "heatmap_delta.png"
 HEATMAP_ACCURACY = "heatmap_accuracy.png"
 
 MARK_REGRESSION = "★"
+#: "Non-inferiority shown": LB > -M, the slice's own NI test (stats.non_inferiority_shown), never q_NI.
 MARK_NI = "·"
 
 # Failing slices first (worst kind first), then inconclusive, then passing.
@@ -825,7 +827,7 @@ def render_delta_heatmap(result: GateResult) -> bytes:
             marks = ""
             if s.status is SliceStatus.FAIL_REGRESSION:
                 marks += f" {MARK_REGRESSION}"
-            if s.q_ni < plan.alpha:
+            if non_inferiority_shown(s, plan.margin):
                 marks += f" {MARK_NI}"
             ax.text(
                 col,
@@ -926,7 +928,7 @@ def _html_rows(result: GateResult) -> list[dict[str, Any]]:
         marks = ""
         if s.status is SliceStatus.FAIL_REGRESSION:
             marks += MARK_REGRESSION
-        if s.q_ni < plan.alpha:
+        if non_inferiority_shown(s, plan.margin):
             marks += MARK_NI
         rows.append(
             {
