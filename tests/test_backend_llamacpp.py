@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import json
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
+import polars as pl
 import pytest
 
 pytest.importorskip(
@@ -15,7 +20,12 @@ from tokenizers import Tokenizer
 
 from depthgate.exceptions import DepthgateError, InputError
 from depthgate.layout.gguf_tokenizer import gemma_default_gguf, tokenizer_from_gguf
+from depthgate.run.backends import make_backend
+from depthgate.run.backends.base import EmbeddedBackendAdapter, Request
 from depthgate.run.backends.llamacpp import EmbeddedLlamaBackend, Generation
+from depthgate.spec.models import System, load_matrix
+
+ARMS = ("baseline", "candidate")
 
 pytestmark = pytest.mark.smoke_model
 
@@ -156,3 +166,112 @@ def test_missing_model_file_is_input_error() -> None:
         EmbeddedLlamaBackend("/nonexistent/model.gguf", n_ctx=256)
     assert isinstance(info.value, InputError)
     assert info.value.file == "/nonexistent/model.gguf"
+
+
+# --------------------------------------------------------------------------------------------------
+# issue #10 item 8: the embedded arm's runtime block, and paths relative to the matrix file
+
+
+def _embedded_system(**kw: Any) -> System:
+    base: dict[str, Any] = {"name": "embedded", "backend": "llamacpp", "model": "gemma3-270m"}
+    base.update({"tokenizer": "gguf:", "window": N_CTX})
+    base.update(kw)
+    return System.model_validate(base)
+
+
+def _two_requests(adapter: Any, prompt_ids: list[int]) -> list[Any]:
+    async def both() -> list[Any]:
+        try:
+            return [
+                await adapter.generate(
+                    Request(layout_id=f"l{i}", arm="a", seed=0, token_ids=prompt_ids, text=None, max_tokens=4)
+                )
+                for i in range(2)
+            ]
+        finally:
+            await adapter.aclose()
+
+    return asyncio.run(both())
+
+
+def test_runtime_n_threads_and_reuse_prefix_reach_llama_cpp(prompt_ids: list[int]) -> None:
+    import llama_cpp
+
+    default = make_backend(_embedded_system())
+    assert isinstance(default, EmbeddedBackendAdapter)
+    assert [r.prefix_cache_hit_tokens for r in _two_requests(default, prompt_ids)] == [0, 0]
+    tuned = make_backend(_embedded_system(runtime={"n_threads": 1, "reuse_prefix": True}))
+    assert isinstance(tuned, EmbeddedBackendAdapter)
+    llama = tuned.backend
+    assert llama.n_threads == 1 and llama_cpp.llama_n_threads(llama._llm.ctx) == 1
+    first, second = _two_requests(tuned, prompt_ids)
+    assert first.prefix_cache_hit_tokens == 0 and second.prefix_cache_hit_tokens == len(prompt_ids) - 1
+    assert first.text == second.text
+
+
+def test_model_path_is_relative_to_the_matrix_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    matrix_dir = tmp_path / "matrices"
+    (matrix_dir / "models").mkdir(parents=True)
+    (matrix_dir / "models" / "gemma.gguf").symlink_to(gemma_default_gguf())
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    system = _embedded_system(model="models/gemma.gguf", tokenizer="gguf:models/gemma.gguf")
+    with pytest.raises(InputError, match="file not found") as info:
+        make_backend(system)  # the working directory is not the matrix's folder
+    assert info.value.file == "models/gemma.gguf"
+    backend = make_backend(system, base_dir=matrix_dir)
+    assert isinstance(backend, EmbeddedBackendAdapter)
+    assert backend.backend.model_path == matrix_dir / "models" / "gemma.gguf"
+    asyncio.run(backend.aclose())
+
+
+def test_run_with_runtime_block_relative_model_and_cache_control(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`depthgate run` from another folder: the candidate's GGUF is a path relative to the matrix, its
+    runtime block turns prefix reuse on (recorded hits) and asks for the warm/cold prefix-cache control
+    (run/cache.py), written beside its layouts; the baseline has neither."""
+    from depthgate.commands.cli import main
+    from depthgate.exceptions import ExitCode
+
+    repo = Path(__file__).resolve().parent.parent
+    text = (repo / "matrices" / "smoke.toml").read_text(encoding="utf-8")
+    text = text.replace("cases = 8", "cases = 2").replace("lengths = [1024]", "lengths = [480]")
+    text = text.replace("positions = [0.0, 0.25, 0.5, 0.75, 1.0]", "positions = [0.0, 1.0]")
+    text = text.replace("n_min = 8", "n_min = 2").replace(
+        "bootstrap_resamples = 999", "bootstrap_resamples = 199"
+    )
+    start = text.index('preamble = """')
+    end = text.index('"""', start + 14) + 3
+    candidate = (
+        'preamble = "Read the excerpt below and answer the question."\n'
+        'model = "models/gemma.gguf"\n'
+        'tokenizer = "gguf:models/gemma.gguf"\n\n'
+        "[candidate.runtime]\nreuse_prefix = true\ncache_control = true\nn_threads = 2\n"
+    )
+    text = text[:start] + candidate + text[end:]
+    text = text.replace(
+        'name = "gemma-preamble"\nbackend = "llamacpp"\nmodel = "gemma3-270m"\ntokenizer = "gguf:"\n',
+        'name = "gemma-preamble"\nbackend = "llamacpp"\n',
+    )
+    matrix_dir = tmp_path / "matrices"
+    (matrix_dir / "models").mkdir(parents=True)
+    (matrix_dir / "models" / "gemma.gguf").symlink_to(gemma_default_gguf())
+    matrix = matrix_dir / "tiny.toml"
+    matrix.write_text(text, encoding="utf-8")
+    loaded = load_matrix(matrix)
+    assert loaded.candidate.model == "models/gemma.gguf" and loaded.candidate.runtime.cache_control
+    monkeypatch.chdir(tmp_path)  # not the matrix's folder
+    out = tmp_path / "run"
+    code = main(["run", str(matrix), "--out", str(out)])
+    assert code not in (ExitCode.BAD_INPUT, ExitCode.INFRA, ExitCode.VERIFY_FAILED), capsys.readouterr().err
+    records = pl.read_parquet(out / "records.parquet")
+    assert set(records["status"]) == {"ok"} and (records["prompt_tokens_delta"] == 0).all()
+    hits = {arm: records.filter(pl.col("arm") == arm)["prefix_cache_hit_tokens"].to_list() for arm in ARMS}
+    assert set(hits["baseline"]) == {0} and max(hits["candidate"]) > 0
+    control = json.loads((out / "candidate" / "cache_control.json").read_text(encoding="utf-8"))
+    assert len(control["rows"]) == 4 and control["summary"].startswith(("prefix cache control", "runtime"))
+    assert all(row["prefix_hit_tokens"] > 0 for row in control["rows"])
+    assert not (out / "baseline" / "cache_control.json").exists()
+    assert "cache_control.json" in capsys.readouterr().err

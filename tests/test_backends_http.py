@@ -20,6 +20,7 @@ is answered by the loaded model.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -40,7 +41,7 @@ from typing import Any
 import httpx
 import pytest
 
-from depthgate.exceptions import InfraError
+from depthgate.exceptions import ExitCode, InfraError, InputError, SpecError
 from depthgate.run.backends import make_backend
 from depthgate.run.backends.base import (
     Backend,
@@ -52,15 +53,18 @@ from depthgate.run.backends.base import (
     api_key_from_env,
 )
 from depthgate.run.backends.http import (
+    CALIBRATION_PROBE,
     AnthropicBackend,
     HTTPOptions,
     OpenAIChatBackend,
     OpenAICompletionsBackend,
+    is_loopback_host,
     is_overlength_error,
+    key_in_clear,
 )
 from depthgate.run.retry import RetryPolicy
 from depthgate.run.runner import RunOptions, read_records, run_pairs
-from depthgate.spec.models import DecodeParams, System
+from depthgate.spec.models import DecodeParams, System, parse_spec
 
 # --------------------------------------------------------------------------------------------------
 # a tiny stub HTTP server (recorded shapes)
@@ -84,6 +88,9 @@ class Stub:
     seen: list[Seen] = field(default_factory=list)
     delay_s: float = 0.0
     url: str = ""
+    inflight: int = 0
+    max_inflight: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
     def paths(self) -> list[str]:
         return [s.path for s in self.seen]
@@ -99,10 +106,17 @@ def _handler(stub: Stub) -> type[BaseHTTPRequestHandler]:
             body = json.loads(raw) if raw else None
             headers = {k.lower(): v for k, v in self.headers.items()}
             stub.seen.append(Seen(method, self.path, body, headers))
-            if stub.delay_s:
-                time.sleep(stub.delay_s)
-            route = stub.routes.get((method, self.path))
-            status, payload, extra = route(body, headers) if route else (404, {"error": "no route"}, {})
+            with stub.lock:
+                stub.inflight += 1
+                stub.max_inflight = max(stub.max_inflight, stub.inflight)
+            try:
+                if stub.delay_s:
+                    time.sleep(stub.delay_s)
+                route = stub.routes.get((method, self.path))
+                status, payload, extra = route(body, headers) if route else (404, {"error": "no route"}, {})
+            finally:
+                with stub.lock:
+                    stub.inflight -= 1
             data = json.dumps(payload).encode() if payload is not None else b""
             try:
                 self.send_response(status)
@@ -516,7 +530,8 @@ def test_recorded_shapes_openai_chat(stub: Stub) -> None:
     assert resp.text == "4821" and resp.finish_reason == "stop"
     assert resp.prompt_tokens_server == 1203 and resp.completion_tokens == 2
     assert resp.system_fingerprint == "fp_44709d6fcb" and resp.prefix_cache_hit_tokens == 1024
-    assert not backend.accepts_token_ids and backend.count_tolerance > 0
+    assert not backend.accepts_token_ids and backend.count_tolerance == 0  # exact unless the arm says
+    assert resp.prompt_tokens_expected is None  # no local tokenizer given: nothing calibrated
 
 
 def test_recorded_shapes_openai_context_length_exceeded(stub: Stub) -> None:
@@ -592,7 +607,7 @@ class _FakeVLLMValidationError(Exception):
 _FakeVLLMValidationError.__name__ = "VLLMValidationError"
 
 
-def _fake_vllm(window: int, calls: list[Any]) -> types.ModuleType:
+def _fake_vllm(window: int, calls: list[Any], inits: list[Any] | None = None) -> types.ModuleType:
     module = types.ModuleType("vllm")
 
     class SamplingParams:
@@ -604,6 +619,8 @@ def _fake_vllm(window: int, calls: list[Any]) -> types.ModuleType:
 
     class LLM:
         def __init__(self, model: str, **kw: Any) -> None:
+            if inits is not None:
+                inits.append((model, kw))
             self.llm_engine = types.SimpleNamespace(
                 model_config=types.SimpleNamespace(max_model_len=kw.get("max_model_len", window))
             )
@@ -736,6 +753,401 @@ def test_api_key_never_leaks(
     with pytest.raises(InfraError) as info:
         api_key_from_env("OPENAI_API_KEY")
     assert "OPENAI_API_KEY" in str(info.value)
+
+
+# --------------------------------------------------------------------------------------------------
+# issue #10 item 7: the text-only backends check the prompt count exactly, and record every difference
+
+
+def _layout(case: str, n: int, text: str) -> dict[str, Any]:
+    return {
+        "layout_id": f"l-{case}", "case_id": case, "target_tokens": n, "position": "0.5",
+        "token_ids": [1] * n, "text": text, "status": "ok",
+    }  # fmt: skip
+
+
+def _records(
+    backend: Any, layouts: list[dict[str, Any]], out: Path, *, concurrency: int = 1
+) -> dict[str, Any]:
+    """Run the layouts (one seed) on ``backend`` through the runner; records by case id."""
+    options = RunOptions(
+        run_id="counts", manifest_digest="c" * 64, decode=DecodeParams(max_tokens=4, seeds=[0]),
+        concurrency=concurrency, progress=False, retry=RetryPolicy(max_attempts=1),
+    )  # fmt: skip
+    try:
+        run_pairs([("baseline", row) for row in layouts], {"baseline": backend}, out, options)
+    finally:
+        run(backend.aclose())
+    return {r["case_id"]: r for r in read_records(out).iter_rows(named=True)}
+
+
+ANTHROPIC_COUNT = 131_072
+
+
+def _anthropic_usage_routes(stub: Stub, reached: dict[str, int]) -> None:
+    """count_tokens always says 131,072; usage reports ``reached[text]`` tokens (part of them cached)."""
+    stub.routes[("POST", "/v1/messages/count_tokens")] = lambda b, h: (
+        200, {"input_tokens": ANTHROPIC_COUNT}, {}
+    )  # fmt: skip
+
+    def messages(body: Any, headers: dict[str, str]) -> Reply:
+        n = reached[body["messages"][0]["content"]]
+        usage = {"input_tokens": n - 1000, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 1000}
+        return 200, {
+            "type": "message", "role": "assistant", "model": "claude-sonnet-4-5",
+            "content": [{"type": "text", "text": "4821"}], "stop_reason": "end_turn",
+            "usage": {**usage, "output_tokens": 2},
+        }, {}  # fmt: skip
+
+    stub.routes[("POST", "/v1/messages")] = messages
+
+
+def test_anthropic_usage_must_equal_its_own_count_tokens_exactly(stub: Stub, tmp_path: Path) -> None:
+    """Claude's tokenizer is not the local one (local 128,000 tokens, Claude 131,072). A gateway cutting
+    ~13K tokens (118,000 reached the model) used to pass the 10 % check against the local count; the
+    exact check against count_tokens (same tokenizer, same message) refuses it, and a one-token loss."""
+    reached = {"full": ANTHROPIC_COUNT, "cut": 118_000, "one-short": ANTHROPIC_COUNT - 1}
+    _anthropic_usage_routes(stub, reached)
+    backend = AnthropicBackend("claude-sonnet-4-5", base_url=stub.url, window=200_000)
+    assert backend.count_tolerance == 0
+    records = _records(backend, [_layout(text, 128_000, text) for text in reached], tmp_path / "exact")
+    full, cut, short = records["full"], records["cut"], records["one-short"]
+    assert full["status"] == "ok" and full["prompt_tokens_delta"] == 0
+    assert full["prompt_tokens_expected"] == ANTHROPIC_COUNT and full["prompt_tokens_local"] == 128_000
+    assert cut["status"] == "system_fail" and cut["system_fail_reason"] == "server_count_mismatch"
+    assert cut["prompt_tokens_delta"] == 118_000 - ANTHROPIC_COUNT
+    assert short["system_fail_reason"] == "server_count_mismatch" and short["prompt_tokens_delta"] == -1
+
+
+def test_anthropic_count_tolerance_from_the_runtime_block_and_recorded_delta(
+    stub: Stub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """runtime.count_tolerance = 1e-4 (13 tokens at 131K) lets the one-token difference pass; the
+    difference is still recorded per record (prompt_tokens_delta), so a slice can be audited."""
+    reached = {"full": ANTHROPIC_COUNT, "cut": 118_000, "one-short": ANTHROPIC_COUNT - 1}
+    _anthropic_usage_routes(stub, reached)
+    monkeypatch.setenv("ANT_GATEWAY_KEY", "k-ant")
+    system = _system(
+        backend="anthropic", model="claude-sonnet-4-5", endpoint=stub.url, window=200_000,
+        runtime={"count_tolerance": 0.0001, "api_key_env": "ANT_GATEWAY_KEY"},
+    )  # fmt: skip
+    backend = make_backend(system)
+    assert backend.count_tolerance == 0.0001
+    records = _records(backend, [_layout(text, 128_000, text) for text in reached], tmp_path / "tol")
+    assert records["one-short"]["status"] == "ok" and records["one-short"]["prompt_tokens_delta"] == -1
+    assert records["cut"]["system_fail_reason"] == "server_count_mismatch"
+    assert stub.seen[-1].headers["x-api-key"] == "k-ant"
+
+
+CHAT_FRAMING = 7
+
+
+def _words(text: str) -> int:
+    return len(text.split())
+
+
+def _chat_counting(cut: int = 13_000) -> Callable[[Any, dict[str, str]], Reply]:
+    """A chat server counting words plus a constant framing; prompts starting with "cut" lose ``cut``."""
+
+    def chat(body: Any, headers: dict[str, str]) -> Reply:
+        content = body["messages"][0]["content"]
+        n = _words(content) + CHAT_FRAMING - (cut if content.startswith("cut") else 0)
+        status, payload, extra = _openai_chat(body, headers)
+        payload["usage"] = {**payload["usage"], "prompt_tokens": n}
+        return status, payload, extra
+
+    return chat
+
+
+def test_openai_chat_calibrates_the_framing_once_and_allows_nothing_else(stub: Stub, tmp_path: Path) -> None:
+    """The chat framing (7 tokens here) is measured once with a probe; a 13K-token cut at 128K, within
+    the old 10 %, is now server_count_mismatch, and an intact prompt has delta 0."""
+    stub.routes[("POST", "/v1/chat/completions")] = _chat_counting()
+    backend = OpenAIChatBackend("gpt-4o-mini", base_url=stub.url, local_count=_words)
+    n = 131_072
+    layouts = [_layout("full", n, "w " * n), _layout("cut", n, "cut " + "w " * (n - 1))]
+    layouts += [_layout(f"more{i}", 1000 + i, "w " * (1000 + i)) for i in range(4)]
+    records = _records(backend, layouts, tmp_path, concurrency=4)
+    probes = [s for s in stub.seen if s.body["messages"][0]["content"] == CALIBRATION_PROBE]
+    assert len(probes) == 1 and probes[0].body["max_tokens"] == 1  # once, however many in flight
+    assert backend.overhead == CHAT_FRAMING
+    full, cut = records["full"], records["cut"]
+    assert full["status"] == "ok" and full["prompt_tokens_delta"] == 0
+    assert full["prompt_tokens_expected"] == n + CHAT_FRAMING == full["prompt_tokens_server"]
+    assert cut["status"] == "system_fail" and cut["system_fail_reason"] == "server_count_mismatch"
+    assert cut["prompt_tokens_delta"] == -13_000
+    assert all(records[f"more{i}"]["status"] == "ok" for i in range(4))
+
+
+def test_openai_chat_through_make_backend_counts_with_the_systems_tokenizer(
+    stub: Stub, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tokenizers import Tokenizer
+
+    from fixtures_paths import tokenizers_dir
+
+    path = tokenizers_dir() / "gpt2" / "tokenizer.json"
+    gpt2 = Tokenizer.from_file(str(path))
+
+    def chat(body: Any, headers: dict[str, str]) -> Reply:
+        content = body["messages"][0]["content"]
+        status, payload, extra = _openai_chat(body, headers)
+        payload["usage"] = {**payload["usage"], "prompt_tokens": len(gpt2.encode(content).ids) + 11}
+        return status, payload, extra
+
+    stub.routes[("POST", "/v1/chat/completions")] = chat
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    backend = make_backend(_system(backend="openai", endpoint=stub.url, tokenizer=str(path)))
+    text = "The access code for vault 7 is 4821."
+    ids = gpt2.encode(text, add_special_tokens=True).ids
+    resp = run(_once(backend, _req(ids, text=text)))
+    assert resp.prompt_tokens_expected == len(ids) + 11 == resp.prompt_tokens_server
+    assert resp.extra["prompt_overhead"] == 11
+
+
+# --------------------------------------------------------------------------------------------------
+# issue #10 item 8: every runtime field changes what the backend does
+
+
+def _completions_routes(stub: Stub, model: str = "m") -> None:
+    stub.routes[("GET", "/v1/models")] = lambda b, h: (200, {"data": [{"id": model}]}, {})
+
+    def completion(body: Any, headers: dict[str, str]) -> Reply:
+        prompt = body["prompt"]
+        n = len(prompt) if isinstance(prompt, list) else _words(prompt)
+        return 200, {
+            "model": model, "choices": [{"text": " 4821", "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": n, "completion_tokens": 2},
+        }, {}  # fmt: skip
+
+    stub.routes[("POST", "/v1/completions")] = completion
+
+
+def test_runtime_prompt_format_text_sends_text_to_a_server_that_takes_only_text(stub: Stub) -> None:
+    _completions_routes(stub)
+    default = make_backend(_system(backend="llamacpp", endpoint=stub.url))
+    text = make_backend(_system(backend="llamacpp", endpoint=stub.url, runtime={"prompt_format": "text"}))
+    assert default.accepts_token_ids and not text.accepts_token_ids
+    run(_once(default, _req([5, 6, 7], text="five six seven")))
+    assert stub.seen[-1].body["prompt"] == [5, 6, 7]
+    resp = run(_once(text, _req([5, 6, 7], text="five six seven")))
+    assert stub.seen[-1].body["prompt"] == "five six seven" and resp.prompt_tokens_server == 3
+
+
+def test_runtime_api_completions_on_openai_sends_token_ids(
+    stub: Stub, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    _completions_routes(stub)
+    chat = make_backend(_system(backend="openai", endpoint=stub.url))
+    completions = make_backend(_system(backend="openai", endpoint=stub.url, runtime={"api": "completions"}))
+    assert isinstance(chat, OpenAIChatBackend) and isinstance(completions, OpenAICompletionsBackend)
+    run(_once(completions, _req([5, 6, 7], text="x")))
+    assert stub.paths()[-1] == "/v1/completions" and stub.seen[-1].body["prompt"] == [5, 6, 7]
+
+
+def test_runtime_api_key_env_names_the_variable_that_is_sent(
+    stub: Stub, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _completions_routes(stub)
+    monkeypatch.setenv("MY_VLLM_KEY", "k-vllm-123")
+    plain = make_backend(_system(backend="vllm-server", model="m", endpoint=stub.url))
+    run(_once(plain, _req([1, 2])))
+    assert "authorization" not in stub.seen[-1].headers
+    keyed = make_backend(
+        _system(backend="vllm-server", model="m", endpoint=stub.url, runtime={"api_key_env": "MY_VLLM_KEY"})
+    )
+    run(_once(keyed, _req([1, 2])))
+    assert stub.seen[-1].headers["authorization"] == "Bearer k-vllm-123"
+    monkeypatch.delenv("MY_VLLM_KEY")
+    with pytest.raises(InfraError, match="MY_VLLM_KEY is not set"):
+        make_backend(
+            _system(
+                backend="vllm-server", model="m", endpoint=stub.url, runtime={"api_key_env": "MY_VLLM_KEY"}
+            )
+        )
+
+
+def test_runtime_timeout_s_bounds_a_request(stub: Stub) -> None:
+    _completions_routes(stub)
+    stub.delay_s = 0.6
+    patient = make_backend(_system(backend="vllm-server", model="m", endpoint=stub.url))
+    assert run(_once(patient, _req([1, 2]))).text == " 4821"  # the default (300 s) waits
+    hasty = make_backend(
+        _system(backend="vllm-server", model="m", endpoint=stub.url, runtime={"timeout_s": 0.2})
+    )
+    with pytest.raises(TransientBackendError, match=r"timed out \(ReadTimeout, limit 0.2 s read"):
+        run(_once(hasty, _req([1, 2])))
+
+
+def test_runtime_connect_timeout_s_bounds_the_connection() -> None:
+    """A listener whose accept queue is full never completes a handshake: only the connect timeout ends
+    the attempt (the default would wait 10 s)."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    port = listener.getsockname()[1]
+    fillers = []
+    try:
+        for _ in range(4):
+            filler = socket.socket()
+            filler.setblocking(False)
+            with contextlib.suppress(BlockingIOError):
+                filler.connect(("127.0.0.1", port))
+            fillers.append(filler)
+        time.sleep(0.1)
+        system = _system(
+            backend="vllm-server", model="m", endpoint=f"http://127.0.0.1:{port}",
+            runtime={"connect_timeout_s": 0.3},
+        )  # fmt: skip
+        backend = make_backend(system)
+        start = time.monotonic()
+        with pytest.raises(TransientBackendError, match=r"ConnectTimeout, limit 300 s read, 0.3 s connect"):
+            run(_once(backend, _req([1, 2])))
+        assert time.monotonic() - start < 5.0
+    finally:
+        for sock in [*fillers, listener]:
+            sock.close()
+
+
+def _peak_in_flight(stub: Stub, backend: Any, n: int = 6) -> int:
+    async def many() -> None:
+        try:
+            await asyncio.gather(*(backend.generate(_req([1, 2, seed])) for seed in range(n)))
+        finally:
+            await backend.aclose()
+
+    stub.max_inflight = 0
+    run(many())
+    return stub.max_inflight
+
+
+@pytest.mark.parametrize("field", ["max_connections", "concurrency"])
+def test_runtime_max_connections_and_concurrency_cap_requests_in_flight(stub: Stub, field: str) -> None:
+    _completions_routes(stub)
+    stub.delay_s = 0.15
+    free = make_backend(_system(backend="vllm-server", model="m", endpoint=stub.url))
+    assert _peak_in_flight(stub, free) > 1
+    capped = make_backend(_system(backend="vllm-server", model="m", endpoint=stub.url, runtime={field: 1}))
+    assert _peak_in_flight(stub, capped) == 1
+
+
+def test_runtime_concurrency_caps_an_arm_below_the_runs_concurrency(stub: Stub, tmp_path: Path) -> None:
+    _completions_routes(stub)
+    stub.delay_s = 0.1
+    backend = make_backend(
+        _system(backend="vllm-server", model="m", endpoint=stub.url, runtime={"concurrency": 2})
+    )
+    layouts = [{**_layout(f"c{i}", 3, "a b c"), "token_ids": [1, 2, 3]} for i in range(8)]
+    records = _records(backend, layouts, tmp_path, concurrency=8)
+    assert {r["status"] for r in records.values()} == {"ok"} and stub.max_inflight == 2
+
+
+def test_runtime_vllm_engine_arguments_reach_the_engine(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from depthgate.run.backends.vllm_offline import VLLMOfflineBackend
+    from depthgate.spec.models import VLLMEngineArgs
+
+    inits: list[Any] = []
+    monkeypatch.setitem(sys.modules, "vllm", _fake_vllm(4096, [], inits))
+    (tmp_path / "tok").mkdir()
+    every = {
+        "tensor_parallel_size": 2, "pipeline_parallel_size": 1, "max_model_len": 4096,
+        "gpu_memory_utilization": 0.8, "dtype": "bfloat16", "quantization": "awq", "kv_cache_dtype": "fp8",
+        "enforce_eager": True, "enable_prefix_caching": False, "max_num_seqs": 16,
+        "max_num_batched_tokens": 8192, "swap_space": 2.0, "seed": 3, "tokenizer": "tok",
+        "revision": "main", "download_dir": "weights",
+    }  # fmt: skip
+    assert set(every) == set(VLLMEngineArgs.model_fields)  # the test covers every accepted key
+    system = _system(backend="vllm", model="org/model", window=2048, runtime={"vllm": every})
+    backend = make_backend(system, base_dir=tmp_path)
+    assert isinstance(backend, VLLMOfflineBackend)
+    model, kwargs = inits[-1]
+    # relative paths are the matrix folder's; a hub name stays a hub name
+    expected = {**every, "tokenizer": str(tmp_path / "tok"), "download_dir": str(tmp_path / "weights")}
+    assert model == "org/model" and kwargs == expected
+    assert backend.window == 4096  # the engine's max_model_len, not the catalog window
+    # without the block: only the window reaches the engine
+    make_backend(_system(backend="vllm", model="org/model", window=2048), base_dir=tmp_path)
+    assert inits[-1] == ("org/model", {"max_model_len": 2048})
+
+
+# --------------------------------------------------------------------------------------------------
+# issue #10 item 9: keys go only over https or to loopback, unless the arm allows it
+
+
+def test_key_in_clear_is_plain_http_to_a_host_that_is_not_loopback() -> None:
+    for url in ("http://127.0.0.1:8000", "http://127.8.9.10", "http://localhost:8000", "http://[::1]:80",
+                "https://api.example.com", "https://10.0.0.5:8443", "HTTP://LOCALHOST."):  # fmt: skip
+        assert not key_in_clear(url), url
+    for url in ("http://10.0.0.5:8000", "http://192.0.2.10", "http://api.example.com", "http://[2001:db8::1]",
+                "http://localhost.evil.example", "http://127.0.0.1.nip.io"):  # fmt: skip
+        assert key_in_clear(url), url
+    assert is_loopback_host("127.0.0.1") and not is_loopback_host(None)
+
+
+REMOTE = "http://192.0.2.10:8000"  # TEST-NET-1: plain http, not loopback
+
+
+def test_api_key_is_refused_over_plain_http_to_a_remote_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GATEWAY_KEY", SECRET)
+    monkeypatch.setenv("OPENAI_API_KEY", SECRET)
+    # named in the matrix: refused when the matrix loads
+    with pytest.raises(SpecError, match="would send the API key in clear text") as spec_error:
+        data = {
+            "name": "cand",
+            "model": "m",
+            "tokenizer": "gguf:",
+            "backend": "vllm-server",
+            "endpoint": REMOTE,
+        }
+        parse_spec(System, {**data, "runtime": {"api_key_env": "GATEWAY_KEY"}}, file="m.toml")
+    assert spec_error.value.field == "endpoint" and "allow_insecure_key" in str(spec_error.value)
+    # implicit (OPENAI_API_KEY set for a self-hosted endpoint): refused before any request
+    with pytest.raises(InputError) as info:
+        make_backend(_system(backend="openai", endpoint=REMOTE, tokenizer=str(_gpt2())))
+    assert info.value.exit_code == ExitCode.BAD_INPUT
+    assert "allow_insecure_key" in str(info.value) and "$OPENAI_API_KEY" in str(info.value)
+    assert SECRET not in str(info.value)
+    # a backend built directly refuses too
+    with pytest.raises(InputError, match="plain http"):
+        OpenAICompletionsBackend("m", base_url=REMOTE, api_key=Secret(SECRET, env_var="GATEWAY_KEY"))
+    # over https, or to loopback, the key goes
+    OpenAICompletionsBackend("m", base_url="https://192.0.2.10", api_key=Secret(SECRET, env_var="K"))
+    OpenAICompletionsBackend("m", base_url="http://localhost:8000", api_key=Secret(SECRET, env_var="K"))
+
+
+def _gpt2() -> Path:
+    from fixtures_paths import tokenizers_dir
+
+    return tokenizers_dir() / "gpt2" / "tokenizer.json"
+
+
+def test_allow_insecure_key_sends_the_key_over_plain_http(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GATEWAY_KEY", SECRET)
+    seen: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        if request.url.path == "/v1/models":
+            return httpx.Response(200, json={"data": [{"id": "m"}]})
+        return httpx.Response(
+            200,
+            json={"choices": [{"text": " 1", "finish_reason": "stop"}],
+                  "usage": {"prompt_tokens": 2, "completion_tokens": 1}},
+        )  # fmt: skip
+
+    system = _system(
+        backend="vllm-server",
+        endpoint=REMOTE,
+        runtime={"api_key_env": "GATEWAY_KEY", "allow_insecure_key": True},
+    )
+    backend = make_backend(system, http_options=HTTPOptions(transport=httpx.MockTransport(handler)))
+    resp = run(_once(backend, _req([1, 2])))
+    assert resp.prompt_tokens_server == 2
+    assert str(seen[-1].url) == f"{REMOTE}/v1/completions"
+    assert seen[-1].headers["authorization"] == f"Bearer {SECRET}"
 
 
 # --------------------------------------------------------------------------------------------------
@@ -874,3 +1286,44 @@ def test_llamacpp_python_server_silent_clamp_is_caught_by_the_runner(
     assert rec["status"] == "system_fail" and rec["system_fail_reason"] == "max_tokens_clamped"
     assert rec["finish_reason"] == "length" and rec["completion_tokens"] == 2048 - len(ids)
     assert rec["prompt_tokens_server"] == rec["prompt_tokens_local"] == len(ids)
+
+
+@pytest.mark.smoke_model
+def test_matrix_arm_on_llamacpp_python_server_runs_with_runtime_prompt_format_text(
+    llama_server: LlamaServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue #10 item 8: an arm pointing at a llama-cpp-python server got HTTP 500 on every request (it
+    takes text only and no matrix could say so). With ``[<arm>.runtime] prompt_format = "text"`` the
+    run goes through and the server's count equals the local one exactly; without it the run stops
+    with a refusal that names the fix (exit 20), never a silent retry loop."""
+    from depthgate.commands.cli import main
+
+    repo = Path(__file__).resolve().parent.parent
+    text = (repo / "matrices" / "smoke.toml").read_text(encoding="utf-8")
+    text = text.replace("cases = 8", "cases = 2").replace("lengths = [1024]", "lengths = [480]")
+    text = text.replace("positions = [0.0, 0.25, 0.5, 0.75, 1.0]", "positions = [0.0, 1.0]")
+    text = text.replace("n_min = 8", "n_min = 2").replace(
+        "bootstrap_resamples = 999", "bootstrap_resamples = 199"
+    )
+    start = text.index('preamble = """')
+    end = text.index('"""', start + 14) + 3
+    text = text[:start] + 'preamble = "Read the excerpt below and answer the question."' + text[end:]
+    text = text.replace("window = 2048\n", f'window = 2048\nendpoint = "{llama_server.url}"\n')
+    runtime = '\n[{arm}.runtime]\nprompt_format = "text"\n'
+    with_runtime = text.replace("\n[candidate]", runtime.format(arm="baseline") + "\n[candidate]").replace(
+        "\n[plan]", runtime.format(arm="candidate") + "\n[plan]"
+    )
+    (tmp_path / "bare.toml").write_text(text, encoding="utf-8")
+    (tmp_path / "text.toml").write_text(with_runtime, encoding="utf-8")
+
+    assert main(["run", str(tmp_path / "bare.toml"), "--out", str(tmp_path / "bare")]) == ExitCode.BAD_INPUT
+    assert "does not accept token-id prompts" in capsys.readouterr().err
+
+    code = main(["run", str(tmp_path / "text.toml"), "--out", str(tmp_path / "run")])
+    assert code not in (ExitCode.BAD_INPUT, ExitCode.INFRA, ExitCode.VERIFY_FAILED), capsys.readouterr().err
+    import polars as pl
+
+    records = pl.read_parquet(tmp_path / "run" / "records.parquet")
+    assert records.height == 2 * 2 * 2 and set(records["status"]) == {"ok"}
+    assert (records["prompt_tokens_server"] == records["prompt_tokens_local"]).all()
+    assert (records["prompt_tokens_delta"] == 0).all()

@@ -238,7 +238,8 @@ def run_matrix(
             if not layout_path.is_file():
                 build_layouts(suite, a.tokenizer, options_for(a), layout_path)
             frame = read_layouts(layout_path)
-            backend = make_backend(a.system, tokenizer=None)
+            # The arm's runtime block configures the backend; its relative paths are the matrix file's.
+            backend = make_backend(a.system, tokenizer=None, base_dir=matrix_path.parent)
             backends[a.arm] = backend
             # The pre-send gate: built under this system's tokenizer, Rust pre-send checks against
             # the *served* window and the system's template, and a full re-encode of every layout.
@@ -287,6 +288,11 @@ def run_matrix(
         if control_jobs:
             controls_options = dataclasses.replace(options, run_id=manifest["run_id"] + "-controls")
             run_pairs(control_jobs, backends, out / CONTROLS_DIR, controls_options)
+        for a in arms:
+            if a.system.runtime.cache_control:
+                _cache_control(
+                    a, layouts_by_arm[a.arm], out / a.arm, matrix.decode.max_tokens, matrix_path.parent
+                )
     finally:
         for backend in backends.values():
             # Closing must not hide the run's own error.
@@ -296,6 +302,31 @@ def run_matrix(
     if control_jobs:
         compact(out / CONTROLS_DIR)
     return gate_run(out, matrix=matrix, suite=suite)
+
+
+def _cache_control(a: ArmSetup, layouts: pl.DataFrame, arm_dir: Path, max_tokens: int, base: Path) -> None:
+    """The warm/cold prefix-cache control (:mod:`depthgate.run.cache`) on an arm's layouts, when its
+    runtime block asks for it (``cache_control = true``): ``<arm>/cache_control.json`` (summary, incident,
+    per-layout rows), once per run folder. It never changes the verdict."""
+    from depthgate.run.backends import make_cache_control_backends
+    from depthgate.run.cache import run_cache_control
+
+    path = arm_dir / "cache_control.json"
+    if not path.is_file():
+        cold, warm = make_cache_control_backends(a.system, base_dir=base)
+        with cold, warm:
+            report = run_cache_control(layouts, cold=cold, warm=warm, max_tokens=max_tokens)
+        body = {
+            "ok": report.ok,
+            "summary": report.summary(),
+            "incident": None if report.incident is None else dataclasses.asdict(report.incident),
+            "rows": [row.to_dict() for row in report.rows],
+        }
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(body, indent=2, ensure_ascii=False), encoding="utf-8")
+        os.replace(tmp, path)
+    summary = json.loads(path.read_text(encoding="utf-8"))["summary"]
+    print(f"depthgate: {a.arm}: {summary} ({path})", file=sys.stderr)
 
 
 def gate_run(

@@ -96,6 +96,8 @@ RECORD_SCHEMA: dict[str, pl.DataType] = {
     "finish_reason": pl.String(),
     "prompt_tokens_local": pl.Int64(),
     "prompt_tokens_server": pl.Int64(),
+    "prompt_tokens_expected": pl.Int64(),
+    "prompt_tokens_delta": pl.Int64(),
     "completion_tokens": pl.Int64(),
     "latency_s": pl.Float64(),
     "attempts": pl.Int64(),
@@ -559,12 +561,17 @@ class _Run:
         completion = resp.completion_tokens
         max_tokens = self.decode.max_tokens
         tolerance = float(getattr(backend, "count_tolerance", 0.0))
+        # The count the server must report: the local one, or what the backend knows better (Anthropic's
+        # own count_tokens; the local count plus the calibrated chat framing). Every difference is
+        # recorded (prompt_tokens_delta), also one within the tolerance.
+        expected = local if resp.prompt_tokens_expected is None else resp.prompt_tokens_expected
+        delta = None if server is None else server - expected
         reason: str | None = None
         if resp.server_prompt_ids_match is False:
             reason = "server_ids_mismatch"
-        elif server is None:
+        elif delta is None:
             reason = "server_count_missing"
-        elif abs(server - local) > tolerance * local:
+        elif abs(delta) > tolerance * expected:
             reason = "server_count_mismatch"
         elif completion is not None and (
             completion > max_tokens or (resp.finish_reason == "length" and completion < max_tokens)
@@ -577,6 +584,8 @@ class _Run:
             output_text=resp.text,
             finish_reason=resp.finish_reason,
             prompt_tokens_server=server,
+            prompt_tokens_expected=expected,
+            prompt_tokens_delta=delta,
             completion_tokens=completion,
             latency_s=latency,
             attempts=attempts,

@@ -23,7 +23,7 @@ import re
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypeAlias, TypeVar
+from typing import Annotated, Any, ClassVar, Literal, TypeAlias, TypeVar
 
 from pydantic import (
     BaseModel,
@@ -31,9 +31,12 @@ from pydantic import (
     ConfigDict,
     Discriminator,
     Field,
+    SerializerFunctionWrapHandler,
+    StrictBool,
     Tag,
     ValidationError,
     field_validator,
+    model_serializer,
     model_validator,
 )
 from pydantic_core import PydanticCustomError
@@ -664,8 +667,130 @@ class DecodeParams(_Frozen):
         return self
 
 
+_ENV_VAR_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def _clear_text_remote(url: str) -> bool:
+    """``url`` is plain http (not https) to a host that is not loopback (127.0.0.0/8, ::1, localhost)."""
+    import ipaddress
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    if parts.scheme.lower() == "https":
+        return False
+    host = (parts.hostname or "").rstrip(".").lower()
+    if host == "localhost":
+        return False
+    try:
+        return not ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return True
+
+
+class VLLMEngineArgs(_Frozen):
+    """Engine arguments for the offline ``vllm`` backend, passed to ``vllm.LLM(...)`` as given (``[<arm>
+    .runtime.vllm]`` in a matrix). Only these keys are accepted; ``trust_remote_code`` is deliberately
+    not among them (a matrix must not be able to run code from a model repository). A relative
+    ``tokenizer`` that exists next to the matrix file, and a relative ``download_dir``, are taken relative
+    to the matrix file; ``max_model_len`` overrides the system's ``window`` as the engine's length."""
+
+    tensor_parallel_size: StrictInt | None = Field(default=None, ge=1)
+    pipeline_parallel_size: StrictInt | None = Field(default=None, ge=1)
+    max_model_len: StrictInt | None = Field(default=None, ge=16)
+    gpu_memory_utilization: StrictFloat | None = Field(default=None, gt=0.0, le=1.0)
+    dtype: Literal["auto", "half", "float16", "bfloat16", "float", "float32"] | None = None
+    quantization: str | None = Field(default=None, min_length=1)
+    kv_cache_dtype: str | None = Field(default=None, min_length=1)
+    enforce_eager: StrictBool | None = None
+    enable_prefix_caching: StrictBool | None = None
+    max_num_seqs: StrictInt | None = Field(default=None, ge=1)
+    max_num_batched_tokens: StrictInt | None = Field(default=None, ge=1)
+    swap_space: StrictFloat | None = Field(default=None, ge=0.0)
+    seed: StrictInt | None = Field(default=None, ge=0)
+    tokenizer: str | None = Field(default=None, min_length=1)
+    revision: str | None = Field(default=None, min_length=1)
+    download_dir: str | None = Field(default=None, min_length=1)
+
+    def engine_kwargs(self) -> dict[str, Any]:
+        """The keys that were set, as keyword arguments of ``vllm.LLM``."""
+        return {name: value for name, value in self if value is not None}
+
+    @model_serializer(mode="wrap")
+    def _set_fields_only(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        return {k: v for k, v in data.items() if v is not None}
+
+
+class Runtime(_Frozen):
+    """How one arm's backend runs: ``[baseline.runtime]`` / ``[candidate.runtime]`` in a matrix.
+
+    Unset fields keep the backend's own default. A field that cannot change anything for the arm's
+    backend is refused (:class:`System` says which backend each applies to):
+
+    * OpenAI-compatible ``/v1/completions`` (``vllm-server``, ``llamacpp`` with an endpoint, ``openai``
+      with ``api = "completions"``): ``prompt_format`` — ``"token_ids"`` (default; vLLM, llama-server) or
+      ``"text"`` (servers that take text only, e.g. llama-cpp-python's).
+    * ``openai``: ``api`` — ``"chat"`` (default) or ``"completions"``.
+    * every HTTP backend: ``api_key_env`` (the NAME of the variable holding the key), ``allow_insecure_key``
+      (send the key over plain http to a non-loopback endpoint: refused otherwise), ``count_tolerance``
+      (relative prompt-count difference allowed; default 0, exact), ``timeout_s``, ``connect_timeout_s``,
+      ``max_connections`` (pool size), ``concurrency`` (this arm's requests in flight; the run's
+      ``--concurrency`` still caps both arms together).
+    * embedded ``llamacpp`` (no endpoint): ``n_threads``, ``reuse_prefix`` (keep the KV prefix between
+      requests), ``cache_control`` (after the run, the warm/cold prefix-cache control of
+      ``depthgate.run.cache`` on this arm's layouts, written to ``RUN/<arm>/cache_control.json``).
+    * ``vllm`` (offline): ``vllm`` — engine arguments (:class:`VLLMEngineArgs`).
+
+    The system digest (and so the run id) binds the fields that can change an answer — ``prompt_format``,
+    ``api``, ``count_tolerance``, ``n_threads``, ``reuse_prefix``, ``vllm`` — and only when set; the
+    operational ones (key variable, timeouts, pool, concurrency, ``allow_insecure_key``,
+    ``cache_control``) can change between a run and its resume.
+    """
+
+    prompt_format: Literal["token_ids", "text"] | None = None
+    api: Literal["chat", "completions"] | None = None
+    api_key_env: str | None = None
+    allow_insecure_key: StrictBool = False
+    count_tolerance: StrictFloat | None = Field(default=None, ge=0.0, lt=1.0)
+    timeout_s: StrictFloat | None = Field(default=None, gt=0.0)
+    connect_timeout_s: StrictFloat | None = Field(default=None, gt=0.0)
+    max_connections: StrictInt | None = Field(default=None, ge=1)
+    concurrency: StrictInt | None = Field(default=None, ge=1)
+    n_threads: StrictInt | None = Field(default=None, ge=1)
+    reuse_prefix: StrictBool = False
+    cache_control: StrictBool = False
+    vllm: VLLMEngineArgs | None = None
+
+    #: Fields bound by the system digest (when set to something other than their default).
+    RESULT_FIELDS: ClassVar[frozenset[str]] = frozenset(
+        {"prompt_format", "api", "count_tolerance", "n_threads", "reuse_prefix", "vllm"}
+    )
+
+    @field_validator("api_key_env")
+    @classmethod
+    def _env_var_name(cls, value: str | None) -> str | None:
+        if value is not None and not _ENV_VAR_NAME.match(value):
+            raise _violation(
+                f"{value!r} is not an environment variable name",
+                fix="give the NAME of the variable that holds the key (e.g. 'MY_GATEWAY_KEY'), never the key",
+            )
+        return value
+
+    @model_serializer(mode="wrap")
+    def _result_fields(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        fields = type(self).model_fields
+        return {
+            k: v
+            for k, v in data.items()
+            if k in self.RESULT_FIELDS and getattr(self, k) != fields[k].default and v not in ({}, None)
+        }
+
+
 class System(_Frozen):
-    """One arm of a comparison: backend, model, tokenizer, chat template and prompt assembler."""
+    """One arm of a comparison: backend, model, tokenizer, chat template, prompt assembler, and how the
+    backend runs (:class:`Runtime`). Relative paths (``tokenizer``, ``chat_template``, a ``.gguf``
+    ``model``) are relative to the matrix file."""
 
     name: str
     backend: Backend
@@ -678,9 +803,83 @@ class System(_Frozen):
     preamble: str = ""
     window: StrictInt | None = Field(default=None, ge=1)
     endpoint: str | None = None
+    runtime: Runtime = Runtime()
+
+    @model_serializer(mode="wrap")
+    def _without_default_runtime(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # A system without result-changing runtime settings digests exactly as before the block existed.
+        data: dict[str, Any] = handler(self)
+        if not data.get("runtime"):
+            data.pop("runtime", None)
+        return data
+
+    def _check_runtime(self) -> None:
+        runtime, kind = self.runtime, self.backend
+        embedded = kind == "llamacpp" and self.endpoint is None
+        http = kind not in ("vllm",) and not embedded
+        completions = (
+            kind == "vllm-server"
+            or (kind == "llamacpp" and not embedded)
+            or (kind == "openai" and runtime.api == "completions")
+        )
+        http_only = (http, "the HTTP backends (vllm-server, openai, anthropic, llamacpp with an endpoint)")
+        embedded_only = (embedded, "the embedded llamacpp backend (llamacpp without an endpoint)")
+        applies: dict[str, tuple[bool, str]] = {
+            "prompt_format": (
+                completions,
+                "OpenAI-compatible /v1/completions backends (vllm-server, llamacpp with an endpoint, "
+                "openai with api = 'completions')",
+            ),
+            "api": (kind == "openai", "backend 'openai'"),
+            "api_key_env": http_only,
+            "allow_insecure_key": http_only,
+            "count_tolerance": http_only,
+            "timeout_s": http_only,
+            "connect_timeout_s": http_only,
+            "max_connections": http_only,
+            "concurrency": http_only,
+            "n_threads": embedded_only,
+            "reuse_prefix": embedded_only,
+            "cache_control": embedded_only,
+            "vllm": (kind == "vllm", "backend 'vllm' (offline)"),
+        }
+        where = f"backend {kind!r}" + (" with an endpoint" if kind == "llamacpp" and not embedded else "")
+        for name in sorted(runtime.model_fields_set):
+            ok, scope = applies[name]
+            if not ok:
+                raise _violation(
+                    f"has no effect on {where}",
+                    field=f"runtime.{name}",
+                    fix=f"remove it; it applies only to {scope}",
+                )
+        names_key = runtime.api_key_env is not None or kind == "anthropic"
+        in_clear = self.endpoint is not None and _clear_text_remote(self.endpoint)
+        if names_key and in_clear and not runtime.allow_insecure_key:
+            raise _violation(
+                f"would send the API key in clear text: {self.endpoint} is plain http to a host that is not "
+                "loopback",
+                field="endpoint",
+                fix="use an https:// endpoint; on a trusted network only, set allow_insecure_key = true in "
+                "this arm's runtime block",
+            )
+        if runtime.allow_insecure_key:
+            url = self.endpoint
+            if url is None or not _clear_text_remote(url):
+                raise _violation(
+                    f"has no effect: the endpoint {url or '(the provider default)'} is https or loopback",
+                    field="runtime.allow_insecure_key",
+                    fix="remove it; keys are always sent over https and to loopback hosts",
+                )
+            if kind in ("vllm-server", "llamacpp") and runtime.api_key_env is None:
+                raise _violation(
+                    f"has no effect: backend {kind!r} sends no key without api_key_env",
+                    field="runtime.allow_insecure_key",
+                    fix="remove it, or name the key's variable in runtime.api_key_env",
+                )
 
     @model_validator(mode="after")
     def _check_system(self) -> System:
+        self._check_runtime()
         _check_id(self.name, field="name")
         _check_prompt_text(self.preamble, field="preamble")
         if not self.assembler.strip():

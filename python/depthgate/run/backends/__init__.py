@@ -6,48 +6,114 @@ errors) imports none of its implementations.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import dataclasses
+import os
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from depthgate.exceptions import InputError
 from depthgate.run.backends.base import Backend, EmbeddedBackendAdapter, api_key_from_env
+from depthgate.spec.paths import resolve_relative
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
     from depthgate.run.backends.http import HTTPOptions
-    from depthgate.spec.models import System
+    from depthgate.run.backends.llamacpp import EmbeddedLlamaBackend
+    from depthgate.spec.models import Runtime, System
 
-__all__ = ["make_backend"]
+__all__ = ["make_backend", "make_cache_control_backends"]
 
 
-def _tokenizer_for(system: System, model_path: Path | None) -> Tokenizer | None:
+def _tokenizer_for(system: System, base_dir: Path | None) -> Tokenizer | None:
     """The tokenizer named by ``system.tokenizer``: ``gguf:`` (from the model), ``gguf:<path>`` or a
-    ``tokenizer.json`` path. ``None`` = let the embedded backend convert it from the model."""
+    ``tokenizer.json`` path, relative paths taken from ``base_dir`` (the matrix's folder). ``None`` = let
+    the embedded backend convert it from the model."""
     spec = system.tokenizer
     if spec == "gguf:":
         return None
     from depthgate.layout.gguf_tokenizer import tokenizer_from_gguf
 
     if spec.startswith("gguf:"):
-        return tokenizer_from_gguf(spec[len("gguf:") :])
+        return tokenizer_from_gguf(resolve_relative(spec[len("gguf:") :], base_dir))
     from tokenizers import Tokenizer
 
-    path = Path(spec)
+    path = resolve_relative(spec, base_dir)
     if not path.is_file():
         raise InputError(
             "tokenizer file not found",
             file=str(path),
             field=f"{system.name}.tokenizer",
-            fix='give a tokenizer.json path, or "gguf:" to read it from the GGUF model',
+            fix='give a tokenizer.json path (relative to the matrix file), or "gguf:" to read it from the '
+            "GGUF model",
         )
     return Tokenizer.from_file(str(path))
+
+
+def _local_counter(
+    system: System, base_dir: Path | None, tokenizer: Tokenizer | None
+) -> Callable[[str], int]:
+    """Counts a text as the layouts count their ids (``encode(text, add_special_tokens=True)``) with the
+    system's tokenizer."""
+    if tokenizer is None:
+        from tokenizers import Tokenizer
+
+        from depthgate.layout.gguf_tokenizer import resolve_tokenizer_path
+
+        tokenizer = Tokenizer.from_file(str(resolve_tokenizer_path(system.tokenizer, base_dir=base_dir)))
+    tok = tokenizer
+
+    def count(text: str) -> int:
+        return len(tok.encode(text, add_special_tokens=True).ids)
+
+    return count
+
+
+def _existing_or_name(value: str, base_dir: Path | None) -> str:
+    """A model or tokenizer reference that may be a local path or a hub name: the path relative to the
+    matrix file when it exists there, else the value unchanged."""
+    path = resolve_relative(value, base_dir)
+    return str(path) if base_dir is not None and path.exists() else value
+
+
+def _vllm_engine_kwargs(runtime: Runtime, base_dir: Path | None) -> dict[str, Any]:
+    if runtime.vllm is None:
+        return {}
+    kwargs = runtime.vllm.engine_kwargs()
+    if "tokenizer" in kwargs:
+        kwargs["tokenizer"] = _existing_or_name(str(kwargs["tokenizer"]), base_dir)
+    if "download_dir" in kwargs:
+        kwargs["download_dir"] = str(resolve_relative(str(kwargs["download_dir"]), base_dir))
+    return kwargs
+
+
+def _http_options(runtime: Runtime, given: HTTPOptions | None) -> HTTPOptions:
+    """``given`` (or the defaults) with every HTTP setting the arm's runtime block sets applied on top."""
+    from depthgate.run.backends.http import HTTPOptions
+
+    base = given or HTTPOptions()
+    changes: dict[str, Any] = {
+        name: getattr(runtime, name)
+        for name in ("timeout_s", "connect_timeout_s", "count_tolerance", "max_connections", "concurrency")
+        if getattr(runtime, name) is not None
+    }
+    if runtime.allow_insecure_key:
+        changes["allow_insecure_key"] = True
+    return dataclasses.replace(base, **changes) if changes else base
 
 
 _DEFAULT_MODEL_NAMES = frozenset({"default", "gemma3-270m", "gemma-3-270m", "gemma3-270m-q4-k-m"})
 
 _DEFAULT_KEY_ENV: Mapping[str, str] = {"openai": "OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY"}
+
+
+def _embedded_model_path(system: System, base_dir: Path | None) -> Path | None:
+    return None if system.model in _DEFAULT_MODEL_NAMES else resolve_relative(system.model, base_dir)
+
+
+def _base(base_dir: str | os.PathLike[str] | None) -> Path | None:
+    return None if base_dir is None else Path(base_dir)
 
 
 def make_backend(
@@ -59,35 +125,50 @@ def make_backend(
     api: Literal["chat", "completions"] | None = None,
     http_options: HTTPOptions | None = None,
     n_threads: int | None = None,
-    reuse_prefix: bool = False,
+    reuse_prefix: bool | None = None,
     vllm_kwargs: Mapping[str, Any] | None = None,
+    base_dir: str | os.PathLike[str] | None = None,
 ) -> Backend:
-    """The backend of one system (one arm).
+    """The backend of one system (one arm), configured by its ``runtime`` block.
 
     * ``llamacpp`` without endpoint: llama.cpp in process (:class:`EmbeddedBackendAdapter`); ``model`` is
       a ``.gguf`` path or ``"gemma3-270m"`` (the packaged default); ``window`` sets ``n_ctx`` (default
-      4096). With an endpoint: an OpenAI-compatible ``/v1/completions`` server; ``llama-server`` accepts
-      token ids (the default), the llama-cpp-python server only text (pass ``prompt_format="text"``).
-    * ``vllm``: :class:`~depthgate.run.backends.vllm_offline.VLLMOfflineBackend` (token ids).
+      4096); ``runtime.n_threads``, ``runtime.reuse_prefix``. With an endpoint: an OpenAI-compatible
+      ``/v1/completions`` server; ``llama-server`` accepts token ids (the default), the llama-cpp-python
+      server only text (``runtime.prompt_format = "text"``).
+    * ``vllm``: :class:`~depthgate.run.backends.vllm_offline.VLLMOfflineBackend` (token ids); engine
+      arguments from ``runtime.vllm`` (``tensor_parallel_size``, ``max_model_len``, …).
     * ``vllm-server``: :class:`~depthgate.run.backends.http.OpenAICompletionsBackend` (token ids,
       ``return_token_ids``, ``max_model_len`` from ``/v1/models``).
-    * ``openai``: :class:`~depthgate.run.backends.http.OpenAIChatBackend` (text; ``api="completions"`` for a
-      compatible server that takes token ids). Key from ``OPENAI_API_KEY`` (or ``api_key_env``); required
-      for api.openai.com, optional for a self-hosted endpoint.
+    * ``openai``: :class:`~depthgate.run.backends.http.OpenAIChatBackend` (text; the chat framing is
+      calibrated with the system's tokenizer; ``runtime.api = "completions"`` for a compatible server that
+      takes token ids). Key from ``OPENAI_API_KEY`` (or ``runtime.api_key_env``); required for
+      api.openai.com, optional for a self-hosted endpoint.
     * ``anthropic``: :class:`~depthgate.run.backends.http.AnthropicBackend`; key from ``ANTHROPIC_API_KEY``
-      (or ``api_key_env``), always required.
+      (or ``runtime.api_key_env``), always required.
 
-    ``http_options`` (timeouts, count tolerance, pool size) apply to every HTTP backend; retries are the
-    runner's (:class:`~depthgate.run.retry.RetryPolicy`), never the backend's.
+    Relative paths (a ``.gguf`` model, a tokenizer, vLLM's ``tokenizer``/``download_dir``) are taken
+    relative to ``base_dir``, the matrix file's folder (the working directory when ``None``). The keyword
+    arguments override the runtime block (programmatic use); ``http_options`` is the base the block's
+    HTTP settings (timeouts, tolerance, pool, concurrency, ``allow_insecure_key``) are applied to. An API
+    key is never attached to plain http to a non-loopback host unless ``runtime.allow_insecure_key``
+    (:class:`~depthgate.exceptions.InputError`). Retries are the runner's
+    (:class:`~depthgate.run.retry.RetryPolicy`), never the backend's.
     """
+    runtime = system.runtime
+    base = _base(base_dir)
+    api_key_env = api_key_env if api_key_env is not None else runtime.api_key_env
+    prompt_format = prompt_format or runtime.prompt_format
+    api = api or runtime.api
+    n_threads = n_threads if n_threads is not None else runtime.n_threads
+    reuse_prefix = runtime.reuse_prefix if reuse_prefix is None else reuse_prefix
     kind = system.backend
     if kind == "llamacpp" and system.endpoint is None:
         from depthgate.run.backends.llamacpp import EmbeddedLlamaBackend
 
-        model_path = None if system.model in _DEFAULT_MODEL_NAMES else Path(system.model)
-        tok = tokenizer if tokenizer is not None else _tokenizer_for(system, model_path)
+        tok = tokenizer if tokenizer is not None else _tokenizer_for(system, base)
         embedded = EmbeddedLlamaBackend(
-            model_path,
+            _embedded_model_path(system, base),
             n_ctx=system.window or 4096,
             tokenizer=tok,
             reuse_prefix=reuse_prefix,
@@ -97,12 +178,17 @@ def make_backend(
     if kind == "vllm":
         from depthgate.run.backends.vllm_offline import VLLMOfflineBackend
 
+        engine = dict(vllm_kwargs) if vllm_kwargs is not None else _vllm_engine_kwargs(runtime, base)
         return VLLMOfflineBackend(
-            system.model, name=system.name, window=system.window, engine_kwargs=dict(vllm_kwargs or {})
+            _existing_or_name(system.model, base),
+            name=system.name,
+            window=system.window,
+            engine_kwargs=engine,
         )
 
     from depthgate.run.backends import http as http_backends
 
+    options = _http_options(runtime, http_options)
     if kind == "anthropic":
         key = api_key_from_env(api_key_env or _DEFAULT_KEY_ENV["anthropic"], what="Anthropic")
         return http_backends.AnthropicBackend(
@@ -111,7 +197,7 @@ def make_backend(
             api_key=key,
             name=system.name,
             window=system.window,
-            options=http_options,
+            options=options,
         )
     if kind == "openai" and (api or "chat") == "chat":
         env = api_key_env or _DEFAULT_KEY_ENV["openai"]
@@ -122,7 +208,8 @@ def make_backend(
             api_key=key,
             name=system.name,
             window=system.window,
-            options=http_options,
+            local_count=_local_counter(system, base, tokenizer),
+            options=options,
         )
     # OpenAI-compatible /v1/completions: vllm-server, llamacpp with an endpoint, openai with api="completions"
     endpoint = system.endpoint or http_backends.OPENAI_URL
@@ -140,5 +227,38 @@ def make_backend(
         window=system.window,
         prompt_format=fmt,
         vllm=kind == "vllm-server",
-        options=http_options,
+        options=options,
     )
+
+
+def make_cache_control_backends(
+    system: System,
+    *,
+    base_dir: str | os.PathLike[str] | None = None,
+    tokenizer: Tokenizer | None = None,
+) -> tuple[EmbeddedLlamaBackend, EmbeddedLlamaBackend]:
+    """The two embedded backends of the prefix-cache control (:func:`depthgate.run.cache.run_cache_control`)
+    for an embedded ``llamacpp`` system: cold (prefix reuse off) and warm (on), same model, window,
+    tokenizer and threads as the system's own backend. The caller closes both."""
+    if system.backend != "llamacpp" or system.endpoint is not None:
+        raise InputError(
+            f"the prefix-cache control runs on the embedded llamacpp backend, not {system.backend!r}",
+            field=f"{system.name}.runtime.cache_control",
+            fix="remove cache_control from this arm",
+        )
+    from depthgate.run.backends.llamacpp import EmbeddedLlamaBackend
+
+    base = _base(base_dir)
+    model = _embedded_model_path(system, base)
+    tok = tokenizer if tokenizer is not None else _tokenizer_for(system, base)
+    n_ctx = system.window or 4096
+    threads = system.runtime.n_threads
+    cold = EmbeddedLlamaBackend(model, n_ctx=n_ctx, tokenizer=tok, n_threads=threads, reuse_prefix=False)
+    try:
+        warm = EmbeddedLlamaBackend(
+            model, n_ctx=n_ctx, tokenizer=cold.tokenizer, n_threads=threads, reuse_prefix=True
+        )
+    except BaseException:
+        cold.close()
+        raise
+    return cold, warm

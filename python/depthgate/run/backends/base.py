@@ -205,6 +205,10 @@ class Response:
     ``finish_reason``: ``"stop"`` (a stop string or end of turn), ``"length"`` (``max_tokens`` reached),
     ``"eos"`` (end-of-generation token) or the backend's own word. ``server_prompt_ids_match``: the server
     echoed the prompt ids and they equal the ids sent (``None`` when it echoed none).
+    ``prompt_tokens_expected``: the prompt count the server must report when it is not the local count of
+    the ids — Anthropic's own ``count_tokens`` of the message, or the local count plus the calibrated chat
+    framing (``None``: the local count, ``len(token_ids)``). The runner compares ``prompt_tokens_server``
+    with it and records the difference.
     """
 
     text: str
@@ -214,6 +218,7 @@ class Response:
     server_prompt_ids_match: bool | None = None
     system_fingerprint: str | None = None
     prefix_cache_hit_tokens: int | None = None
+    prompt_tokens_expected: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -224,8 +229,9 @@ class Backend(Protocol):
     ``name``: the system name recorded with each record. ``window``: prompt + completion tokens the
     backend accepts (``None`` when unknown). ``accepts_token_ids``: prompts are sent as the exact ids
     (else as text, and positions are verified by the server's counts). ``count_tolerance``: the relative
-    difference allowed between the server's prompt count and the local one (0 = exact; > 0 only where the
-    provider's tokenizer is unknown; the two counts are recorded either way).
+    difference allowed between the server's prompt count and the count it must have
+    (:attr:`Response.prompt_tokens_expected`, else the local one); 0 = exact, the default of every
+    backend; the counts and their difference are recorded either way).
     """
 
     name: str

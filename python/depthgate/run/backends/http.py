@@ -16,25 +16,38 @@ unknown ``model`` is served silently by the one loaded model (so the served ids 
 
 API keys come from the environment only, are held in a :class:`~depthgate.run.backends.base.Secret`, sent
 per request, and redacted from every message built here; no exception raised here keeps a reference to
-an httpx request (which holds the headers).
+an httpx request (which holds the headers). A key is attached only over ``https`` or to a loopback host
+(127.0.0.0/8, ::1, ``localhost``); plain ``http`` to any other host is refused at construction unless
+:attr:`HTTPOptions.allow_insecure_key` is set (a matrix edited in a pull request must not be able to
+send a CI secret to a host of its choosing in the clear).
+
+Prompt counts (the runner checks them after every request): the completions backend sends ids or text
+under the served tokenizer, so the server's count must equal the local one exactly. The text-only
+backends say what the server's count must be in :attr:`Response.prompt_tokens_expected`: Anthropic's own
+``count_tokens`` of the same message, before the request (same tokenizer, so exact); OpenAI chat the local
+count plus the chat framing overhead, measured once per backend with a small probe message
+(``usage.prompt_tokens(probe) − local_count(probe)``). No relative slack is allowed unless the arm sets
+``count_tolerance``; every difference is recorded.
 """
 
 from __future__ import annotations
 
 import asyncio
 import email.utils
+import ipaddress
 import json
 import logging
 import math
 import re
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 import httpx
 
-from depthgate.exceptions import BackendError
+from depthgate.exceptions import BackendError, InputError
 from depthgate.run.backends.base import (
     BackendRequestError,
     OverLengthError,
@@ -47,13 +60,15 @@ from depthgate.run.backends.base import (
 __all__ = [
     "ANTHROPIC_URL",
     "ANTHROPIC_VERSION",
+    "CALIBRATION_PROBE",
     "OPENAI_URL",
-    "TEXT_COUNT_TOLERANCE",
     "AnthropicBackend",
     "HTTPOptions",
     "OpenAIChatBackend",
     "OpenAICompletionsBackend",
+    "is_loopback_host",
     "is_overlength_error",
+    "key_in_clear",
 ]
 
 log = logging.getLogger("depthgate.run.backends.http")
@@ -61,24 +76,27 @@ log = logging.getLogger("depthgate.run.backends.http")
 OPENAI_URL = "https://api.openai.com"
 ANTHROPIC_URL = "https://api.anthropic.com"
 ANTHROPIC_VERSION = "2023-06-01"
-#: Relative prompt-count tolerance for text-only providers whose tokenizer is not the local one.
-TEXT_COUNT_TOLERANCE = 0.10
+#: The message the OpenAI chat backend sends once to measure the chat framing overhead.
+CALIBRATION_PROBE = "Hello."
 
 
 @dataclass(frozen=True)
 class HTTPOptions:
-    """Connection settings every HTTP backend takes.
+    """Connection settings every HTTP backend takes (a matrix arm's ``runtime`` block fills them).
 
     ``timeout_s`` (read) and ``connect_timeout_s`` bound one request; ``count_tolerance`` is the relative
-    difference allowed between the server's prompt count and the local one (``None``: the backend's own
-    default — 0 where the server counts with the local tokenizer, :data:`TEXT_COUNT_TOLERANCE` for text
-    APIs); ``max_connections`` caps the httpx pool; ``transport`` replaces the network (tests).
+    difference allowed between the server's prompt count and the count it must have (``None``: 0, exact;
+    the difference is recorded either way); ``max_connections`` caps the httpx pool; ``concurrency`` caps
+    this backend's requests in flight (``None``: only the run's own limit); ``allow_insecure_key`` lets an
+    API key go over plain ``http`` to a non-loopback host; ``transport`` replaces the network (tests).
     """
 
     timeout_s: float = 300.0
     connect_timeout_s: float = 10.0
     count_tolerance: float | None = None
     max_connections: int = 256
+    concurrency: int | None = None
+    allow_insecure_key: bool = False
     transport: httpx.AsyncBaseTransport | None = None
 
     def __post_init__(self) -> None:
@@ -88,6 +106,28 @@ class HTTPOptions:
             raise ValueError("count_tolerance must be ≥ 0")
         if self.max_connections < 1:
             raise ValueError("max_connections must be ≥ 1")
+        if self.concurrency is not None and self.concurrency < 1:
+            raise ValueError("concurrency must be ≥ 1")
+
+
+def is_loopback_host(host: str | None) -> bool:
+    """``localhost``, 127.0.0.0/8 or ::1."""
+    if not host:
+        return False
+    host = host.strip("[]").rstrip(".").lower()
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def key_in_clear(url: str) -> bool:
+    """A request to ``url`` would carry its headers unencrypted over the network: plain ``http`` (or
+    anything but ``https``) to a host that is not loopback."""
+    parts = urlsplit(url)
+    return parts.scheme.lower() != "https" and not is_loopback_host(parts.hostname)
 
 
 _RETRY_STATUS = frozenset({408, 409, 425, 429})
@@ -179,11 +219,13 @@ def _apply_stops(text: str, stops: Sequence[str]) -> tuple[str, bool]:
 
 
 class _HTTPBackend:
-    """JSON-over-HTTP client shared by the backends below (one httpx client per event loop)."""
+    """JSON-over-HTTP client shared by the backends below (one httpx client per event loop).
+
+    :meth:`generate` holds one of :attr:`HTTPOptions.concurrency` slots (when set) around the subclass's
+    ``_generate``, so one arm's requests in flight are capped whatever the run's concurrency.
+    """
 
     accepts_token_ids: bool = False
-    #: The prompt-count tolerance when :attr:`HTTPOptions.count_tolerance` is not set.
-    default_count_tolerance: float = 0.0
 
     def __init__(
         self,
@@ -199,16 +241,25 @@ class _HTTPBackend:
         self.model = model
         self.name = name
         self.base_url = _normalize_base_url(base_url)
+        if api_key is not None and key_in_clear(self.base_url) and not options.allow_insecure_key:
+            raise InputError(
+                f"refusing to send the API key from ${api_key.env_var} to {self.base_url}: plain http to a "
+                "host that is not loopback would expose it on the network",
+                field=f"{name}.endpoint",
+                fix="use an https:// endpoint (or a loopback one); on a trusted network only, set "
+                "allow_insecure_key = true in this arm's [runtime] block",
+            )
         self._api_key = api_key
         self._configured_window = window
         self.options = options
         self.timeout_s = options.timeout_s
         self.connect_timeout_s = options.connect_timeout_s
-        self.count_tolerance = (
-            self.default_count_tolerance if options.count_tolerance is None else options.count_tolerance
-        )
+        self.count_tolerance = 0.0 if options.count_tolerance is None else options.count_tolerance
+        self.concurrency = options.concurrency
         self._http: httpx.AsyncClient | None = None
         self._http_loop: asyncio.AbstractEventLoop | None = None
+        self._slots: asyncio.Semaphore | None = None
+        self._slots_loop: asyncio.AbstractEventLoop | None = None
 
     def __repr__(self) -> str:
         key = None if self._api_key is None else f"<from ${self._api_key.env_var}>"
@@ -220,6 +271,19 @@ class _HTTPBackend:
     @property
     def window(self) -> int | None:
         return self._configured_window
+
+    async def generate(self, request: Request) -> Response:
+        """One attempt at ``request`` (the runner retries), within this backend's concurrency cap."""
+        if self.concurrency is None:
+            return await self._generate(request)
+        loop = asyncio.get_running_loop()
+        if self._slots is None or self._slots_loop is not loop:
+            self._slots, self._slots_loop = asyncio.Semaphore(self.concurrency), loop
+        async with self._slots:
+            return await self._generate(request)
+
+    async def _generate(self, request: Request) -> Response:
+        raise NotImplementedError
 
     # -- plumbing -----------------------------------------------------------------------------------
 
@@ -461,7 +525,7 @@ class OpenAICompletionsBackend(_HTTPBackend):
             if not self._probed:
                 await self.probe()
 
-    async def generate(self, request: Request) -> Response:
+    async def _generate(self, request: Request) -> Response:
         await self._ensure_probed()
         if self.accepts_token_ids:
             if request.token_ids is None:
@@ -541,11 +605,20 @@ class OpenAICompletionsBackend(_HTTPBackend):
 
 class OpenAIChatBackend(_HTTPBackend):
     """``/v1/chat/completions``: the layout text as one user message, ``seed`` (best effort), the
-    ``system_fingerprint`` and ``usage`` recorded. Text only: positions are verified by the server's count
-    within :attr:`count_tolerance` (the provider's tokenizer and chat framing are not the local ones)."""
+    ``system_fingerprint`` and ``usage`` recorded. Text only.
+
+    The server's prompt count is the text's tokens plus a constant chat framing (role markers, the
+    assistant turn). Given ``local_count`` (the local tokenizer's count of a text, counted the way layouts
+    count their ids), the backend measures that framing once, before its first request, by sending
+    :data:`CALIBRATION_PROBE` (one completion token): ``overhead = usage.prompt_tokens(probe) −
+    local_count(probe)``. Every response then says the count the server must report,
+    ``len(token_ids) + overhead`` (:attr:`Response.prompt_tokens_expected`), and the runner allows no
+    other difference (unless ``count_tolerance`` is set). A provider whose tokenizer is not the local one
+    shows up as differences that grow with the prompt: recorded, and refused as ``server_count_mismatch``.
+    Without ``local_count`` nothing is calibrated and the server's count is compared with the local one.
+    """
 
     accepts_token_ids = False
-    default_count_tolerance = TEXT_COUNT_TOLERANCE
 
     def __init__(
         self,
@@ -556,6 +629,7 @@ class OpenAIChatBackend(_HTTPBackend):
         name: str | None = None,
         window: int | None = None,
         max_tokens_field: Literal["max_tokens", "max_completion_tokens"] = "max_tokens",
+        local_count: Callable[[str], int] | None = None,
         options: HTTPOptions | None = None,
     ) -> None:
         super().__init__(
@@ -567,6 +641,16 @@ class OpenAIChatBackend(_HTTPBackend):
             options=options,
         )
         self.max_tokens_field = max_tokens_field
+        self.local_count = local_count
+        self._overhead: int | None = None
+        self._calibration_lock: asyncio.Lock | None = None
+        self._calibration_loop: asyncio.AbstractEventLoop | None = None
+
+    @property
+    def overhead(self) -> int | None:
+        """The measured chat framing overhead in tokens (``None`` before calibration or without
+        ``local_count``)."""
+        return self._overhead
 
     def _headers(self) -> dict[str, str]:
         headers = super()._headers()
@@ -574,21 +658,62 @@ class OpenAIChatBackend(_HTTPBackend):
             headers["Authorization"] = f"Bearer {self._api_key.reveal()}"
         return headers
 
-    async def generate(self, request: Request) -> Response:
+    def _payload(self, text: str, *, max_tokens: int, temperature: float, seed: int) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "messages": [{"role": "user", "content": text}],
+            self.max_tokens_field: max_tokens,
+            "temperature": temperature,
+            "seed": seed,
+            "stream": False,
+        }
+
+    async def calibrate(self) -> int:
+        """Send :data:`CALIBRATION_PROBE` once and return the chat framing overhead in tokens."""
+        if self.local_count is None:
+            raise BackendRequestError(
+                "the chat backend cannot calibrate without a local tokenizer",
+                field="local_count",
+                fix="pass local_count (make_backend builds it from the system's tokenizer)",
+            )
+        where = f"POST {self.base_url}/v1/chat/completions (calibration probe)"
+        body = await self._call(
+            "POST",
+            "/v1/chat/completions",
+            self._payload(CALIBRATION_PROBE, max_tokens=1, temperature=0.0, seed=0),
+        )
+        usage = body.get("usage") if isinstance(body, Mapping) else None
+        server = _int_or_none(usage.get("prompt_tokens")) if isinstance(usage, Mapping) else None
+        if server is None:
+            raise self._malformed(where, "usage.prompt_tokens")
+        self._overhead = server - self.local_count(CALIBRATION_PROBE)
+        log.info("%s: chat framing overhead %d tokens (probe)", self.name, self._overhead)
+        return self._overhead
+
+    async def _ensure_calibrated(self) -> int | None:
+        if self.local_count is None:
+            return None
+        if self._overhead is not None:
+            return self._overhead
+        loop = asyncio.get_running_loop()
+        if self._calibration_lock is None or self._calibration_loop is not loop:
+            self._calibration_lock, self._calibration_loop = asyncio.Lock(), loop
+        async with self._calibration_lock:
+            if self._overhead is None:
+                await self.calibrate()
+        return self._overhead
+
+    async def _generate(self, request: Request) -> Response:
         if request.text is None:
             raise BackendRequestError(
                 "the chat backend sends text but the request has none",
                 field="text",
                 fix="send the layout text",
             )
-        payload: dict[str, Any] = {
-            "model": self.model,
-            "messages": [{"role": "user", "content": request.text}],
-            self.max_tokens_field: request.max_tokens,
-            "temperature": request.temperature,
-            "seed": request.seed,
-            "stream": False,
-        }
+        overhead = await self._ensure_calibrated()
+        payload = self._payload(
+            request.text, max_tokens=request.max_tokens, temperature=request.temperature, seed=request.seed
+        )
         if request.stop:
             payload["stop"] = list(request.stop)[:4]
         body = await self._call("POST", "/v1/chat/completions", payload)
@@ -602,6 +727,14 @@ class OpenAIChatBackend(_HTTPBackend):
         usage = body.get("usage") if isinstance(body.get("usage"), Mapping) else {}
         details = usage.get("prompt_tokens_details")
         cached = _int_or_none(details.get("cached_tokens")) if isinstance(details, Mapping) else None
+        expected: int | None = None
+        extra: dict[str, Any] = {"served_model": body.get("model")}
+        if overhead is not None and self.local_count is not None:
+            n_local = (
+                len(request.token_ids) if request.token_ids is not None else self.local_count(request.text)
+            )
+            expected = n_local + overhead
+            extra["prompt_overhead"] = overhead
         return Response(
             text=text,
             finish_reason="stop" if stopped else choice.get("finish_reason"),
@@ -610,7 +743,8 @@ class OpenAIChatBackend(_HTTPBackend):
             server_prompt_ids_match=None,
             system_fingerprint=body.get("system_fingerprint"),
             prefix_cache_hit_tokens=cached,
-            extra={"served_model": body.get("model")},
+            prompt_tokens_expected=expected,
+            extra=extra,
         )
 
 
@@ -624,12 +758,13 @@ _ANTHROPIC_FINISH = {"end_turn": "stop", "stop_sequence": "stop", "max_tokens": 
 class AnthropicBackend(_HTTPBackend):
     """``/v1/messages``. Before each request ``/v1/messages/count_tokens`` counts the prompt (a prompt
     that cannot fit :attr:`window` is refused without sending it); after it, ``usage`` gives the prompt
-    count (``input_tokens + cache_creation_input_tokens + cache_read_input_tokens``). The API has no
+    count (``input_tokens + cache_creation_input_tokens + cache_read_input_tokens``), which must equal that
+    count exactly (:attr:`Response.prompt_tokens_expected`: same provider, same tokenizer, same message;
+    the runner records any difference and refuses it unless ``count_tolerance`` allows it). The API has no
     seed: ``temperature`` is sent, the seed is not. Whitespace-only stop strings (refused by the API)
     are applied to the output here."""
 
     accepts_token_ids = False
-    default_count_tolerance = TEXT_COUNT_TOLERANCE
 
     def __init__(
         self,
@@ -671,7 +806,7 @@ class AnthropicBackend(_HTTPBackend):
             raise self._malformed(f"POST {self.base_url}/v1/messages/count_tokens", "input_tokens")
         return count
 
-    async def generate(self, request: Request) -> Response:
+    async def _generate(self, request: Request) -> Response:
         if request.text is None:
             raise BackendRequestError(
                 "the Anthropic backend sends text but the request has none",
@@ -725,5 +860,6 @@ class AnthropicBackend(_HTTPBackend):
             server_prompt_ids_match=None,
             system_fingerprint=None,
             prefix_cache_hit_tokens=parts[2],
+            prompt_tokens_expected=counted,
             extra={"count_tokens": counted, "stop_reason": stop_reason, "served_model": body.get("model")},
         )
