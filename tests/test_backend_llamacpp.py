@@ -19,7 +19,7 @@ pytest.importorskip(
 from tokenizers import Tokenizer
 
 from depthgate.exceptions import DepthgateError, InputError
-from depthgate.layout.gguf_tokenizer import gemma_default_gguf, tokenizer_from_gguf
+from depthgate.layout.gguf_tokenizer import gemma_default_gguf, tokenizer_from_gguf, tokenizer_json_from_gguf
 from depthgate.run.backends import make_backend
 from depthgate.run.backends.base import EmbeddedBackendAdapter, Request
 from depthgate.run.backends.llamacpp import EmbeddedLlamaBackend, Generation
@@ -223,6 +223,16 @@ def test_model_path_is_relative_to_the_matrix_file(tmp_path: Path, monkeypatch: 
     backend = make_backend(system, base_dir=matrix_dir)
     assert isinstance(backend, EmbeddedBackendAdapter)
     assert backend.backend.model_path == matrix_dir / "models" / "gemma.gguf"
+    asyncio.run(backend.aclose())
+    # a tokenizer.json next to the matrix, for the embedded model
+    (matrix_dir / "tok").mkdir()
+    (matrix_dir / "tok" / "tokenizer.json").write_bytes(
+        tokenizer_json_from_gguf(gemma_default_gguf()).read_bytes()
+    )
+    with pytest.raises(InputError, match="tokenizer file not found"):
+        make_backend(_embedded_system(tokenizer="tok/tokenizer.json"))
+    backend = make_backend(_embedded_system(tokenizer="tok/tokenizer.json"), base_dir=matrix_dir)
+    assert isinstance(backend, EmbeddedBackendAdapter) and backend.backend.probe_report.ok
     asyncio.run(backend.aclose())
 
 

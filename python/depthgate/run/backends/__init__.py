@@ -39,16 +39,10 @@ def _tokenizer_for(system: System, base_dir: Path | None) -> Tokenizer | None:
         return tokenizer_from_gguf(resolve_relative(spec[len("gguf:") :], base_dir))
     from tokenizers import Tokenizer
 
-    path = resolve_relative(spec, base_dir)
-    if not path.is_file():
-        raise InputError(
-            "tokenizer file not found",
-            file=str(path),
-            field=f"{system.name}.tokenizer",
-            fix='give a tokenizer.json path (relative to the matrix file), or "gguf:" to read it from the '
-            "GGUF model",
-        )
-    return Tokenizer.from_file(str(path))
+    from depthgate.layout.gguf_tokenizer import resolve_tokenizer_path
+
+    # The same resolution as the layouts' (relative to the matrix file; the file must exist).
+    return Tokenizer.from_file(str(resolve_tokenizer_path(spec, base_dir=base_dir)))
 
 
 def _local_counter(
