@@ -16,6 +16,7 @@ class ExitCode(enum.IntEnum):
     FAIL = 10
     INCONCLUSIVE = 11
     SAFETY = 12
+    FAIL_SYSTEM = 13
     BAD_INPUT = 20
     VERIFY_FAILED = 21
     INFRA = 30

@@ -165,18 +165,18 @@ def _cmd_gate(args: argparse.Namespace) -> int:
 
 
 def _print_verdict(result: object, code: int, html: Path) -> None:
-    verdict = getattr(result, "verdict", "?")
-    safety = getattr(result, "safety_flag", False)
-    name = getattr(verdict, "value", str(verdict))
-    print(f"verdict: {name}{' + SAFETY' if safety else ''} (exit {int(code)})")
-    for reason in list(getattr(result, "reasons", []))[:5]:
+    """The verdict as verdict.json states it (the document is the truth; the console repeats it)."""
+    doc = json.loads((html.parent / "verdict.json").read_text(encoding="utf-8"))
+    safety = " + SAFETY" if doc.get("safety_flag") else ""
+    klass = doc.get("failure_class")
+    what = f", failures: {klass}" if klass in ("system", "mixed") else ""
+    print(f"verdict: {doc['verdict']}{safety} (exit {int(code)} {doc['exit_code']}{what})")
+    for reason in list(doc.get("reasons", []))[:6]:
         print(f"  {reason}")
-    controls = html.parent / "verdict.json"
-    if controls.is_file():
-        counts = json.loads(controls.read_text(encoding="utf-8")).get("controls") or {}
-        if counts:
-            shown = ", ".join(f"{k} {v}" for k, v in sorted(counts.get("counts", {}).items()))
-            print(f"controls: {shown}")
+    counts = doc.get("controls") or {}
+    if counts:
+        shown = ", ".join(f"{k} {v}" for k, v in sorted(counts.get("counts", {}).items()))
+        print(f"controls: {shown}")
     print(f"report: {html}")
     print(
         f"        {html.parent / 'summary.md'}, {html.parent / 'verdict.json'}, {html.parent / 'junit.xml'}"

@@ -44,10 +44,20 @@ from depthgate.layout.layouts import (
     read_layouts,
 )
 from depthgate.layout.templates import ChatTemplate, load_chat_template
-from depthgate.spec.models import AnalysisPlan, Matrix, RunManifest, Suite, System, load_matrix, parse_spec
+from depthgate.spec.models import (
+    AnalysisPlan,
+    Matrix,
+    RunManifest,
+    Suite,
+    System,
+    canonical_json,
+    load_matrix,
+    parse_spec,
+)
 
 ARMS = ("baseline", "candidate")
 MANIFEST = "manifest.json"
+SUITE_FILE = "suite.json"
 CONTROLS_FILE = "controls.parquet"
 CONTROLS_DIR = "controls"
 
@@ -128,6 +138,13 @@ def _arm_setup(arm: str, system: System, matrix_dir: Path) -> ArmSetup:
     return ArmSetup(arm=arm, system=system, tokenizer=tok, template=template)
 
 
+def plan_digest(plan: AnalysisPlan, lengths: Sequence[int], positions: Sequence[str]) -> str:
+    """The pre-registered plan: the analysis plan *and* the slice list (lengths × positions). Dropping
+    a position or a length after the data is seen changes this digest and is refused."""
+    body = {"plan": plan.model_dump(mode="json"), "lengths": list(lengths), "positions": list(positions)}
+    return hashlib.sha256(canonical_json(body).encode("utf-8")).hexdigest()
+
+
 def _manifest(matrix: Matrix, matrix_path: Path, suite: Suite, arms: list[ArmSetup]) -> dict[str, Any]:
     systems = {}
     for a in arms:
@@ -146,7 +163,8 @@ def _manifest(matrix: Matrix, matrix_path: Path, suite: Suite, arms: list[ArmSet
         "matrix": matrix.name,
         "matrix_file": str(matrix_path),
         "matrix_digest": matrix.digest(),
-        "plan_digest": matrix.plan.digest(),
+        "plan_digest": plan_digest(matrix.plan, matrix.lengths, [str(p) for p in matrix.positions]),
+        "plan": matrix.plan.model_dump(mode="json"),
         "suite_digest": suite.digest(),
         "suite": {"name": suite.name, "cases": len(suite.cases)},
         "seeds": list(matrix.decode.seeds),
@@ -190,6 +208,17 @@ def _freeze_manifest(out: Path, manifest: dict[str, Any]) -> dict[str, Any]:
     return manifest
 
 
+def _freeze_suite(out: Path, suite: Suite) -> None:
+    """The case set beside the manifest: the gate reads it from the run folder, never from the matrix's
+    suite reference resolved against whatever directory the gate runs in."""
+    path = out / SUITE_FILE
+    if path.is_file():
+        return
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(suite.model_dump_json(), encoding="utf-8")
+    os.replace(tmp, path)
+
+
 def run_matrix(
     matrix_path: str | Path,
     out_dir: str | Path,
@@ -214,6 +243,7 @@ def run_matrix(
         for arm, sys_ in zip(ARMS, (matrix.baseline, matrix.candidate), strict=True)
     ]
     manifest = _freeze_manifest(out, _manifest(matrix, matrix_path, suite, arms))
+    _freeze_suite(out, suite)
     positions = parse_positions([str(p) for p in matrix.positions])
 
     def options_for(a: ArmSetup) -> BuildOptions:
@@ -223,6 +253,7 @@ def run_matrix(
             template=a.template,
             preamble=a.system.preamble,
             system=a.system.name,
+            assembler=a.system.assembler,
             verification="fast" if verification == "fast" else "full",
             window=a.system.window,
             max_output_tokens=matrix.decode.max_tokens,
@@ -265,10 +296,11 @@ def run_matrix(
                     window=backend.window,
                     max_output_tokens=matrix.decode.max_tokens,
                 )
-                # Evidence-only inputs differ in length between arms (a preamble, a template): they
-                # pair by case and control kind, so their length key is 0 on both arms.
+                # Controls differ in token count between arms (a preamble, a template, another
+                # tokenizer): they pair by case, control kind and *nominal* length (the matrix length
+                # an evidence-absent control was cut from; 0 for evidence-only).
                 control_jobs.extend(
-                    (a.arm, {**row, "target_tokens": 0} if row["control"] == "evidence_only" else row)
+                    (a.arm, {**row, "target_tokens": row["nominal_tokens"]})
                     for row in control_frame.iter_rows(named=True)
                 )
         print(
@@ -284,7 +316,16 @@ def run_matrix(
             seeds=matrix.decode.seeds,
             progress=progress,
         )
-        run_pairs(jobs, backends, out, options)
+        summary = run_pairs(jobs, backends, out, options)
+        if summary.circuit_open is not None:
+            # The endpoint is down: stop here, report INFRA with what was recorded; a rerun resumes.
+            print(
+                f"depthgate: circuit open on arm {summary.circuit_open!r} after "
+                f"{options.retry.breaker_after} consecutive transient failures; stopped sending "
+                f"({summary.written} records written, the rest are re-sent by a rerun of the same folder)",
+                file=sys.stderr,
+            )
+            control_jobs = []
         if control_jobs:
             controls_options = dataclasses.replace(options, run_id=manifest["run_id"] + "-controls")
             run_pairs(control_jobs, backends, out / CONTROLS_DIR, controls_options)
@@ -337,8 +378,9 @@ def gate_run(
     report_dir: str | Path | None = None,
 ) -> tuple[GateResult, ExitCode, Path]:
     """Score, gate and report a run folder (its records, layouts and manifest)."""
+    from depthgate.judge.health import infra_summary
     from depthgate.judge.oracle import score_records
-    from depthgate.report.report import exit_code_for, write_reports
+    from depthgate.report.report import write_reports
     from depthgate.run.runner import read_records
     from depthgate.spec.suites import resolve_suite
 
@@ -350,23 +392,59 @@ def gate_run(
             file=str(run),
             fix="pass a folder written by `depthgate run`",
         )
-    manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
-    parse_spec(RunManifest, manifest, file=str(manifest_path))
-    if matrix is None:
-        matrix = load_matrix(manifest["matrix_file"])
-    if matrix.plan.digest() != manifest["plan_digest"]:
+    try:
+        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InputError(
+            f"manifest.json is not valid JSON ({exc})",
+            file=str(manifest_path),
+            fix="restore the manifest written by `depthgate run`, or run again into a new folder",
+        ) from None
+    frozen = parse_spec(RunManifest, manifest, file=str(manifest_path))
+    lengths, positions = list(frozen.lengths), list(frozen.positions)
+    matrix_file = Path(frozen.matrix_file)
+    if frozen.plan is not None:
+        plan = parse_spec(AnalysisPlan, frozen.plan, file=str(manifest_path))
+    else:  # a manifest from before the plan was frozen into it
+        matrix = matrix or load_matrix(matrix_file)
+        plan = matrix.plan
+    if plan_digest(plan, lengths, positions) != frozen.plan_digest:
         raise PlanChangedError(
-            "the matrix's analysis plan differs from the plan this run was frozen with",
-            file=manifest["matrix_file"],
-            field="plan",
-            fix="gate with the plan the run was started with, or start a new run",
+            "the analysis plan or slice list in manifest.json does not match its plan digest",
+            file=str(manifest_path),
+            field="plan_digest",
+            fix="restore the manifest written by `depthgate run`; a plan is never edited after the data",
         )
+    if matrix is None and matrix_file.is_file():
+        matrix = load_matrix(matrix_file)
+    if matrix is not None:
+        # The slice list and plan are the frozen manifest's; a matrix that disagrees is refused.
+        now = plan_digest(matrix.plan, matrix.lengths, [str(p) for p in matrix.positions])
+        if now != frozen.plan_digest:
+            raise PlanChangedError(
+                "the matrix's analysis plan or slice list (lengths × positions) differs from the plan this "
+                f"run was frozen with (lengths {lengths}, positions {positions})",
+                file=str(matrix_file),
+                field="plan",
+                fix="gate with the matrix the run was started with, or start a new run folder",
+            )
     if suite is None:
-        suite = resolve_suite(matrix.suite, base_dir=Path(manifest["matrix_file"]).parent)
-    if suite.digest() != manifest["suite_digest"]:
+        if (run / SUITE_FILE).is_file():
+            from depthgate.spec.models import load_suite
+
+            suite = load_suite(run / SUITE_FILE)
+        elif matrix is not None:
+            suite = resolve_suite(matrix.suite, base_dir=matrix_file.parent)
+        else:
+            raise InputError(
+                "the run folder has no suite.json and its matrix file is gone",
+                file=str(run),
+                fix=f"restore {matrix_file} or the run folder's suite.json",
+            )
+    if suite.digest() != frozen.suite_digest:
         raise PlanChangedError(
             "the case set differs from the one this run was frozen with",
-            file=manifest["matrix_file"],
+            file=str(matrix_file),
             field="suite",
             fix="gate with the original suite",
         )
@@ -386,15 +464,30 @@ def gate_run(
     )
     scored = score_records(records, suite, layouts)
     scored.write_parquet(run / "scored.parquet")
-    labels = [p.label for p in parse_positions([str(p) for p in matrix.positions])]
-    plan = gate_plan(matrix.plan, list(matrix.lengths), labels)
-    result = gate(scored, plan)
+    labels = [p.label for p in parse_positions(positions)]
+    placed = [c.id for c in suite.cases if c.decisive]  # the cases build_layouts places
+    result = gate(scored, gate_plan(plan, lengths, labels, cases=placed, seeds=frozen.seeds))
+    infra = infra_summary(records, _planned_jobs(run, frozen.seeds))
     paths = write_reports(
-        result, scored, Path(report_dir) if report_dir else run / "report", manifest=manifest
+        result, scored, Path(report_dir) if report_dir else run / "report", manifest=manifest, infra=infra
     )
     if (run / CONTROLS_DIR).is_dir():
         _add_controls(run, suite, scored, paths.verdict_json, paths.summary_md)
-    return result, exit_code_for(result), paths.report_html
+    return result, paths.exit_code, paths.report_html
+
+
+def _planned_jobs(run: Path, seeds: Sequence[int]) -> pl.DataFrame:
+    """Every (arm, layout, seed) job the frozen run plans: the arms' layouts × the seed set."""
+    frames = [
+        read_layouts(run / arm / "layouts.parquet")
+        .select("layout_id", "target_tokens", "position")
+        .with_columns(pl.lit(arm).alias("arm"))
+        for arm in ARMS
+    ]
+    layouts = pl.concat(frames).with_columns(pl.col("position").cast(pl.String))
+    return layouts.join(
+        pl.DataFrame({"seed": [int(s) for s in seeds]}, schema={"seed": pl.Int64}), how="cross"
+    )
 
 
 def _add_controls(

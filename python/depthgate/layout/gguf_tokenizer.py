@@ -15,6 +15,7 @@ user-defined tokens are matched in text the way ``llama_tokenize(..., parse_spec
 from __future__ import annotations
 
 import contextlib
+import gzip
 import hashlib
 import json
 import os
@@ -770,7 +771,10 @@ def verify_against_llamacpp(
 
 
 def resolve_tokenizer_path(spec: str, *, base_dir: Path | None = None) -> Path:
-    """A tokenizer path, or ``gguf:`` (the embedded Gemma model) / ``gguf:<file>`` (any GGUF)."""
+    """A tokenizer path, or ``gguf:`` (the embedded Gemma model) / ``gguf:<file>`` (any GGUF).
+
+    A ``tokenizer.json.gz`` is unpacked once into the cache (keyed by the compressed file's sha256),
+    so a matrix can name the gzipped tokenizers the repository ships."""
     if spec.startswith("gguf:"):
         target = spec[len("gguf:") :]
         gguf = resolve_relative(target, base_dir) if target else gemma_default_gguf()
@@ -781,6 +785,20 @@ def resolve_tokenizer_path(spec: str, *, base_dir: Path | None = None) -> Path:
             "tokenizer file not found",
             file=str(path),
             field="tokenizer",
-            fix="pass the path of a tokenizer.json, or 'gguf:' for the embedded model",
+            fix="pass the path of a tokenizer.json (or .json.gz), or 'gguf:' for the embedded model",
         )
+    if path.suffix == ".gz":
+        target_json = cache_dir() / "tokenizers" / f"{_sha256_file(path)}.json"
+        if not target_json.is_file():
+            try:
+                data = gzip.decompress(path.read_bytes())
+            except (OSError, EOFError) as exc:
+                raise InputError(
+                    f"not a readable gzip file ({exc})",
+                    file=str(path),
+                    field="tokenizer",
+                    fix="give a tokenizer.json, or a tokenizer.json.gz made with gzip",
+                ) from None
+            _atomic_write_bytes(target_json, data)
+        return target_json
     return path

@@ -24,6 +24,7 @@ import polars as pl
 from depthgate import _core
 from depthgate.exceptions import InputError, SpecError
 from depthgate.layout.templates import ChatTemplate, Frame, chat_frame, raw_frame
+from depthgate.spec.assemblers import assemble
 from depthgate.spec.filler import filler_pool, filler_units
 from depthgate.spec.models import Case, Suite
 
@@ -34,6 +35,7 @@ __all__ = [
     "CheckSummary",
     "Position",
     "Tokenizer",
+    "assembler_version",
     "build_batch",
     "build_layouts",
     "case_frame",
@@ -171,21 +173,23 @@ def _depth_label(depth: float) -> str:
 
 # Document header and question lines per language. The frame prefix must end with non-whitespace
 # and the suffix starts with a paragraph break, so the seams around the context are exact.
-_HEADERS = {"en": "Company Operations Handbook (excerpt)", "zh": "公司运营手册（节选）"}
-_QUESTION = {"en": ("\n\nQuestion: ", "\nAnswer:", " "), "zh": ("\n\n问题：", "\n回答：", "")}
-
-
-def case_frame(case: Case, *, template: ChatTemplate | None, preamble: str = "") -> Frame:
-    """The frame of one case: preamble + document header before the context; the question and the
-    cloze answer prefix after it. Raw (completion) frame when ``template`` is None."""
-    header = _HEADERS[case.language]
-    before = f"{preamble.strip()}\n\n{header}" if preamble.strip() else header
-    q_open, a_open, sep = _QUESTION[case.language]
-    after = f"{q_open}{case.query}{a_open}"
-    answer = f"{sep}{case.answer_prefix}" if case.answer_prefix else ""
+def case_frame(
+    case: Case, *, template: ChatTemplate | None, preamble: str = "", assembler: str = "default"
+) -> Frame:
+    """The frame of one case: the prompt assembler's text before and after the context
+    (:mod:`depthgate.spec.assemblers`), rendered through ``template`` (raw completion frame when None)."""
+    parts = assemble(assembler, case, preamble)
     if template is None:
-        return raw_frame(user_before=before, user_after=after, answer_prefix=answer)
-    return chat_frame(template, system=None, user_before=before, user_after=after, answer_prefix=answer)
+        return raw_frame(user_before=parts.before, user_after=parts.after, answer_prefix=parts.answer)
+    return chat_frame(
+        template, system=None, user_before=parts.before, user_after=parts.after, answer_prefix=parts.answer
+    )
+
+
+def assembler_version(assembler: str) -> str:
+    """The assembler part of every layout id: the algorithm version, plus the prompt assembler's name
+    when it is not the default (default ids are unchanged)."""
+    return ASSEMBLER_VERSION if assembler == "default" else f"{ASSEMBLER_VERSION}+{assembler}"
 
 
 def _distractor_depths(case: Case) -> list[float]:
@@ -231,6 +235,7 @@ class BuildOptions:
     template: ChatTemplate | None = None
     preamble: str = ""
     system: str = "default"
+    assembler: str = "default"
     verification: Verification = "full"
     window: int | None = None
     max_output_tokens: int = 16
@@ -303,7 +308,10 @@ def build_layouts(
             for lang, lang_cases in sorted(by_lang.items()):
                 units, pool, stride = filler[lang]
                 frames = [
-                    case_frame(c, template=options.template, preamble=options.preamble) for c in lang_cases
+                    case_frame(
+                        c, template=options.template, preamble=options.preamble, assembler=options.assembler
+                    )
+                    for c in lang_cases
                 ]
                 frame0 = frames[0]
                 specs = [
@@ -313,7 +321,7 @@ def build_layouts(
                 if len({f.add_special_tokens for f in frames}) != 1:
                     raise SpecError("cases render with different BOS handling", field="chat_template")
                 batch = {
-                    "assembler_version": ASSEMBLER_VERSION,
+                    "assembler_version": assembler_version(options.assembler),
                     "template_digest": frame0.template_digest,
                     "add_special_tokens": frame0.add_special_tokens,
                     "verification": options.verification,
@@ -335,6 +343,7 @@ def build_layouts(
                     frame0,
                     options.system,
                     {s["case_id"]: s["case_digest"] for s in specs},
+                    assembler=assembler_version(options.assembler),
                 )
                 frame.write_parquet(tmp_dir / f"part-{part:06d}.parquet")
                 part += 1
@@ -355,6 +364,8 @@ def _to_frame(
     frame: Frame,
     system: str,
     case_digests: dict[str, str],
+    *,
+    assembler: str = ASSEMBLER_VERSION,
 ) -> pl.DataFrame:
     rows = np.split(ids, offsets[1:-1].astype(np.int64)) if len(meta) else []
     data: dict[str, list[Any]] = {name: [] for name in LAYOUT_SCHEMA}
@@ -397,7 +408,7 @@ def _to_frame(
         data["tokenizer_digest"].append(tokenizer.digest)
         data["template_digest"].append(frame.template_digest)
         data["pinned_date"].append(frame.pinned_date)
-        data["assembler_version"].append(ASSEMBLER_VERSION)
+        data["assembler_version"].append(assembler)
         data["case_digest"].append(case_digests[m["case_id"]])
     data["token_ids"] = list(rows)
     return pl.DataFrame(data, schema=LAYOUT_SCHEMA)
@@ -423,6 +434,7 @@ def build_batch(tokenizer: Tokenizer, batch: dict[str, Any], *, system: str = "d
         frame,
         system,
         {c["case_id"]: c["case_digest"] for c in batch["cases"]},
+        assembler=str(batch.get("assembler_version", ASSEMBLER_VERSION)),
     )
 
 
@@ -455,16 +467,21 @@ def presend_check(
     window: int | None,
     max_output_tokens: int,
     template_digest: str,
+    pinned_date: str | None = None,
     bos_id: int | None = None,
 ) -> dict[str, Any]:
     """Rust pre-send checks of one layout row against the contract of the system it goes to
-    (length, served window, template digest, doubled BOS, every evidence hash present once, no
-    duplicated distractor). Returns ``{"ok": bool, "violations": [{"code", "detail"}]}``."""
+    (length, served window, template digest and pinned date, doubled BOS, every evidence hash present
+    once, no duplicated distractor). ``pinned_date`` is the system template's date (ISO, "" for a raw
+    frame; None: not checked); ``bos_id`` the target tokenizer's (:attr:`Tokenizer.bos_id`). Returns
+    ``{"ok": bool, "violations": [{"code", "detail"}]}``. The product path is
+    :func:`depthgate.layout.presend.guard_layouts`, which derives both from the system."""
     contract = {
         "target_tokens": row["target_tokens"],
         "window": window,
         "max_output_tokens": max_output_tokens,
         "template_digest": template_digest,
+        "pinned_date": pinned_date,
         "bos_id": bos_id,
     }
     report: dict[str, Any] = json.loads(
@@ -474,6 +491,7 @@ def presend_check(
             np.asarray(row["token_ids"], dtype=np.uint32),
             json.dumps(list(row["evidence_spans"] or [])),
             row["template_digest"],
+            row.get("pinned_date") or "",
             json.dumps(contract),
         )
     )

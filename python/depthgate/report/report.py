@@ -49,6 +49,7 @@ from matplotlib.patches import Rectangle
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model, model_validator
 
 from depthgate.exceptions import ExitCode, InputError
+from depthgate.judge.health import InfraSummary, RunHealth, assess
 from depthgate.judge.stats import (
     ARMS,
     BASELINE,
@@ -91,11 +92,17 @@ _DPI = 110
 # Exit codes
 
 
-def exit_code_for(result: GateResult) -> ExitCode:
-    """The process exit code of a gate result: SAFETY overrides everything, then FAIL, INCONCLUSIVE, PASS."""
+def exit_code_for(result: GateResult, health: RunHealth | None = None) -> ExitCode:
+    """The process exit code of a gate result: SAFETY overrides everything, then INFRA (data was lost:
+    no verdict is computed over it), then FAIL_SYSTEM (every failing slice is driven by the candidate's
+    system failures), FAIL, INCONCLUSIVE, PASS."""
     if result.safety_flag:
         return ExitCode.SAFETY
+    if health is not None and health.lost_data:
+        return ExitCode.INFRA
     if result.verdict is Verdict.FAIL:
+        if health is not None and health.failure_class == "system":
+            return ExitCode.FAIL_SYSTEM
         return ExitCode.FAIL
     if result.verdict is Verdict.INCONCLUSIVE:
         return ExitCode.INCONCLUSIVE
@@ -158,9 +165,9 @@ class VerdictDocument(_Strict):
     """Schema of ``verdict.json``; validation also checks that verdict, exit code and slices agree."""
 
     schema_version: Literal["depthgate.verdict/1"]
-    verdict: Literal["PASS", "FAIL", "INCONCLUSIVE"]
+    verdict: Literal["PASS", "FAIL", "INCONCLUSIVE", "INFRA"]
     safety_flag: bool
-    exit_code: Literal["PASS", "FAIL", "INCONCLUSIVE", "SAFETY"]
+    exit_code: Literal["PASS", "FAIL", "INCONCLUSIVE", "SAFETY", "INFRA", "FAIL_SYSTEM"]
     exit_code_value: int
     reasons: list[str]
     slice_counts: dict[str, int]
@@ -177,22 +184,33 @@ class VerdictDocument(_Strict):
     digests: dict[str, str]
     run: dict[str, str | int | float | bool | None]
     files: dict[str, str]
-    # Added by the pipeline when controls ran beside the matrix (depthgate.run.controls.classify_failures).
+    # Added by the pipeline when controls ran beside the matrix (depthgate.judge.controls.classify_failures).
     controls: dict[str, Any] | None = None
+    # What failed (depthgate.judge.health): "model", "system" (every failing slice driven by the
+    # candidate's system failures), "mixed" or "none"; and the runs lost to infrastructure (INFRA).
+    failure_class: Literal["none", "model", "system", "mixed"] = "none"
+    system_driven_slices: list[str] = []
+    system_fail_reasons: dict[str, int] = {}
+    infra: dict[str, Any] | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> VerdictDocument:
         if ExitCode[self.exit_code].value != self.exit_code_value:
             raise ValueError(f"exit_code {self.exit_code} is not {self.exit_code_value}")
-        expected_exit = (
-            "SAFETY"
-            if self.safety_flag
-            else {"PASS": "PASS", "FAIL": "FAIL", "INCONCLUSIVE": "INCONCLUSIVE"}[self.verdict]
-        )
+        if self.safety_flag:
+            expected_exit = "SAFETY"
+        elif self.verdict == "FAIL" and self.failure_class == "system":
+            expected_exit = "FAIL_SYSTEM"
+        else:
+            expected_exit = self.verdict
         if self.exit_code != expected_exit:
             raise ValueError(f"exit_code {self.exit_code} does not follow from the verdict ({expected_exit})")
         if bool(self.safety.get("flag")) != self.safety_flag:
             raise ValueError("safety_flag disagrees with safety.flag")
+        if (self.verdict == "INFRA") != bool(self.infra and self.infra.get("lost")):
+            raise ValueError("verdict INFRA must match runs lost to infrastructure errors (infra.lost > 0)")
+        if self.verdict == "INFRA":
+            return self
         failing = any(s.status.startswith("FAIL") for s in self.slices)
         overall_fails = self.overall is not None and self.overall.get("non_inferior") is False
         if (self.verdict == "FAIL") != (failing or overall_fails):
@@ -219,8 +237,9 @@ def load_verdict(path: str | Path) -> VerdictDocument:
 
 @dataclass(frozen=True)
 class ReportPaths:
-    """Where :func:`write_reports` put each file."""
+    """Where :func:`write_reports` put each file, and the exit code the verdict document states."""
 
+    exit_code: ExitCode
     out_dir: Path
     verdict_json: Path
     summary_md: Path
@@ -463,12 +482,43 @@ def _run_info(manifest: Mapping[str, Any]) -> dict[str, str | int | float | bool
 # verdict.json
 
 
+def verdict_name(result: GateResult, health: RunHealth | None = None) -> str:
+    """``INFRA`` when runs were lost (no verdict over lost data), else the gate's verdict."""
+    return "INFRA" if health is not None and health.lost_data else result.verdict.value
+
+
+def health_reasons(health: RunHealth | None) -> list[str]:
+    """One line per thing the run itself says about the verdict (lost data, system-driven failures)."""
+    if health is None:
+        return []
+    out: list[str] = []
+    infra = health.infra
+    if infra is not None and infra.lost:
+        where = ", ".join(f"{k} {v}" for k, v in sorted(infra.by_endpoint.items()))
+        out.append(
+            f"INFRA: {infra.lost} of {infra.planned} planned runs have no result ({infra.infra_error} "
+            f"infra_error after every retry, {infra.not_sent} not sent; {where}); no verdict is computed "
+            "over lost data — rerun the same command to resume"
+        )
+    if health.failure_class in ("system", "mixed"):
+        why = ", ".join(f"{k} {v}" for k, v in sorted(health.system_fail_reasons.items()))
+        scope = "every failing slice" if health.failure_class == "system" else "some failing slices"
+        out.append(
+            f"SYSTEM: {scope} ({', '.join(health.system_driven)}) fail because the candidate's serving "
+            f"path failed ({why}), not because the model answered worse"
+        )
+    return out
+
+
 def build_verdict(
-    result: GateResult, oracle: Sequence[OracleCounts], manifest: Mapping[str, Any]
+    result: GateResult,
+    oracle: Sequence[OracleCounts],
+    manifest: Mapping[str, Any],
+    health: RunHealth | None = None,
 ) -> VerdictDocument:
     """The validated verdict document of a gate result."""
     data = result.to_dict()
-    code = exit_code_for(result)
+    code = exit_code_for(result, health)
     slices = [{"slice": slice_key(s.length, s.position), **s.to_dict()} for s in result.slice_results]
     counts = {status.value: 0 for status in SliceStatus}
     for s in result.slice_results:
@@ -476,11 +526,11 @@ def build_verdict(
     return VerdictDocument.model_validate(
         {
             "schema_version": SCHEMA_VERSION,
-            "verdict": data["verdict"],
+            "verdict": verdict_name(result, health),
             "safety_flag": data["safety_flag"],
             "exit_code": code.name,
             "exit_code_value": int(code),
-            "reasons": data["reasons"],
+            "reasons": health_reasons(health) + list(data["reasons"]),
             "slice_counts": counts,
             "plan": data["plan"],
             "overall": data["overall"],
@@ -501,6 +551,7 @@ def build_verdict(
                 "heatmap_delta": HEATMAP_DELTA,
                 "heatmap_accuracy": HEATMAP_ACCURACY,
             },
+            **(health.to_dict() if health is not None else {}),
         }
     )
 
@@ -513,20 +564,25 @@ def _md_cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def _verdict_icon(result: GateResult) -> str:
-    return {"PASS": "✅", "FAIL": "❌", "INCONCLUSIVE": "⚠️"}[result.verdict.value]
+def _verdict_icon(verdict: str) -> str:
+    return {"PASS": "✅", "FAIL": "❌", "INCONCLUSIVE": "⚠️", "INFRA": "🔌"}[verdict]
 
 
-def render_summary(result: GateResult, oracle: Sequence[OracleCounts], manifest: Mapping[str, Any]) -> str:
+def render_summary(
+    result: GateResult,
+    oracle: Sequence[OracleCounts],
+    manifest: Mapping[str, Any],
+    health: RunHealth | None = None,
+) -> str:
     """The Markdown pull-request comment."""
     plan = result.plan
-    code = exit_code_for(result)
+    code = exit_code_for(result, health)
     ordered = _ordered(result.slice_results)
     n_fail = sum(1 for s in ordered if s.status.value.startswith("FAIL"))
     n_inc = sum(1 for s in ordered if s.status is SliceStatus.INCONCLUSIVE)
     n_pass = len(ordered) - n_fail - n_inc
     lines = [
-        f"## depthgate: {_verdict_icon(result)} {result.verdict.value}"
+        f"## depthgate: {_verdict_icon(verdict_name(result, health))} {verdict_name(result, health)}"
         + (" · 🛑 SAFETY" if result.safety_flag else "")
         + f" (exit {int(code)} {code.name})",
         "",
@@ -534,6 +590,12 @@ def render_summary(result: GateResult, oracle: Sequence[OracleCounts], manifest:
         f"{n_pass} passing. Non-inferiority margin M = {plan.margin:g}, one-sided α = {plan.alpha:g}; "
         "a slice passes when the lower bound on Δ (candidate − baseline accuracy) is above −M.",
     ]
+    for reason in health_reasons(health):
+        lines += ["", f"> **{reason.split(':', 1)[0]}**:{reason.split(':', 1)[1]}"]
+    if health is not None and health.infra is not None and health.infra.lost:
+        lines += ["", "| lost runs by slice | runs |", "|---|---:|"]
+        lines += [f"| `{k}` | {v} |" for k, v in sorted(health.infra.by_slice.items())]
+        lines += ["", "The slice table below is computed over incomplete data: provisional, not a verdict."]
     if result.safety_flag:
         s = result.safety
         lines += [
@@ -640,8 +702,9 @@ def render_summary(result: GateResult, oracle: Sequence[OracleCounts], manifest:
 # junit.xml
 
 
-def render_junit(result: GateResult) -> bytes:
-    """JUnit XML: suite ``depthgate.slices`` with one testcase per slice, suite ``depthgate.safety``."""
+def render_junit(result: GateResult, health: RunHealth | None = None) -> bytes:
+    """JUnit XML: suite ``depthgate.slices`` with one testcase per slice, suite ``depthgate.safety``,
+    suite ``depthgate.run`` (an error when runs were lost; a failure naming system-driven slices)."""
     plan = result.plan
     root = ET.Element("testsuites", name="depthgate")
     suite = ET.SubElement(root, "testsuite", name="depthgate.slices")
@@ -695,9 +758,26 @@ def render_junit(result: GateResult) -> bytes:
         ).text = "Blocks the release pending human review (independent of the statistics)."
     safety.set("failures", "1" if result.safety_flag else "0")
     safety.set("time", "0")
-    root.set("tests", str(len(result.slice_results) + 1))
-    root.set("failures", str(failures + (1 if result.safety_flag else 0)))
-    root.set("errors", "0")
+    run_suite = ET.SubElement(root, "testsuite", name="depthgate.run", tests="2", skipped="0", time="0")
+    lost = ET.SubElement(
+        run_suite, "testcase", classname="depthgate.run", name="no run lost to infrastructure"
+    )
+    driven = ET.SubElement(
+        run_suite, "testcase", classname="depthgate.run", name="no slice fails by the serving path"
+    )
+    reasons = {r.split(":", 1)[0]: r for r in health_reasons(health)}
+    n_errors = n_run_failures = 0
+    if "INFRA" in reasons:
+        n_errors = 1
+        ET.SubElement(lost, "error", type="INFRA", message=reasons["INFRA"])
+    if "SYSTEM" in reasons:
+        n_run_failures = 1
+        ET.SubElement(driven, "failure", type="FAIL_SYSTEM", message=reasons["SYSTEM"])
+    run_suite.set("errors", str(n_errors))
+    run_suite.set("failures", str(n_run_failures))
+    root.set("tests", str(len(result.slice_results) + 3))
+    root.set("failures", str(failures + (1 if result.safety_flag else 0) + n_run_failures))
+    root.set("errors", str(n_errors))
     root.set("skipped", str(skipped))
     ET.indent(root)
     data: bytes = ET.tostring(root, encoding="utf-8", xml_declaration=True)
@@ -967,6 +1047,7 @@ def render_html(
     *,
     delta_png: bytes,
     accuracy_png: bytes,
+    health: RunHealth | None = None,
 ) -> str:
     """The self-contained HTML page (heatmaps embedded as base64 PNG)."""
     plan = result.plan
@@ -1075,10 +1156,12 @@ def render_html(
         undefined=jinja2.StrictUndefined,
     )
     template = env.get_template("report.html.j2")
-    code = exit_code_for(result)
+    code = exit_code_for(result, health)
     overall = result.overall
     return template.render(
-        verdict=result.verdict.value,
+        verdict=verdict_name(result, health),
+        run_notes=health_reasons(health),
+        infra=None if health is None or health.infra is None else health.infra.to_dict(),
         safety_flag=result.safety_flag,
         safety=result.safety,
         exit_value=int(code),
@@ -1139,7 +1222,9 @@ def _write_bytes(path: Path, data: bytes) -> None:
         raise
 
 
-def _render_all(result: GateResult, scored: pl.DataFrame, manifest: Mapping[str, Any]) -> dict[str, bytes]:
+def _render_all(
+    result: GateResult, scored: pl.DataFrame, manifest: Mapping[str, Any], health: RunHealth
+) -> dict[str, bytes]:
     """Every report file, rendered in memory; ``verdict.json`` is rendered last."""
     oracle = oracle_counts(scored)
     delta_png = render_delta_heatmap(result)
@@ -1147,13 +1232,13 @@ def _render_all(result: GateResult, scored: pl.DataFrame, manifest: Mapping[str,
     files: dict[str, bytes] = {
         HEATMAP_DELTA: delta_png,
         HEATMAP_ACCURACY: accuracy_png,
-        SUMMARY_MD: render_summary(result, oracle, manifest).encode("utf-8"),
-        JUNIT_XML: render_junit(result),
+        SUMMARY_MD: render_summary(result, oracle, manifest, health).encode("utf-8"),
+        JUNIT_XML: render_junit(result, health),
         REPORT_HTML: render_html(
-            result, scored, oracle, manifest, delta_png=delta_png, accuracy_png=accuracy_png
+            result, scored, oracle, manifest, delta_png=delta_png, accuracy_png=accuracy_png, health=health
         ).encode("utf-8"),
     }
-    verdict = build_verdict(result, oracle, manifest)
+    verdict = build_verdict(result, oracle, manifest, health)
     files[VERDICT_JSON] = (
         json.dumps(verdict.model_dump(mode="json"), indent=2, ensure_ascii=False, allow_nan=False) + "\n"
     ).encode("utf-8")
@@ -1161,9 +1246,18 @@ def _render_all(result: GateResult, scored: pl.DataFrame, manifest: Mapping[str,
 
 
 def write_reports(
-    result: GateResult, scored: pl.DataFrame, out_dir: str | Path, *, manifest: Mapping[str, Any]
+    result: GateResult,
+    scored: pl.DataFrame,
+    out_dir: str | Path,
+    *,
+    manifest: Mapping[str, Any],
+    infra: InfraSummary | None = None,
 ) -> ReportPaths:
     """Write verdict.json, summary.md, junit.xml, report.html and the heatmap PNGs into ``out_dir``.
+
+    ``infra``: the planned-versus-recorded account of the run (:func:`depthgate.judge.health.infra_summary`);
+    any lost run makes the verdict ``INFRA`` (exit 30). Failing slices driven by the candidate's system
+    failures are named in every file (:func:`depthgate.judge.health.assess`).
 
     ``scored`` is the frame of :func:`depthgate.judge.oracle.score_records` (per-run oracle columns);
     ``manifest`` the run manifest (only its digests and short scalar fields are copied). All files are
@@ -1176,7 +1270,8 @@ def write_reports(
     out.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".depthgate-report-", dir=out))
     try:
-        files = _render_all(result, scored, manifest)
+        health = assess(result, scored, infra)
+        files = _render_all(result, scored, manifest, health)
         for name, data in files.items():
             _write_bytes(staging / name, data)
         (out / VERDICT_JSON).unlink(missing_ok=True)
@@ -1187,6 +1282,7 @@ def write_reports(
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return ReportPaths(
+        exit_code=exit_code_for(result, health),
         out_dir=out,
         verdict_json=out / VERDICT_JSON,
         summary_md=out / SUMMARY_MD,
@@ -1213,6 +1309,7 @@ __all__ = [
     "build_verdict",
     "depth_label",
     "exit_code_for",
+    "health_reasons",
     "load_verdict",
     "manifest_digests",
     "oracle_counts",
@@ -1222,5 +1319,6 @@ __all__ = [
     "render_junit",
     "render_summary",
     "slice_key",
+    "verdict_name",
     "write_reports",
 ]

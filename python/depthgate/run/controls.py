@@ -38,11 +38,11 @@ import polars as pl
 from depthgate import _core
 from depthgate.exceptions import InputError, SpecError
 from depthgate.layout.layouts import (
-    ASSEMBLER_VERSION,
     LAYOUT_SCHEMA,
     BuildOptions,
     Position,
     Tokenizer,
+    assembler_version,
     build_layouts,
     case_frame,
     read_layouts,
@@ -58,7 +58,11 @@ __all__ = [
 ]
 
 CONTROL_KINDS: tuple[str, ...] = ("evidence_only", "evidence_absent")
-CONTROLS_SCHEMA: dict[str, Any] = {**LAYOUT_SCHEMA, "control": pl.String}
+#: ``nominal_tokens``: the pairing length of a control — the matrix length of the layout an
+#: evidence-absent control was cut from, 0 for the evidence-only input. Its ``target_tokens`` is its
+#: own (tokenizer-dependent) token count, so arms on different tokenizers pair by case, kind and
+#: nominal length, never by token count.
+CONTROLS_SCHEMA: dict[str, Any] = {**LAYOUT_SCHEMA, "control": pl.String, "nominal_tokens": pl.Int64}
 
 _ABSENT_DEPTH = 0.5
 
@@ -148,7 +152,7 @@ def _control_row(
                 kind,
                 encoder.tokenizer.digest,
                 frame.template_digest,
-                ASSEMBLER_VERSION,
+                assembler_version(options.assembler),
                 case.digest(),
                 "special" if frame.add_special_tokens else "plain",
                 _sha(text),
@@ -179,14 +183,17 @@ def _control_row(
         "tokenizer_digest": encoder.tokenizer.digest,
         "template_digest": frame.template_digest,
         "pinned_date": frame.pinned_date,
-        "assembler_version": ASSEMBLER_VERSION,
+        "assembler_version": assembler_version(options.assembler),
         "case_digest": case.digest(),
         "control": kind,
+        "nominal_tokens": 0,
     }
 
 
 def _evidence_only(case: Case, encoder: _Encoder, options: BuildOptions) -> dict[str, Any]:
-    frame = case_frame(case, template=options.template, preamble=options.preamble)
+    frame = case_frame(
+        case, template=options.template, preamble=options.preamble, assembler=options.assembler
+    )
     context = ""
     units: list[tuple[str, str, int, int]] = []
     for index, doc in enumerate(case.evidence):
@@ -210,7 +217,9 @@ def _evidence_only(case: Case, encoder: _Encoder, options: BuildOptions) -> dict
 def _evidence_absent(
     case: Case, layout: Mapping[str, Any], encoder: _Encoder, options: BuildOptions
 ) -> dict[str, Any]:
-    frame = case_frame(case, template=options.template, preamble=options.preamble)
+    frame = case_frame(
+        case, template=options.template, preamble=options.preamble, assembler=options.assembler
+    )
     length = int(layout["target_tokens"])
     position = f"evidence_absent@{layout['position']}"
     depth = layout["position"]
@@ -234,6 +243,7 @@ def _evidence_absent(
             "reason_code": layout["reason_code"],
             "reason": f"the source layout was refused: {layout['reason']}",
             "target_tokens": length,
+            "nominal_tokens": length,
         }
     if not (text.startswith(frame.prefix) and text.endswith(frame.suffix)):
         raise SpecError(
@@ -271,7 +281,7 @@ def _evidence_absent(
         position=position,
         note=note,
     )
-    return row
+    return {**row, "nominal_tokens": length}
 
 
 def _verify(frame: pl.DataFrame, tokenizer: Tokenizer) -> pl.DataFrame:
@@ -358,5 +368,13 @@ def read_controls(path: str | Path) -> pl.DataFrame:
             "not a controls file: no 'control' column",
             file=str(path),
             fix="pass a controls.parquet written by build_controls",
+        )
+    if "nominal_tokens" not in frame.columns:  # written before controls carried their pairing length
+        frame = frame.with_columns(
+            pl.when(pl.col("control") == "evidence_only")
+            .then(0)
+            .otherwise(pl.col("target_tokens"))
+            .cast(pl.Int64)
+            .alias("nominal_tokens")
         )
     return frame

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import IO, Any
+from urllib.parse import urlsplit, urlunsplit
 
 import polars as pl
 
@@ -64,6 +65,7 @@ __all__ = [
     "RunSummary",
     "arun_pairs",
     "compact",
+    "endpoint_of",
     "interleaved_order",
     "order_seed",
     "read_records",
@@ -85,6 +87,7 @@ RECORD_SCHEMA: dict[str, pl.DataType] = {
     "manifest_digest": pl.String(),
     "arm": pl.String(),
     "system": pl.String(),
+    "endpoint": pl.String(),
     "layout_id": pl.String(),
     "case_id": pl.String(),
     "target_tokens": pl.Int64(),
@@ -474,6 +477,19 @@ class RunSummary:
         return self.already_done + self.ok + self.system_fail == self.total
 
 
+def endpoint_of(backend: Backend) -> str:
+    """Where a backend sends: its base URL, or ``in-process:<name>`` for an engine in this process."""
+    url = getattr(backend, "base_url", None)
+    if not url:
+        return f"in-process:{getattr(backend, 'name', type(backend).__name__)}"
+    parts = urlsplit(str(url))
+    host = parts.hostname or ""
+    netloc = f"[{host}]" if ":" in host else host
+    if parts.port is not None:
+        netloc += f":{parts.port}"
+    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))  # never user:password@
+
+
 def _ids(layout: Mapping[str, Any]) -> list[int]:
     # Rows from polars already hold Python ints: no per-token copy (at 128K tokens a
     # `[int(t) for t in ids]` copy was the larger part of the harness cost per request,
@@ -537,6 +553,7 @@ class _Run:
             "manifest_digest": self.manifest_digest,
             "arm": job.arm,
             "system": getattr(self.backends[job.arm], "name", job.arm),
+            "endpoint": endpoint_of(self.backends[job.arm]),
             "layout_id": job.layout_id,
             "case_id": str(layout["case_id"]),
             "target_tokens": int(layout["target_tokens"]),

@@ -642,6 +642,10 @@ class AnalysisPlan(_Frozen):
             raise _violation(problem, field=f"{prefix}{field}", fix=fix)
 
 
+#: Prompt assemblers (depthgate.spec.assemblers): where the question goes relative to the document.
+Assembler: TypeAlias = Literal["default", "query-first"]
+
+
 class DecodeParams(_Frozen):
     """Decoding parameters shared by both arms. One seed per repeat."""
 
@@ -799,7 +803,7 @@ class System(_Frozen):
         min_length=1, description='a tokenizer path, or "gguf:" (optionally "gguf:<path>")'
     )
     chat_template: str | None = None
-    assembler: str = "default"
+    assembler: Assembler = "default"
     preamble: str = ""
     window: StrictInt | None = Field(default=None, ge=1)
     endpoint: str | None = None
@@ -882,8 +886,6 @@ class System(_Frozen):
         self._check_runtime()
         _check_id(self.name, field="name")
         _check_prompt_text(self.preamble, field="preamble")
-        if not self.assembler.strip():
-            raise _violation("is empty", field="assembler", fix="use 'default' or the name of an assembler")
         if self.endpoint is not None:
             if not re.match(r"^https?://[^\s/]+", self.endpoint):
                 raise _violation(
@@ -1116,6 +1118,9 @@ class RunManifest(_Frozen):
     positions: list[str]
     systems: dict[str, SystemRecord]
     versions: dict[str, str]
+    # The analysis plan itself (its digest, with the slice list, is plan_digest); absent in manifests
+    # written before the plan was frozen into the run folder.
+    plan: dict[str, Any] | None = None
 
 
 # --------------------------------------------------------------------------------------------------------

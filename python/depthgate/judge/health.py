@@ -1,0 +1,176 @@
+"""What the run itself says about a verdict, before anyone reads the statistics.
+
+Two questions a release gate must answer before "the model got worse":
+
+* **Was data lost?** Every planned (arm, layout, seed) job needs a final record (``ok`` or
+  ``system_fail``). A job whose last record is ``infra_error`` (the endpoint was down after every
+  retry) or that was never sent (the circuit breaker stopped the run) is *lost*. Any lost job makes
+  the verdict ``INFRA`` (exit 30): no PASS, FAIL or INCONCLUSIVE is computed over lost data. The
+  rerun of the same folder resumes and sends only the lost jobs.
+* **Is a failure the serving path's?** A slice that fails because the candidate's *system* failed
+  (a server that doubles BOS, clamps ``max_tokens``, cuts the prompt, overflows its window) counts
+  against the candidate — a release gate must not ship it — but it is not a model regression. A
+  failing slice is *system-driven* when system failures make up at least half of the candidate's
+  failing runs in it; when every failing slice is, the verdict is FAIL with class ``system`` (exit 13).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import polars as pl
+
+from depthgate.judge.stats import GateResult
+
+__all__ = [
+    "SYSTEM_DRIVEN_SHARE",
+    "FailureClass",
+    "InfraSummary",
+    "RunHealth",
+    "assess",
+    "infra_summary",
+]
+
+#: A failing slice is system-driven when system failures are at least this share of the candidate's
+#: failing runs in it (fail + system_fail).
+SYSTEM_DRIVEN_SHARE = 0.5
+
+FailureClass = Literal["none", "model", "system", "mixed"]
+
+
+@dataclass(frozen=True)
+class InfraSummary:
+    """Jobs planned, jobs lost (no final record), and where they were lost.
+
+    ``by_endpoint``: lost jobs per endpoint that had an ``infra_error`` for them (``"not sent"`` for
+    jobs never sent); ``by_slice``: lost jobs per ``"length/position"``; ``errors``: the last error
+    summaries (no server text, no prompt) with their counts.
+    """
+
+    planned: int
+    lost: int
+    infra_error: int
+    not_sent: int
+    by_endpoint: dict[str, int] = field(default_factory=dict)
+    by_slice: dict[str, int] = field(default_factory=dict)
+    errors: dict[str, int] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "planned": self.planned,
+            "lost": self.lost,
+            "infra_error": self.infra_error,
+            "not_sent": self.not_sent,
+            "by_endpoint": dict(sorted(self.by_endpoint.items())),
+            "by_slice": dict(sorted(self.by_slice.items())),
+            "errors": dict(sorted(self.errors.items(), key=lambda kv: (-kv[1], kv[0]))),
+        }
+
+
+def infra_summary(records: pl.DataFrame, planned: pl.DataFrame) -> InfraSummary:
+    """Compare the planned jobs with the records (one row per key, the final record preferred).
+
+    ``planned`` has one row per job: ``arm``, ``layout_id``, ``seed``, ``target_tokens``,
+    ``position``. ``records`` are the run's records (:func:`depthgate.run.runner.read_records`).
+    """
+    key = ["arm", "layout_id", "seed"]
+    recs = records.select(
+        *key, "status", pl.col("endpoint").fill_null("unknown"), pl.col("error").fill_null("unknown")
+    ).with_columns(pl.col("seed").cast(pl.Int64))
+    plan = planned.select(*key, "target_tokens", "position").with_columns(pl.col("seed").cast(pl.Int64))
+    joined = plan.join(recs, on=key, how="left")
+    lost = joined.filter(~pl.col("status").is_in(["ok", "system_fail"]) | pl.col("status").is_null())
+    infra = lost.filter(pl.col("status") == "infra_error")
+    by_endpoint = {str(e): int(n) for e, n in infra.group_by("endpoint").len().iter_rows() if n}
+    not_sent = lost.height - infra.height
+    if not_sent:
+        by_endpoint["not sent"] = not_sent
+    by_slice = {
+        f"{t}/{p}": int(n) for t, p, n in lost.group_by("target_tokens", "position").len().iter_rows()
+    }
+    errors = {str(e): int(n) for e, n in infra.group_by("error").len().iter_rows()}
+    return InfraSummary(
+        planned=plan.height,
+        lost=lost.height,
+        infra_error=infra.height,
+        not_sent=not_sent,
+        by_endpoint=by_endpoint,
+        by_slice=by_slice,
+        errors=errors,
+    )
+
+
+@dataclass(frozen=True)
+class RunHealth:
+    """The run's own account of a verdict: lost data (``infra``) and the class of the failures."""
+
+    infra: InfraSummary | None
+    failure_class: FailureClass
+    system_driven: tuple[str, ...]
+    system_fail_reasons: dict[str, int]
+
+    @property
+    def lost_data(self) -> bool:
+        return self.infra is not None and self.infra.lost > 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "failure_class": self.failure_class,
+            "system_driven_slices": list(self.system_driven),
+            "system_fail_reasons": dict(sorted(self.system_fail_reasons.items())),
+            "infra": None if self.infra is None else self.infra.to_dict(),
+        }
+
+
+def _slice_name(length: int, position: str) -> str:
+    return f"{length}/{position}"
+
+
+def assess(result: GateResult, scored: pl.DataFrame, infra: InfraSummary | None = None) -> RunHealth:
+    """Classify the failing slices of ``result`` by what failed, from the scored records."""
+    failing = [s for s in result.slice_results if s.status.value.startswith("FAIL")]
+    failing_keys = {(s.length, s.position) for s in failing}
+    counts: Mapping[tuple[int, str], tuple[int, int]] = {}
+    reasons: dict[str, int] = {}
+    if failing and scored.height and "outcome" in scored.columns:
+        length = "length" if "length" in scored.columns else "target_tokens"
+        keys = pl.DataFrame(
+            {length: [k[0] for k in failing_keys], "position": [k[1] for k in failing_keys]},
+            schema={length: pl.Int64, "position": pl.String},
+        )
+        cand = (
+            scored.filter(pl.col("arm") == "candidate")
+            .with_columns(pl.col(length).cast(pl.Int64), pl.col("position").cast(pl.String))
+            .join(keys, on=[length, "position"], how="semi")
+        )
+        rows: Iterable[Sequence[Any]] = (
+            cand.group_by(length, "position")
+            .agg(
+                pl.col("outcome").is_in(["fail", "system_fail"]).sum().alias("failing"),
+                (pl.col("outcome") == "system_fail").sum().alias("system"),
+            )
+            .iter_rows()
+        )
+        counts = {(int(t), str(p)): (int(f), int(sy)) for t, p, f, sy in rows}
+        system = cand.filter(pl.col("outcome") == "system_fail")
+        if system.height and "system_fail_reason" in system.columns:
+            for reason, n in system.group_by("system_fail_reason").len().iter_rows():
+                reasons[str(reason)] = int(n)
+    driven = tuple(
+        _slice_name(s.length, s.position)
+        for s in failing
+        if (c := counts.get((s.length, s.position))) is not None
+        and c[1] > 0
+        and c[1] >= SYSTEM_DRIVEN_SHARE * c[0]
+    )
+    if not failing:
+        klass: FailureClass = "none"
+    elif len(driven) == len(failing):
+        klass = "system"
+    elif driven:
+        klass = "mixed"
+    else:
+        klass = "model"
+    return RunHealth(infra=infra, failure_class=klass, system_driven=driven, system_fail_reasons=reasons)

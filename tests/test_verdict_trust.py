@@ -1,0 +1,314 @@
+"""Promises of the README that a release gate depends on, each triggered through the CLI (issue #10):
+
+* an unreachable endpoint ends as verdict INFRA, exit 30, with lost runs counted per endpoint and per
+  slice in every report; the circuit breaker stops sending; the rerun of the same folder resumes and
+  finishes with a real verdict;
+* the slice list and plan are the frozen manifest's: a matrix that drops a position or changes the
+  lengths after the run is refused (exit 20), and the gate works from any working directory;
+* a candidate whose serving path fails (a server that doubles BOS) is counted against the candidate but
+  named as such: failure class ``system``, exit 13 FAIL_SYSTEM, reasons on the console and in
+  verdict.json, summary.md, junit.xml and report.html.
+
+The model behind 127.0.0.1 here is a **stub** (labelled as such): a vLLM-shaped ``/v1/completions``
+server that decodes the prompt ids with the real GPT-2 tokenizer and answers each case's question with
+its true value — a perfect reader, which no real model here is, so a verdict depends only on the
+serving path under test. Real-model runs of the same pipeline are in tests/test_cli.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import pytest
+from tokenizers import Tokenizer
+
+from depthgate.commands.cli import main
+from depthgate.exceptions import ExitCode
+from depthgate.run.runner import read_records
+from depthgate.spec.suites import builtin_suite
+from fixtures_paths import tokenizers_dir
+
+GPT2 = tokenizers_dir() / "gpt2" / "tokenizer.json"
+SMOLLM = tokenizers_dir() / "smollm" / "tokenizer.json"
+CASES = 20
+ARMS = ("baseline", "candidate")
+# Cases with evidence get position variants; an evidence-absent negative case does not.
+PLACED = sum(1 for c in builtin_suite(CASES).cases if c.evidence)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class PerfectReader:
+    """A vLLM-shaped stub: ``/v1/models`` and ``/v1/completions`` with token-id prompts. Model
+    ``good`` answers every case correctly and echoes the prompt ids; model ``doubled-bos`` answers the
+    same but echoes the ids with one extra leading token (a server that adds a second BOS); model
+    ``smollm`` reads its prompt ids with the SmolLM tokenizer (the others with GPT-2's)."""
+
+    def __init__(self, port: int) -> None:
+        gpt2, smollm = Tokenizer.from_file(str(GPT2)), Tokenizer.from_file(str(SMOLLM))
+        self.tokenizers = {
+            "good": gpt2,
+            "doubled-bos": gpt2,
+            "smollm": smollm,
+            "openai-community/gpt2": gpt2,  # the models of matrices/tokenizer-upgrade.toml
+            "HuggingFaceTB/SmolLM-135M": smollm,
+        }
+        self.answers = {
+            c.query: c.required_claims[0].aliases[0] if c.required_claims else "not stated"
+            for c in builtin_suite(44).cases  # the first cases of a larger suite are the same cases
+        }
+        self.requests = 0
+        reader = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def _send(self, payload: Any) -> None:
+                data = json.dumps(payload).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self) -> None:
+                models = [{"id": m, "object": "model", "max_model_len": 4096} for m in reader.tokenizers]
+                self._send({"object": "list", "data": models})
+
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
+                reader.requests += 1
+                ids = list(body["prompt"])
+                text = reader.tokenizers[body["model"]].decode(ids)
+                answer = next((a for q, a in reader.answers.items() if q in text), "not stated")
+                echo = [50256, *ids] if body["model"] == "doubled-bos" else ids
+                self._send(
+                    {
+                        "model": body["model"],
+                        "choices": [
+                            {
+                                "index": 0,
+                                "text": f" {answer}",
+                                "finish_reason": "stop",
+                                "prompt_token_ids": echo,
+                            }
+                        ],
+                        "usage": {"prompt_tokens": len(echo), "completion_tokens": 3},
+                    }
+                )
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> PerfectReader:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _matrix(
+    tmp: Path,
+    port: int,
+    *,
+    candidate_model: str = "good",
+    candidate_tokenizer: Path = GPT2,
+    positions: str = "[0.0, 1.0]",
+) -> Path:
+    text = f"""
+name = "trust"
+suite = {{ kind = "builtin", cases = {CASES}, seed = 0, language = "en" }}
+lengths = [640]
+positions = {positions}
+
+[decode]
+max_tokens = 8
+seeds = [0]
+
+[baseline]
+name = "base"
+backend = "vllm-server"
+endpoint = "http://127.0.0.1:{port}"
+model = "good"
+tokenizer = "{GPT2}"
+
+[candidate]
+name = "cand"
+backend = "vllm-server"
+endpoint = "http://127.0.0.1:{port}"
+model = "{candidate_model}"
+tokenizer = "{candidate_tokenizer}"
+
+[plan]
+margin = 0.20
+n_min = 2
+bootstrap_resamples = 999
+"""
+    path = tmp / "trust.toml"
+    path.write_text(text)
+    return path
+
+
+def _verdict(run: Path) -> dict[str, Any]:
+    return dict(json.loads((run / "report" / "verdict.json").read_text()))
+
+
+@pytest.fixture()
+def port() -> int:
+    return _free_port()
+
+
+def test_unreachable_endpoint_is_infra_exit_30_then_the_rerun_resumes(
+    tmp_path: Path, port: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    matrix, run = _matrix(tmp_path, port), tmp_path / "run"
+    code = main(["run", str(matrix), "--out", str(run), "--no-controls"])
+    err = capsys.readouterr()
+    assert code == ExitCode.INFRA == 30
+    assert "verdict: INFRA (exit 30 INFRA)" in err.out
+    assert "circuit open" in err.err  # the breaker stopped sending instead of burning the matrix
+    doc = _verdict(run)
+    assert doc["verdict"] == "INFRA" and doc["exit_code"] == "INFRA"
+    infra = doc["infra"]
+    planned = 2 * PLACED * 2  # arms × placed cases × positions, one seed
+    assert infra["planned"] == planned and infra["lost"] == planned
+    assert infra["infra_error"] > 0 and infra["not_sent"] > 0
+    assert infra["by_endpoint"][f"http://127.0.0.1:{port}"] == infra["infra_error"]
+    assert set(infra["by_slice"]) == {"640/0", "640/1"}
+    summary = (run / "report" / "summary.md").read_text()
+    assert "INFRA" in summary and "lost runs by slice" in summary
+    junit = (run / "report" / "junit.xml").read_text()
+    assert '<error type="INFRA"' in junit
+    assert "lost runs by endpoint" in (run / "report" / "report.html").read_text()
+    sent_before = read_records(run).height
+
+    with PerfectReader(port) as server:
+        code = main(["run", str(matrix), "--out", str(run), "--no-controls"])
+    assert code == ExitCode.PASS
+    doc = _verdict(run)
+    assert doc["verdict"] == "PASS" and doc["infra"]["lost"] == 0
+    records = read_records(run)
+    assert records.height == planned and set(records["status"]) == {"ok"}
+    assert server.requests == planned  # only what had no final record was sent, each once
+    assert sent_before <= planned
+
+
+def test_gate_uses_the_frozen_slice_list_and_refuses_an_edited_matrix(
+    tmp_path: Path, port: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    matrix, run = _matrix(tmp_path, port), tmp_path / "run"
+    with PerfectReader(port):
+        assert main(["run", str(matrix), "--out", str(run), "--no-controls"]) == ExitCode.PASS
+    before = _verdict(run)
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert manifest["positions"] == ["0.0", "1.0"] and manifest["plan"]["n_min"] == 2
+
+    original = matrix.read_text()
+    for edit in (original.replace("positions = [0.0, 1.0]", "positions = [0.0]"),
+                 original.replace("lengths = [640]", "lengths = [640, 1024]"),
+                 original.replace("n_min = 2", "n_min = 3")):  # fmt: skip
+        matrix.write_text(edit)
+        assert main(["gate", str(run)]) == ExitCode.BAD_INPUT
+        assert "differs from the plan this run was frozen with" in capsys.readouterr().err
+    matrix.write_text(original)
+
+    # From another working directory, and with the matrix file gone: the run folder is enough.
+    matrix.unlink()
+    cwd = os.getcwd()
+    os.chdir(tmp_path.parent)
+    try:
+        assert main(["gate", str(run)]) == ExitCode.PASS
+    finally:
+        os.chdir(cwd)
+    after = _verdict(run)
+    assert after["slices"] == before["slices"] and after["digests"] == before["digests"]
+
+    # A manifest whose plan was edited by hand no longer matches its own digest.
+    manifest["plan"]["margin"] = 0.5
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    assert main(["gate", str(run)]) == ExitCode.BAD_INPUT
+    assert "plan_digest" in capsys.readouterr().err
+
+
+def test_a_broken_serving_path_is_named_not_reported_as_a_model_regression(
+    tmp_path: Path, port: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    matrix, run = _matrix(tmp_path, port, candidate_model="doubled-bos"), tmp_path / "run"
+    with PerfectReader(port):
+        code = main(["run", str(matrix), "--out", str(run), "--no-controls"])
+    out = capsys.readouterr().out
+    assert code == ExitCode.FAIL_SYSTEM == 13
+    assert "exit 13 FAIL_SYSTEM, failures: system" in out and "server_ids_mismatch" in out
+    doc = _verdict(run)
+    assert doc["verdict"] == "FAIL" and doc["failure_class"] == "system"
+    assert doc["system_driven_slices"] == ["640/0", "640/1"]
+    assert doc["system_fail_reasons"] == {"server_ids_mismatch": 2 * PLACED}
+    assert doc["reasons"][0].startswith("SYSTEM:")
+    assert "SYSTEM" in (run / "report" / "summary.md").read_text()
+    assert '<failure type="FAIL_SYSTEM"' in (run / "report" / "junit.xml").read_text()
+    assert "serving path failed" in (run / "report" / "report.html").read_text()
+    records = read_records(run).filter(pl.col("arm") == "candidate")
+    assert set(records["system_fail_reason"]) == {"server_ids_mismatch"}  # still counted against it
+
+
+def test_a_tokenizer_upgrade_runs_to_a_report_with_controls_paired(
+    tmp_path: Path, port: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """GPT-2 tokenizer (baseline) → SmolLM tokenizer (candidate): every layout, control and count is
+    per arm's own tokenizer; controls pair by case, kind and nominal length, so the run reaches a report."""
+    matrix = _matrix(tmp_path, port, candidate_model="smollm", candidate_tokenizer=SMOLLM)
+    run = tmp_path / "run"
+    with PerfectReader(port):
+        code = main(["run", str(matrix), "--out", str(run)])
+    assert code == ExitCode.PASS, capsys.readouterr()
+    doc = _verdict(run)
+    assert doc["verdict"] == "PASS" and doc["controls"]["counts"]
+    manifest = json.loads((run / "manifest.json").read_text())
+    digests = {arm: manifest["systems"][arm]["tokenizer_digest"] for arm in ("baseline", "candidate")}
+    assert digests["baseline"] != digests["candidate"]
+    controls = read_records(run / "controls")
+    # The same (case, kind, nominal length) on both arms although the token counts differ.
+    by_arm = {
+        arm: set(controls.filter(pl.col("arm") == arm)["position"]) for arm in ("baseline", "candidate")
+    }
+    assert by_arm["baseline"] == by_arm["candidate"] and len(by_arm["baseline"]) == 2
+    counts = (
+        controls.group_by("arm").agg(pl.col("prompt_tokens_local").sum()).sort("arm")["prompt_tokens_local"]
+    )
+    assert counts[0] != counts[1]
+
+
+def test_the_shipped_tokenizer_upgrade_matrix_runs_to_a_report(
+    tmp_path: Path, port: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """matrices/tokenizer-upgrade.toml itself (two different tokenizer files, 44 cases, 5 depths), its
+    placeholder endpoints pointed at the stub and its relative paths made absolute."""
+    shipped = Path(__file__).resolve().parents[1] / "matrices" / "tokenizer-upgrade.toml"
+    text = shipped.read_text().replace("../tests/fixtures", str(shipped.parents[1] / "tests" / "fixtures"))
+    text = text.replace("127.0.0.1:8000", f"127.0.0.1:{port}").replace("127.0.0.1:8001", f"127.0.0.1:{port}")
+    matrix = tmp_path / "tokenizer-upgrade.toml"
+    matrix.write_text(text)
+    with PerfectReader(port) as server:
+        code = main(["run", str(matrix), "--out", str(tmp_path / "run")])
+    assert code == ExitCode.PASS, capsys.readouterr().out
+    run = tmp_path / "run"
+    assert read_records(run).height == 2 * 40 * 5  # arms × placed cases × depths, all sent once
+    sent = pl.concat([read_records(run), read_records(run / "controls")]).filter(pl.col("attempts") > 0)
+    assert server.requests == sent.height  # each sent exactly once (refused controls are never sent)
+    assert _verdict(run)["verdict"] == "PASS"
