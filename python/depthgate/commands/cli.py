@@ -2,21 +2,40 @@
 
 Every error a user can cause is a :class:`~depthgate.exceptions.DepthgateError`; it is printed as one
 line naming the file, field and fix, and the process exits with the error's documented code
-(``depthgate.exceptions.ExitCode``). Nothing is half-written: commands write to a temp path and
-rename into place.
+(``depthgate.exceptions.ExitCode``). Values that parse but cannot work (``--window 0``, an offset
+beyond every length, ``--cases 0``) and output paths that cannot be written (a folder where a file is
+expected, a path under a file, an unwritable folder) are refused before any work starts (exit 20).
+Nothing is half-written: files are written to a temp path in the same folder and renamed into place,
+and a command that fails removes the folders and entries it created
+(:mod:`depthgate.commands.outputs`). An unexpected OSError about a user's path is exit 20 naming the
+path; any other exception is a bug and stays visible.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
 import sys
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from depthgate.commands.outputs import (
+    OutputKind,
+    check_output,
+    read_text_arg,
+    undo_on_error,
+    write_text_atomic,
+)
 from depthgate.exceptions import DepthgateError, ExitCode, InputError
 from depthgate.layout.gguf_tokenizer import resolve_tokenizer_path
 from depthgate.spec.paths import csv_ints, csv_list
+
+if TYPE_CHECKING:
+    from depthgate.layout.layouts import Position
 
 BUILTIN_CASES = 8
 
@@ -35,6 +54,7 @@ def _cmd_build(args: argparse.Namespace) -> int:
         matrix = load_matrix(matrix_path)
         suite = resolve_suite(matrix.suite, base_dir=matrix_path.parent)
         positions = parse_positions([str(p) for p in matrix.positions])
+        arms = []
         for arm, system in (("baseline", matrix.baseline), ("candidate", matrix.candidate)):
             tok = load_tokenizer(resolve_tokenizer_path(system.tokenizer, base_dir=matrix_path.parent))
             template = None
@@ -49,11 +69,29 @@ def _cmd_build(args: argparse.Namespace) -> int:
                 template=template,
                 preamble=system.preamble,
                 system=system.name,
+                assembler=system.assembler,
                 verification=args.verification,
                 window=system.window,
                 max_output_tokens=matrix.decode.max_tokens,
             )
-            summary = build_layouts(suite, tok, options, out / arm / "layouts.parquet")
+            arms.append((arm, tok, options))
+        # Both arms are built into a staging folder and moved into place together: an arm that fails
+        # (a template that raises, evidence with a special token) leaves neither arm half-written.
+        summaries = []
+        with undo_on_error(out):
+            out.mkdir(parents=True, exist_ok=True)
+            staging = Path(tempfile.mkdtemp(prefix=".build-", dir=out))
+            try:
+                for arm, tok, options in arms:
+                    summaries.append(
+                        (arm, build_layouts(suite, tok, options, staging / arm / "layouts.parquet"))
+                    )
+                for arm, _ in summaries:
+                    (out / arm).mkdir(exist_ok=True)
+                    os.replace(staging / arm / "layouts.parquet", out / arm / "layouts.parquet")
+            finally:
+                shutil.rmtree(staging, ignore_errors=True)
+        for arm, summary in summaries:
             _print_build(summary, out / arm / "layouts.parquet")
         return ExitCode.PASS
     if not args.tokenizer:
@@ -62,9 +100,9 @@ def _cmd_build(args: argparse.Namespace) -> int:
             field="--tokenizer",
             fix="pass --tokenizer path/to/tokenizer.json (or 'gguf:'), or a matrix file",
         )
+    preamble = read_text_arg(args.preamble_file, option="--preamble-file") if args.preamble_file else ""
     tok = load_tokenizer(resolve_tokenizer_path(args.tokenizer))
     template = load_chat_template(args.chat_template) if args.chat_template else None
-    preamble = Path(args.preamble_file).read_text(encoding="utf-8") if args.preamble_file else ""
     if args.suite:
         from depthgate.spec.models import load_suite
 
@@ -73,14 +111,15 @@ def _cmd_build(args: argparse.Namespace) -> int:
         suite = builtin_suite(args.cases, args.seed, args.lang)
     options = BuildOptions(
         lengths=args.lengths,
-        positions=parse_positions(args.positions),
+        positions=_positions_arg(args.positions, args.lengths),
         template=template,
         preamble=preamble,
         verification=args.verification,
         window=args.window,
         max_output_tokens=args.max_output_tokens,
     )
-    summary = build_layouts(suite, tok, options, out / "layouts.parquet")
+    with undo_on_error(out):  # a template that raises mid-build leaves no empty --out folder
+        summary = build_layouts(suite, tok, options, out / "layouts.parquet")
     _print_build(summary, out / "layouts.parquet")
     return ExitCode.PASS
 
@@ -111,6 +150,14 @@ def _cmd_check(args: argparse.Namespace) -> int:
     )
     for v in summary.violations[:20]:
         print(f"  {v['layout_id']}: {v['code']}: {v['detail']}")
+    if not summary.ok:
+        codes = sorted({v["code"] for v in summary.violations})
+        print(
+            f"depthgate: {args.layouts}: {len(summary.violations)} violation(s) ({', '.join(codes)}); "
+            "these layouts must not be sent (fix: rebuild them with `depthgate build` under this "
+            "tokenizer and template)",
+            file=sys.stderr,
+        )
     return ExitCode.PASS if summary.ok else ExitCode.VERIFY_FAILED
 
 
@@ -119,7 +166,7 @@ def _cmd_schema(args: argparse.Namespace) -> int:
 
     text = json.dumps(schema(), indent=2, sort_keys=True)
     if args.out:
-        Path(args.out).write_text(text + "\n", encoding="utf-8")
+        write_text_atomic(args.out, text + "\n", option="--out")
     else:
         print(text)
     return ExitCode.PASS
@@ -131,10 +178,7 @@ def _cmd_suite_generate(args: argparse.Namespace) -> int:
     suite = generate_suite(args.seed, args.cases, args.lang)
     text = suite.model_dump_json(indent=1)
     if args.out:
-        out = Path(args.out)
-        tmp = out.with_name(out.name + ".tmp")
-        tmp.write_text(text, encoding="utf-8")
-        tmp.replace(out)
+        out = write_text_atomic(args.out, text, option="--out")
         print(f"{out}: {len(suite.cases)} cases, digest {suite.digest()[:16]}")
     else:
         print(text)
@@ -187,10 +231,7 @@ def _cmd_suite_import(args: argparse.Namespace) -> int:
     from depthgate.spec.suites import import_incidents
 
     suite = import_incidents(args.incidents)
-    out = Path(args.out)
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(suite.model_dump_json(indent=1), encoding="utf-8")
-    tmp.replace(out)
+    out = write_text_atomic(args.out, suite.model_dump_json(indent=1), option="--out")
     print(f"{out}: {len(suite.cases)} replayed cases, digest {suite.digest()[:16]}")
     return ExitCode.PASS
 
@@ -216,7 +257,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--verification", default="full", choices=["full", "fast"])
     b.add_argument("--window", type=int, help="model window; lengths that do not fit are refused")
     b.add_argument("--max-output-tokens", type=int, default=16)
-    b.set_defaults(func=_cmd_build)
+    b.set_defaults(func=_cmd_build, outputs=(("out", "dir"),))
 
     c = sub.add_parser("check", help="re-verify a layouts file from scratch (full re-encode)")
     c.add_argument("layouts")
@@ -234,7 +275,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="skip the evidence-only and evidence-absent controls run beside the matrix",
     )
-    r.set_defaults(func=_cmd_run)
+    r.set_defaults(func=_cmd_run, outputs=(("out", "run_dir"),))
 
     for name, help_text in (
         ("gate", "score and gate a run folder; writes verdict and reports"),
@@ -243,11 +284,11 @@ def build_parser() -> argparse.ArgumentParser:
         gp = sub.add_parser(name, help=help_text)
         gp.add_argument("run_dir")
         gp.add_argument("--report-dir", help="where to write the reports (default RUN/report)")
-        gp.set_defaults(func=_cmd_gate)
+        gp.set_defaults(func=_cmd_gate, outputs=(("report_dir", "dir"),))
 
     s = sub.add_parser("schema", help="JSON Schema of cases, suites, systems, matrices and plans")
     s.add_argument("--out")
-    s.set_defaults(func=_cmd_schema)
+    s.set_defaults(func=_cmd_schema, outputs=(("out", "file"),))
 
     suite = sub.add_parser("suite", help="case suites")
     suite_sub = suite.add_subparsers(dest="suite_command", required=True)
@@ -256,23 +297,112 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--cases", type=int, default=300)
     g.add_argument("--lang", default="en", choices=["en", "zh"])
     g.add_argument("--out")
-    g.set_defaults(func=_cmd_suite_generate)
+    g.set_defaults(func=_cmd_suite_generate, outputs=(("out", "file"),))
     imp = suite_sub.add_parser("import", help="replay desensitized incidents (JSONL) as cases")
     imp.add_argument("incidents", help="JSONL: documents, query, evidence_ids, claims per line")
     imp.add_argument("--out", required=True)
-    imp.set_defaults(func=_cmd_suite_import)
+    imp.set_defaults(func=_cmd_suite_import, outputs=(("out", "file"),))
 
     from depthgate.commands import diff, faults
 
     faults.add_parsers(sub)  # depthgate faults
     diff.add_parsers(sub)  # depthgate diff-tokenizer, depthgate diff-template
+    # Output paths each command writes, checked by main() before the command starts (the model of
+    # `depthgate faults` is never loaded for an --out or --json that cannot be written).
+    sub.choices["faults"].set_defaults(outputs=(("out", "empty_dir"), ("json", "file")))
+    for name in ("diff-tokenizer", "diff-template"):
+        sub.choices[name].set_defaults(outputs=(("out", "file"),))
     return parser
+
+
+#: Smallest value of each numeric option (any command that has it); below it the option is refused.
+_MINIMUM = {
+    "cases": 1,
+    "seed": 0,
+    "window": 1,
+    "max_output_tokens": 0,
+    "concurrency": 1,
+    "limit": 0,
+}
+
+
+def _positions_arg(values: Sequence[str], lengths: Sequence[int]) -> list[Position]:
+    """``--positions`` parsed (errors name ``--positions``); an offset at or beyond the longest length
+    could never be placed (every layout would be refused), so it is bad input too."""
+    from depthgate.layout.layouts import parse_positions
+
+    try:
+        positions = parse_positions(values)
+    except InputError as exc:
+        raise InputError(exc.message, field="--positions", fix=exc.fix) from None
+    longest = max(lengths, default=0)
+    for position in positions:
+        if position.offset is not None and lengths and position.offset >= longest:
+            raise InputError(
+                f"offset {position.label} is beyond the longest length {longest}: no layout could place it",
+                field="--positions",
+                fix="use an offset smaller than the longest --lengths, or a depth in [0, 1]",
+            )
+    return positions
+
+
+def _check_args(args: argparse.Namespace) -> None:
+    """Refuse, before a command starts, values argparse accepts but no command can use (exit 20)."""
+    for name, minimum in _MINIMUM.items():
+        value = getattr(args, name, None)
+        if value is not None and value < minimum:
+            option = "--" + name.replace("_", "-")
+            raise InputError(
+                f"{value} is not a valid {option}",
+                field=option,
+                fix=f"give {option} an integer >= {minimum}",
+            )
+    # --lengths / --positions (build without a matrix, diff-*): the lengths first, then every position
+    # against them (an offset beyond every length could never be placed).
+    if hasattr(args, "lengths") and not getattr(args, "matrix", None):
+        if not args.lengths:
+            raise InputError("no lengths given", field="--lengths", fix="pass --lengths 1024,4096")
+        for length in args.lengths:
+            if length < 16:
+                raise InputError(
+                    f"length {length} is too small",
+                    field="--lengths",
+                    fix="give total prompt lengths in tokens (>= 16), e.g. --lengths 1024,4096",
+                )
+        if hasattr(args, "positions"):
+            if not args.positions:
+                raise InputError("no positions given", field="--positions", fix="pass --positions 0,0.5,1")
+            _positions_arg(args.positions, args.lengths)
+    outputs: tuple[tuple[str, OutputKind], ...] = getattr(args, "outputs", ())
+    for name, kind in outputs:
+        value = getattr(args, name, None)
+        if value:
+            check_output(value, kind, option="--" + name.replace("_", "-"))
+
+
+def _os_error(exc: OSError) -> InputError | None:
+    """An OSError about a user's path (it names one, outside depthgate's own package) as bad input;
+    None for anything else (a bug or an OS failure that must stay visible)."""
+    if not exc.filename:
+        return None
+    path = Path(os.fsdecode(exc.filename))
+    package = Path(__file__).resolve().parent.parent
+    if package in path.resolve().parents:
+        return None  # depthgate's own files: a broken install or a bug, not the user's input
+    other = f" → {os.fsdecode(exc.filename2)}" if exc.filename2 else ""
+    return InputError(
+        f"{exc.strerror or exc}{other}",
+        file=str(path),
+        fix="check that the path exists, is a file or folder as the command expects, and can be "
+        "read and written",
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        _check_args(args)
         code = int(args.func(args))
     except DepthgateError as exc:
         print(f"depthgate: error: {exc}", file=sys.stderr)
@@ -280,6 +410,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("depthgate: interrupted; completed results are kept and a rerun resumes", file=sys.stderr)
         return int(ExitCode.INFRA)
+    except OSError as exc:
+        error = _os_error(exc)
+        if error is None:
+            raise
+        print(f"depthgate: error: {error}", file=sys.stderr)
+        return int(error.exit_code)
     return code
 
 

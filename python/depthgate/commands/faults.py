@@ -49,6 +49,7 @@ from typing import Any
 
 import polars as pl
 
+from depthgate.commands.outputs import check_output, write_text_atomic
 from depthgate.exceptions import ExitCode, InputError
 from depthgate.layout.layouts import (
     LAYOUT_SCHEMA,
@@ -551,6 +552,7 @@ def run_faults(
             raise InputError(
                 "the output folder is not empty",
                 file=str(work),
+                field="--out",
                 fix="give a new or empty folder; every fault run writes fresh records",
             )
         work.mkdir(parents=True, exist_ok=True)
@@ -610,16 +612,23 @@ def cmd_faults(args: argparse.Namespace) -> int:
     """``depthgate faults [--only a,b] [--out DIR] [--json FILE]``: exit 0 only when every fault is caught."""
     only = [s.strip() for s in args.only.split(",") if s.strip()] if getattr(args, "only", None) else None
     _check_only(only)
+    # Every argument is checked before the model loads (main() checks them too, for the CLI).
+    if getattr(args, "cases", 2) < 1:
+        raise InputError(
+            f"{args.cases} is not a valid --cases", field="--cases", fix="give --cases 1 or more"
+        )
+    if getattr(args, "out", None):
+        check_output(args.out, "empty_dir", option="--out")
+    if getattr(args, "json", None):
+        check_output(args.json, "file", option="--json")
     results = run_faults(only, out_dir=getattr(args, "out", None), n_cases=getattr(args, "cases", 2))
     print(format_table(results))
     caught = sum(r.caught for r in results)
     print(f"{caught}/{len(results)} faults caught")
     if getattr(args, "json", None):
-        path = Path(args.json)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps([r.to_dict() for r in results], indent=2) + "\n", encoding="utf-8")
-        tmp.replace(path)
+        write_text_atomic(
+            args.json, json.dumps([r.to_dict() for r in results], indent=2) + "\n", option="--json"
+        )
     sys.stdout.flush()
     return int(ExitCode.PASS if caught == len(results) else ExitCode.FAIL)
 

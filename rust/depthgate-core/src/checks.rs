@@ -5,19 +5,49 @@ use serde::{Deserialize, Serialize};
 
 use crate::digest::sha256_hex;
 use crate::spec::{Span, UnitKind};
+use crate::tokenizer::TargetTokenizer;
 use crate::verify::Violation;
 
-/// What the layout must satisfy for the system it is about to be sent to.
+/// What the layout must satisfy for the system it is about to be sent to. Every value comes from
+/// the system (its served config, its template, its tokenizer), never from the layout file: a check
+/// that compares a layout's column with itself catches nothing.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SendContract {
     pub target_tokens: usize,
     /// The model window from the *served* config (vLLM `max_model_len`, llama.cpp `n_ctx`).
     pub window: Option<usize>,
     pub max_output_tokens: usize,
-    /// Template digest the system is configured with; must equal the layout's.
+    /// Digest of the frame the system renders now (its chat template's source, or the raw frame's
+    /// descriptor); must equal the layout's.
     pub template_digest: String,
-    /// BOS id of the target tokenizer, if it has one.
+    /// The date the system's template renders `strftime_now` with (ISO; "" for a raw frame); must
+    /// equal the date the layout was rendered with. `None` only when the caller cannot know it.
+    #[serde(default)]
+    pub pinned_date: Option<String>,
+    /// The id the target tokenizer's post-processor puts first ([`TargetTokenizer::bos_id`]); `None`
+    /// when it adds none (then no BOS can be doubled by `add_special_tokens`).
     pub bos_id: Option<u32>,
+}
+
+impl SendContract {
+    /// The contract of a system whose tokenizer is `tok`: the BOS id is the tokenizer's own.
+    pub fn for_tokenizer(
+        tok: &TargetTokenizer,
+        target_tokens: usize,
+        window: Option<usize>,
+        max_output_tokens: usize,
+        template_digest: impl Into<String>,
+        pinned_date: impl Into<String>,
+    ) -> Self {
+        SendContract {
+            target_tokens,
+            window,
+            max_output_tokens,
+            template_digest: template_digest.into(),
+            pinned_date: Some(pinned_date.into()),
+            bos_id: tok.bos_id(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -34,6 +64,8 @@ fn v(code: &str, detail: String) -> Violation {
     }
 }
 
+/// `layout_template_digest` and `layout_pinned_date` are what the layout was rendered with (its
+/// `template_digest` and `pinned_date` columns).
 #[allow(clippy::too_many_arguments)]
 pub fn presend_check(
     layout_id: &str,
@@ -41,6 +73,7 @@ pub fn presend_check(
     ids: &[u32],
     spans: &[Span],
     layout_template_digest: &str,
+    layout_pinned_date: &str,
     contract: &SendContract,
 ) -> CheckReport {
     let mut out = Vec::new();
@@ -71,6 +104,16 @@ pub fn presend_check(
             "template_digest",
             "layout was built with a different chat template than the system uses".into(),
         ));
+    }
+    if let Some(date) = contract.pinned_date.as_deref() {
+        if layout_pinned_date != date {
+            out.push(v(
+                "pinned_date",
+                format!(
+                    "layout was rendered with the template date {layout_pinned_date:?}, the system renders {date:?}"
+                ),
+            ));
+        }
     }
     if let Some(bos) = contract.bos_id {
         if ids.len() >= 2 && ids[0] == bos && ids[1] == bos {

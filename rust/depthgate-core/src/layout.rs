@@ -63,7 +63,7 @@ struct Segment<'s> {
 }
 
 #[derive(Clone)]
-pub(crate) struct Junction {
+struct Junction {
     /// Tokens of A (from its end) and of B (from its start) replaced by `ids`; 0/0 when exact.
     drop_a: usize,
     drop_b: usize,
@@ -78,12 +78,42 @@ pub(crate) struct Junction {
     provable: bool,
 }
 
+/// Upper bound on seams cached per tokenizer (same order as the segment cache).
+const SEAM_CACHE_LIMIT: usize = 200_000;
+
+/// Verified seams of one tokenizer, keyed by both texts (length-prefixed). A seam depends only on its
+/// two texts and the tokenizer, so the cache lives with the tokenizer
+/// ([`TargetTokenizer::side_cache`]) and serves every later batch (docs/benchmarks.md).
+#[derive(Default)]
+struct SeamCache {
+    seams: RwLock<HashMap<String, Arc<Junction>>>,
+}
+
+impl SeamCache {
+    fn get(&self, key: &str) -> Option<Arc<Junction>> {
+        self.seams
+            .read()
+            .expect("seam cache poisoned")
+            .get(key)
+            .cloned()
+    }
+
+    fn insert(&self, key: String, seam: Arc<Junction>) {
+        let mut seams = self.seams.write().expect("seam cache poisoned");
+        if seams.len() < SEAM_CACHE_LIMIT {
+            seams.insert(key, seam);
+        }
+    }
+}
+
 /// Holds the tokenized segments of one batch and the junction cache.
 pub struct LayoutEngine<'t, 's> {
     tok: &'t TargetTokenizer,
     segments: Vec<Segment<'s>>,
     index: AHashMap<&'s str, UnitIdx>,
     junctions: RwLock<AHashMap<(UnitIdx, UnitIdx), Arc<Junction>>>,
+    /// The tokenizer's cross-batch seam cache.
+    seams: Arc<SeamCache>,
 }
 
 struct Refusal {
@@ -183,6 +213,7 @@ impl<'t, 's> LayoutEngine<'t, 's> {
                 segments,
                 index,
                 junctions: RwLock::new(AHashMap::new()),
+                seams: tok.side_cache::<SeamCache>(),
             },
             order,
         ))
@@ -223,11 +254,11 @@ impl<'t, 's> LayoutEngine<'t, 's> {
             self.segments[a as usize].text,
             self.segments[b as usize].text,
         );
-        let j = match self.tok.cached_seam(&key) {
+        let j = match self.seams.get(&key) {
             Some(j) => j,
             None => {
                 let j = Arc::new(self.compute_junction(a, b)?);
-                self.tok.cache_seam(key, Arc::clone(&j));
+                self.seams.insert(key, Arc::clone(&j));
                 j
             }
         };
@@ -381,12 +412,8 @@ impl<'t, 's> LayoutEngine<'t, 's> {
         let (text, unit_starts) = self.assemble_text(seq);
         let mut note = None;
         if mode == Verification::Fast {
-            match self.tok.fast_unsound_reason.as_ref() {
-                Some(why) => {
-                    note = Some(format!(
-                        "fast verification unsound for this tokenizer ({why}); full re-encode used"
-                    ))
-                }
+            match unsound_note(self.tok) {
+                Some(why) => note = Some(why),
                 None => match self.splice(seq, &unit_starts, add_special)? {
                     Ok((ids, offsets)) => {
                         return Ok(Measured {
@@ -475,6 +502,13 @@ impl<'t, 's> LayoutEngine<'t, 's> {
         }
         Ok(Ok((ids, offsets)))
     }
+}
+
+/// The note a layout carries when fast mode was asked for a tokenizer it is not sound for.
+fn unsound_note(tok: &TargetTokenizer) -> Option<String> {
+    tok.fast_unsound_reason.as_ref().map(|why| {
+        format!("fast verification unsound for this tokenizer ({why}); full re-encode used")
+    })
 }
 
 /// Which pool units (by segment) have which token count, for closing gaps exactly.
@@ -752,6 +786,7 @@ fn case_context<'a>(engine: &LayoutEngine<'_, '_>, case: &'a CaseSpec) -> Result
 
 #[allow(clippy::too_many_arguments)]
 fn refused_layout(
+    engine: &LayoutEngine<'_, '_>,
     spec: &BatchSpec,
     ctx: &CaseContext<'_>,
     layout_id: String,
@@ -777,8 +812,15 @@ fn refused_layout(
         snap_tokens: 0,
         region_start: 0,
         region_end: 0,
-        verification: spec.verification,
-        verification_note: None,
+        // A refusal records the mode the layout would have been verified in, and why not fast.
+        verification: match (spec.verification, &engine.tok.fast_unsound_reason) {
+            (Verification::Fast, Some(_)) => Verification::Full,
+            (mode, _) => mode,
+        },
+        verification_note: match spec.verification {
+            Verification::Fast => unsound_note(engine.tok),
+            Verification::Full => None,
+        },
     }
 }
 
@@ -831,6 +873,7 @@ fn build_case_length(
             .zip(&ids)
             .map(|(p, id)| {
                 refused_layout(
+                    engine,
                     spec,
                     ctx,
                     id.clone(),
@@ -864,7 +907,7 @@ fn build_case_length(
             Ok(
                 match place(engine, spec, ctx, &haystack, length, position, id.clone())? {
                     Ok(layout) => layout,
-                    Err(r) => refused_layout(spec, ctx, id, length, position, r),
+                    Err(r) => refused_layout(engine, spec, ctx, id, length, position, r),
                 },
             )
         })
@@ -1339,5 +1382,30 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Seams verified in one batch are found by the next batch on the same tokenizer (the
+    /// per-tokenizer cache the benchmarks depend on), never by a batch on another tokenizer.
+    #[test]
+    fn seam_cache_is_per_tokenizer_and_outlives_a_batch() {
+        let units = ["Handbook", " The rate is 245 USD.", "\n\nQuestion: which?"];
+        let tok = fixture_tokenizer("gpt2");
+        let key = seam_key(units[0], units[1]);
+        {
+            let engine = LayoutEngine::new(&tok, units.iter().map(|s| (*s, false)).collect())
+                .unwrap()
+                .0;
+            assert!(engine.seams.get(&key).is_none());
+            engine
+                .junction(engine.seg(units[0]), engine.seg(units[1]))
+                .unwrap();
+        }
+        let next = LayoutEngine::new(&tok, units.iter().map(|s| (*s, false)).collect())
+            .unwrap()
+            .0;
+        assert!(next.seams.get(&key).is_some());
+        assert!(Arc::ptr_eq(&next.seams, &tok.side_cache::<SeamCache>()));
+        let other = fixture_tokenizer("gpt2");
+        assert!(other.side_cache::<SeamCache>().get(&key).is_none());
     }
 }

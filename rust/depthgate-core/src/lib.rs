@@ -5,14 +5,16 @@
 //! tokenizer → [`checks::presend_check`] before sending, [`verify::verify_layout`] to re-check any
 //! stored layout from scratch.
 //!
-//! Modules: `tokenizer` (load, digest, special tokens, fast-verification soundness) · `layout`
-//! (placement, seams, exact length) · `verify` (full re-encode check) · `checks` (pre-send) ·
-//! `digest` · `error`.
+//! Modules: `tokenizer` (load, digest, special tokens, per-tokenizer caches) · `soundness` (is
+//! fast verification provably exact for a tokenizer) · `layout` (placement, seams, exact length;
+//! depends on `tokenizer`, never the reverse) · `verify` (full re-encode check) · `checks`
+//! (pre-send) · `digest` · `error`.
 
 pub mod checks;
 pub mod digest;
 pub mod error;
 pub mod layout;
+pub mod soundness;
 pub mod spec;
 pub mod tokenizer;
 pub mod verify;

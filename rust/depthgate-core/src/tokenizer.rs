@@ -1,16 +1,22 @@
 //! A loaded target tokenizer plus the facts the layout engine needs about it: its digest, the
 //! special tokens a post-processor adds around a sequence, the special-token strings evidence must
-//! never contain, and whether boundary-local ("fast") verification is provably sound for it.
+//! never contain, and whether boundary-local ("fast") verification is provably sound for it
+//! (`soundness.rs`).
+//!
+//! This module names no layout type: caches that the layout engine keeps per tokenizer (verified
+//! seams) live in a type-keyed slot ([`TargetTokenizer::side_cache`]), so `layout` depends on
+//! `tokenizer` and never the other way round.
 
+use std::any::{Any, TypeId};
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Arc, RwLock};
 
-use serde_json::Value;
 use tokenizers::Tokenizer;
 
 use crate::digest::sha256_hex;
 use crate::error::{CoreError, Result};
+use crate::soundness::fast_unsound_reason;
 
 /// One encoded piece: ids plus byte offsets into the piece's own text.
 #[derive(Debug, Clone, Default)]
@@ -36,8 +42,9 @@ pub struct TargetTokenizer {
     /// later batch: re-encoding the filler per batch was 60–93 % of a fast 128K batch
     /// (docs/benchmarks.md, "Where the time goes").
     segment_cache: RwLock<HashMap<String, Arc<Piece>>>,
-    /// Verified seams between two segments, keyed by both texts (length-prefixed).
-    seam_cache: RwLock<HashMap<String, Arc<crate::layout::Junction>>>,
+    /// Caches of higher layers kept per tokenizer (the layout engine's verified seams), one per
+    /// type, created empty on first use and dropped with the tokenizer.
+    side_caches: RwLock<HashMap<TypeId, Arc<dyn Any + Send + Sync>>>,
 }
 
 /// Upper bound on cached segments (≈ 40 MB of ids and offsets at ~15 tokens a segment).
@@ -58,8 +65,7 @@ impl TargetTokenizer {
             detail,
         };
         let inner = Tokenizer::from_bytes(bytes).map_err(|e| load_err(e.to_string()))?;
-        let json: Value = serde_json::from_slice(bytes).map_err(|e| load_err(e.to_string()))?;
-        let fast_unsound_reason = fast_soundness(&json);
+        let fast_unsound_reason = fast_unsound_reason(&inner);
         let special_strings = inner
             .get_added_tokens_decoder()
             .values()
@@ -75,7 +81,7 @@ impl TargetTokenizer {
             special_strings,
             fast_unsound_reason,
             segment_cache: RwLock::new(HashMap::new()),
-            seam_cache: RwLock::new(HashMap::new()),
+            side_caches: RwLock::new(HashMap::new()),
         };
         let mut firsts: Vec<char> = tok
             .special_strings
@@ -151,19 +157,37 @@ impl TargetTokenizer {
         Ok(piece)
     }
 
-    pub(crate) fn cached_seam(&self, key: &str) -> Option<Arc<crate::layout::Junction>> {
-        self.seam_cache
+    /// This tokenizer's instance of the cache type `C`, created empty on first use. Whatever a cache
+    /// holds was computed with this tokenizer, so it is shared by every batch built with it and
+    /// dropped with it (the layout engine's seam cache: docs/benchmarks.md depends on it).
+    pub fn side_cache<C: Any + Send + Sync + Default>(&self) -> Arc<C> {
+        let key = TypeId::of::<C>();
+        let found = self
+            .side_caches
             .read()
-            .expect("seam cache poisoned")
-            .get(key)
-            .cloned()
+            .expect("side caches poisoned")
+            .get(&key)
+            .cloned();
+        let cache = match found {
+            Some(cache) => cache,
+            None => Arc::clone(
+                self.side_caches
+                    .write()
+                    .expect("side caches poisoned")
+                    .entry(key)
+                    .or_insert_with(|| Arc::new(C::default())),
+            ),
+        };
+        match cache.downcast::<C>() {
+            Ok(cache) => cache,
+            Err(_) => unreachable!("side caches are keyed by their type"),
+        }
     }
 
-    pub(crate) fn cache_seam(&self, key: String, seam: Arc<crate::layout::Junction>) {
-        let mut cache = self.seam_cache.write().expect("seam cache poisoned");
-        if cache.len() < SEGMENT_CACHE_LIMIT {
-            cache.insert(key, seam);
-        }
+    /// The id the post-processor puts first when `add_special_tokens` is on (BOS for Llama-2 and
+    /// Mistral, `[CLS]` for BERT), if it adds any: the token a rendered prompt must not repeat.
+    pub fn bos_id(&self) -> Option<u32> {
+        self.special_head.first().copied()
     }
 
     /// Ids only, for counting and verification.
@@ -194,66 +218,4 @@ impl TargetTokenizer {
             .find(|s| text.contains(s.as_str()))
             .map(String::as_str)
     }
-}
-
-/// Junction-local verification is sound only when every stage of the pipeline is local: a
-/// normalizer that works per character, a pre-tokenizer made of regex/character splits (a split
-/// can be observed in a bounded window), and a model that works inside pre-tokens. SentencePiece
-/// files serialised without a pre-tokenizer (Llama-2 "legacy") run BPE over the whole text: no
-/// split is provable, so they always get the full re-encode.
-fn fast_soundness(json: &Value) -> Option<String> {
-    const LOCAL_NORMALIZERS: &[&str] = &[
-        "NFC",
-        "NFKC",
-        "NFD",
-        "NFKD",
-        "Lowercase",
-        "BertNormalizer",
-        "Strip",
-    ];
-    const LOCAL_PRETOKENIZERS: &[&str] = &[
-        "ByteLevel",
-        "Split",
-        "Digits",
-        "Punctuation",
-        "Whitespace",
-        "WhitespaceSplit",
-        "BertPreTokenizer",
-        "Metaspace",
-        "UnicodeScripts",
-    ];
-    fn types(v: &Value, key_list: &str) -> Vec<String> {
-        match v.get("type").and_then(Value::as_str) {
-            Some("Sequence") => v
-                .get(key_list)
-                .and_then(Value::as_array)
-                .map(|a| a.iter().flat_map(|x| types(x, key_list)).collect())
-                .unwrap_or_default(),
-            Some(t) => vec![t.to_string()],
-            None => Vec::new(),
-        }
-    }
-    let normalizer = json.get("normalizer").unwrap_or(&Value::Null);
-    if !normalizer.is_null() {
-        for t in types(normalizer, "normalizers") {
-            if !LOCAL_NORMALIZERS.contains(&t.as_str()) {
-                return Some(format!("normalizer {t} is not character-local"));
-            }
-        }
-    }
-    let pre = json.get("pre_tokenizer").unwrap_or(&Value::Null);
-    if pre.is_null() {
-        return Some("no pre-tokenizer: BPE runs over the whole text, no split is provable".into());
-    }
-    for t in types(pre, "pretokenizers") {
-        if !LOCAL_PRETOKENIZERS.contains(&t.as_str()) {
-            return Some(format!("pre-tokenizer {t} is not split-local"));
-        }
-    }
-    if pre.get("type").and_then(Value::as_str) == Some("Metaspace")
-        && pre.get("split").and_then(Value::as_bool) == Some(false)
-    {
-        return Some("Metaspace without split: no pre-token boundaries".into());
-    }
-    None
 }

@@ -181,19 +181,15 @@ fn every_family_meets_the_contract_in_full_mode() {
                 l.token_ids[ev.token_start..ev.token_end],
                 first.token_ids[ev0.token_start..ev0.token_end]
             );
-            let contract = SendContract {
-                target_tokens: l.target_tokens,
-                window: Some(8192),
-                max_output_tokens: 12,
-                template_digest: "raw".into(),
-                bos_id: None,
-            };
+            let contract =
+                SendContract::for_tokenizer(&tok, l.target_tokens, Some(8192), 12, "raw", "");
             let report = presend_check(
                 &l.layout_id,
                 &l.text,
                 &l.token_ids,
                 &l.spans,
                 "raw",
+                "",
                 &contract,
             );
             assert!(report.ok, "{family}: {:?}", report.violations);
@@ -304,4 +300,239 @@ fn a_different_tokenizer_changes_the_layout_id() {
     let a2 = build_layouts(&tokenizer("gpt2"), &batch(Verification::Full, vec![512])).unwrap();
     assert_eq!(a[0].layout_id, a2[0].layout_id);
     assert_eq!(a[0].token_ids, a2[0].token_ids);
+}
+
+// ---- fast-verification soundness (issue #10, item 5) ---------------------------------------------
+
+/// A fixture's tokenizer.json, edited: an adversarial variant built at test time.
+fn variant(family: &str, edit: impl FnOnce(&mut serde_json::Value)) -> TargetTokenizer {
+    let (json, label) = common::tokenizer_json(family);
+    let mut value: serde_json::Value = serde_json::from_slice(&json).unwrap();
+    edit(&mut value);
+    TargetTokenizer::from_bytes(
+        &serde_json::to_vec(&value).unwrap(),
+        &format!("{label} (variant)"),
+    )
+    .unwrap()
+}
+
+/// The issue's tokenizer: GPT-2 whose pre-tokenizer is Sequence[Split(regex with a 20–60-char
+/// lookahead), ByteLevel]. Letters are cut in pairs when a digit follows 20–60 characters later.
+const LOOKAHEAD_REGEX: &str = r" ?\p{L}{1,2}(?=[^\d]{20,60}\d)|'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+";
+
+fn adversarial_variants() -> Vec<(&'static str, TargetTokenizer, &'static str)> {
+    use serde_json::json;
+    let byte_level = |use_regex: bool| json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": use_regex});
+    vec![
+        (
+            "gpt2 + Split(lookahead)",
+            variant("gpt2", |t| {
+                t["pre_tokenizer"] = json!({"type": "Sequence", "pretokenizers": [
+                    {"type": "Split", "pattern": {"Regex": LOOKAHEAD_REGEX}, "behavior": "Isolated", "invert": false},
+                    byte_level(false)]});
+            }),
+            "Split inside a Sequence regex",
+        ),
+        (
+            "mistral, Metaspace(split=false) in a Sequence",
+            variant("mistral-7b-v1", |t| {
+                let meta = t["pre_tokenizer"].take();
+                t["pre_tokenizer"] = json!({"type": "Sequence", "pretokenizers": [meta]});
+            }),
+            "Metaspace(split=false) inside a Sequence",
+        ),
+        (
+            "llama2 without its normalizer, Metaspace(split=false) in a Sequence",
+            variant("llama2-tinyllama", |t| {
+                t["normalizer"] = serde_json::Value::Null;
+                t["pre_tokenizer"] = json!({"type": "Sequence", "pretokenizers": [
+                    {"type": "Metaspace", "replacement": "▁", "prepend_scheme": "first", "split": false}]});
+            }),
+            "Metaspace(split=false) inside a Sequence",
+        ),
+        (
+            "gpt2 + Strip normalizer",
+            variant("gpt2", |t| {
+                t["normalizer"] = json!({"type": "Strip", "strip_left": true, "strip_right": true});
+            }),
+            "normalizer Strip is not character-local",
+        ),
+        (
+            "llama3 with its pre-tokenizers in the other order",
+            variant("llama3-from-gguf", |t| {
+                t["pre_tokenizer"]["pretokenizers"]
+                    .as_array_mut()
+                    .unwrap()
+                    .reverse();
+            }),
+            "pre-tokenizer sequence [ByteLevel, Split]",
+        ),
+        (
+            "gpt2 truncating at 512",
+            variant("gpt2", |t| {
+                t["truncation"] = json!({"direction": "Right", "max_length": 512, "strategy": "LongestFirst", "stride": 0});
+            }),
+            "truncation",
+        ),
+        (
+            "gpt2 + an added token with a space",
+            variant("gpt2", |t| {
+                t["added_tokens"].as_array_mut().unwrap().push(json!({
+                    "id": 50257, "content": " hotel rate", "single_word": false, "lstrip": false,
+                    "rstrip": false, "normalized": false, "special": false}));
+            }),
+            "contains whitespace",
+        ),
+    ]
+}
+
+#[test]
+fn fixture_families_are_fast_sound_exactly_where_known() {
+    for family in ["gpt2", "smollm", "llama3-from-gguf", "bert-wordpiece"] {
+        assert_eq!(tokenizer(family).fast_unsound_reason, None, "{family}");
+    }
+    let llama2 = tokenizer("llama2-tinyllama").fast_unsound_reason.unwrap();
+    assert!(llama2.contains("normalizer Prepend"), "{llama2}");
+    let mistral = tokenizer("mistral-7b-v1").fast_unsound_reason.unwrap();
+    assert!(mistral.contains("Metaspace(split=false)"), "{mistral}");
+}
+
+/// Every adversarial variant is refused for fast mode with a named reason, falls back to the full
+/// re-encode, records why in the layout, and every emitted layout re-verifies from scratch.
+#[test]
+fn adversarial_variants_fall_back_to_full_with_the_reason() {
+    for (name, tok, expected) in adversarial_variants() {
+        let reason = tok
+            .fast_unsound_reason
+            .clone()
+            .unwrap_or_else(|| panic!("{name}: trusted for fast mode"));
+        assert!(reason.contains(expected), "{name}: {reason}");
+        let layouts = build_layouts(&tok, &batch(Verification::Fast, vec![512, 1024])).unwrap();
+        let mut ok = 0;
+        for l in &layouts {
+            // Refused layouts too: the mode they would have been verified in, and why not fast.
+            assert_eq!(l.verification, Verification::Full, "{name}");
+            let note = l.verification_note.as_deref().unwrap_or_default();
+            assert!(note.contains(&reason), "{name}: {note}");
+            if l.status != Status::Ok {
+                continue;
+            }
+            ok += 1;
+            let violations = verify_layout(
+                &tok,
+                &l.text,
+                &l.token_ids,
+                l.add_special_tokens,
+                Some(l.target_tokens),
+                &l.spans,
+            )
+            .unwrap();
+            assert!(
+                violations.is_empty(),
+                "{name} {}: {violations:?}",
+                l.position
+            );
+        }
+        assert!(ok > 0, "{name}: no layout was built, nothing was checked");
+    }
+}
+
+/// A modified tokenizer file is judged on what it is, not on a family name: the same GPT-2 file
+/// with fewer merges (an "older release") stays fast and exact; with another pre-tokenizer it is
+/// re-verified in full.
+#[test]
+fn a_modified_tokenizer_file_is_judged_by_its_content() {
+    let fewer_merges = variant("gpt2", |t| {
+        let merges = t["model"]["merges"].as_array_mut().unwrap();
+        merges.retain(|m| {
+            let m = m
+                .as_str()
+                .map(str::to_string)
+                .unwrap_or_else(|| m.to_string());
+            !m.starts_with("Ġ ") && !m.starts_with("Ġt")
+        });
+    });
+    assert_eq!(fewer_merges.fast_unsound_reason, None);
+    assert_ne!(fewer_merges.digest, tokenizer("gpt2").digest);
+    let layouts = build_layouts(&fewer_merges, &batch(Verification::Fast, vec![1024])).unwrap();
+    assert!(layouts.iter().any(|l| l.verification == Verification::Fast));
+    for l in layouts.iter().filter(|l| l.status == Status::Ok) {
+        let violations = verify_layout(
+            &fewer_merges,
+            &l.text,
+            &l.token_ids,
+            true,
+            Some(l.target_tokens),
+            &l.spans,
+        )
+        .unwrap();
+        assert!(violations.is_empty(), "{}: {violations:?}", l.position);
+    }
+}
+
+// ---- pre-send checks wired to the system's own values (issue #10, item 6) ------------------------
+
+/// A template that writes BOS into the text while `add_special_tokens` adds another: the
+/// tokenizer's own BOS id makes the pre-send check fire; without it (the old contract) it never ran.
+#[test]
+fn doubled_bos_is_caught_with_the_tokenizers_bos() {
+    let tok = tokenizer("llama2-tinyllama");
+    assert_eq!(tok.bos_id(), Some(1));
+    assert_eq!(tokenizer("gpt2").bos_id(), None);
+    let layouts = build_layouts(&tok, &batch(Verification::Full, vec![512])).unwrap();
+    let l = &layouts[0];
+    assert_eq!(l.status, Status::Ok);
+    // The builder itself refuses a frame that renders BOS on a tokenizer that adds one.
+    let mut spec = batch(Verification::Full, vec![512]);
+    spec.cases[0].prefix = format!("<s>{}", spec.cases[0].prefix);
+    let refused = build_layouts(&tok, &spec).unwrap();
+    assert!(refused
+        .iter()
+        .all(|l| l.reason_code.as_deref() == Some("doubled_bos")));
+    // A pipeline bug after the build: the frame gains the rendered BOS, the ids are re-encoded with
+    // add_special_tokens on.
+    let text = format!("<s>{}", l.text);
+    let ids = tok.encode_ids(&text, true).unwrap();
+    assert_eq!(&ids[..2], &[1, 1]);
+    let contract = SendContract::for_tokenizer(&tok, l.target_tokens, None, 12, "raw", "");
+    let report = presend_check(&l.layout_id, &text, &ids, &l.spans, "raw", "", &contract);
+    assert!(
+        report.violations.iter().any(|v| v.code == "doubled_bos"),
+        "{:?}",
+        report.violations
+    );
+}
+
+#[test]
+fn pinned_date_is_compared() {
+    let tok = tokenizer("gpt2");
+    let l = &build_layouts(&tok, &batch(Verification::Full, vec![512])).unwrap()[0];
+    let contract = SendContract::for_tokenizer(&tok, l.target_tokens, None, 12, "t", "2024-07-26");
+    let same = presend_check(
+        &l.layout_id,
+        &l.text,
+        &l.token_ids,
+        &l.spans,
+        "t",
+        "2024-07-26",
+        &contract,
+    );
+    assert!(same.ok, "{:?}", same.violations);
+    let other = presend_check(
+        &l.layout_id,
+        &l.text,
+        &l.token_ids,
+        &l.spans,
+        "t",
+        "2025-01-01",
+        &contract,
+    );
+    assert_eq!(
+        other
+            .violations
+            .iter()
+            .map(|v| v.code.as_str())
+            .collect::<Vec<_>>(),
+        ["pinned_date"]
+    );
 }

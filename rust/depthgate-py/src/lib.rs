@@ -60,6 +60,11 @@ impl PyTokenizer {
     }
 
     #[getter]
+    fn bos_id(&self) -> Option<u32> {
+        self.inner.bos_id()
+    }
+
+    #[getter]
     fn fast_unsound_reason(&self) -> Option<String> {
         self.inner.fast_unsound_reason.clone()
     }
@@ -165,6 +170,7 @@ fn presend_check(
     ids: PyReadonlyArray1<'_, u32>,
     spans_json: String,
     layout_template_digest: String,
+    layout_pinned_date: String,
     contract_json: String,
 ) -> PyResult<String> {
     let spans: Vec<Span> = serde_json::from_str(&spans_json).map_err(|e| {
@@ -178,7 +184,7 @@ fn presend_check(
         spec_error(
             "contract",
             e,
-            "pass target_tokens, window, max_output_tokens, template_digest",
+            "pass target_tokens, window, max_output_tokens, template_digest, pinned_date, bos_id",
         )
     })?;
     let ids = ids.as_slice()?.to_vec();
@@ -189,6 +195,7 @@ fn presend_check(
             &ids,
             &spans,
             &layout_template_digest,
+            &layout_pinned_date,
             &contract,
         );
         serde_json::to_string(&r).map_err(|e| {

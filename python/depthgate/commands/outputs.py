@@ -1,0 +1,220 @@
+"""Where commands write, and the command-line values they read: checked before any work starts,
+written atomically, nothing half-written.
+
+* :func:`check_output` refuses an output path before a command does anything expensive: a folder where a
+  file is expected (``schema --out DIR``), an existing file where a folder is expected, a path under a
+  file, a folder that cannot be written. Every refusal is an :class:`InputError` (exit 20) naming the
+  path, the option and the fix.
+* :func:`write_text_atomic` writes a file as a temp file in the same folder and ``os.replace``s it into
+  place; on any error the temp file is removed and the target is unchanged.
+* :func:`undo_on_error` removes what a command created (new folders, new entries of an existing folder)
+  when it fails, so a refused input leaves no empty folder and no partial output behind.
+* :func:`read_text_arg` reads a text file named by an option (``--preamble-file``) as UTF-8.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Literal
+
+from depthgate.exceptions import InputError
+
+__all__ = [
+    "CreatedPaths",
+    "OutputKind",
+    "check_output",
+    "first_missing",
+    "read_text_arg",
+    "undo_on_error",
+    "write_text_atomic",
+]
+
+#: ``file``: a file to (over)write; ``dir``: a folder to create or write into; ``empty_dir``: a new or
+#: empty folder; ``run_dir``: a new or empty folder, or the folder of an earlier run (has manifest.json).
+OutputKind = Literal["file", "dir", "empty_dir", "run_dir"]
+
+
+def first_missing(path: Path) -> Path | None:
+    """The topmost ancestor of ``path`` (or ``path`` itself) that does not exist yet, or None."""
+    missing = None
+    for candidate in (path, *path.parents):
+        if os.path.lexists(candidate):
+            break
+        missing = candidate
+    return missing
+
+
+def _existing_ancestor(path: Path) -> Path:
+    for candidate in (path, *path.parents):
+        if os.path.lexists(candidate):
+            return candidate
+    return Path(".")
+
+
+def _probe_writable(folder: Path, path: Path, option: str) -> None:
+    """Create and remove a temp file in ``folder``: permission bits say nothing for root, and read-only or
+    virtual file systems only answer an actual write."""
+    try:
+        fd, name = tempfile.mkstemp(prefix=".depthgate-probe-", dir=folder)
+    except OSError as exc:
+        raise InputError(
+            f"cannot write in {folder} ({exc.strerror or exc})",
+            file=str(path),
+            field=option,
+            fix=f"give {option} a path in a folder you can write to",
+        ) from None
+    os.close(fd)
+    with contextlib.suppress(OSError):
+        os.unlink(name)
+
+
+def check_output(path: str | os.PathLike[str], kind: OutputKind, *, option: str = "--out") -> Path:
+    """Refuse an output path before any work is done (see the module docstring); returns it as a Path."""
+    target = Path(path)
+    if kind == "file" and target.is_dir():
+        raise InputError(
+            "is a folder, but a file is expected",
+            file=str(target),
+            field=option,
+            fix=f"give {option} a file path, e.g. {target / 'out.json'}",
+        )
+    if kind != "file" and os.path.lexists(target) and not target.is_dir():
+        raise InputError(
+            "is an existing file, but a folder is expected",
+            file=str(target),
+            field=option,
+            fix=f"give {option} a new folder (or an existing one), not a file",
+        )
+    anchor = _existing_ancestor(target.parent if kind == "file" else target)
+    if not anchor.is_dir():
+        raise InputError(
+            f"{anchor} is a file, so nothing can be created under it",
+            file=str(target),
+            field=option,
+            fix=f"give {option} a path whose parent folders are folders",
+        )
+    if kind == "empty_dir" and target.is_dir() and any(target.iterdir()):
+        raise InputError(
+            "the folder is not empty",
+            file=str(target),
+            field=option,
+            fix=f"give {option} a new or empty folder",
+        )
+    if (
+        kind == "run_dir"
+        and target.is_dir()
+        and not (target / "manifest.json").is_file()
+        and any(target.iterdir())
+    ):
+        raise InputError(
+            "the folder is not empty and holds no run (no manifest.json)",
+            file=str(target),
+            field=option,
+            fix=f"give {option} a new or empty folder, or the folder of an earlier run to resume it",
+        )
+    _probe_writable(anchor, target, option)
+    return target
+
+
+def write_text_atomic(path: str | os.PathLike[str], text: str, *, option: str = "--out") -> Path:
+    """Write ``text`` (UTF-8) to ``path`` atomically: a temp file in the same folder, then ``os.replace``.
+    Creates missing parent folders (removed again on failure). An OSError becomes an InputError naming the
+    path and the option; the target is unchanged and no temp file is left."""
+    target = check_output(path, "file", option=option)
+    with undo_on_error(target.parent):
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+        except OSError as exc:
+            raise InputError(
+                f"cannot write ({exc.strerror or exc})",
+                file=str(target),
+                field=option,
+                fix=f"give {option} a path in a folder you can write to",
+            ) from None
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8", newline="") as fh:
+                fh.write(text)
+            os.replace(name, target)
+        except BaseException as exc:
+            with contextlib.suppress(OSError):
+                os.unlink(name)
+            if isinstance(exc, OSError):
+                raise InputError(
+                    f"cannot write ({exc.strerror or exc})",
+                    file=str(target),
+                    field=option,
+                    fix=f"give {option} a file path in a folder you can write to",
+                ) from None
+            raise
+    return target
+
+
+class CreatedPaths:
+    """What exists at ``folder`` now, so that :meth:`undo` can remove what was created after: the folder
+    itself and its new parents when it did not exist, otherwise the entries that were not in it. Entries
+    that existed are never touched (a file replaced atomically in between stays replaced)."""
+
+    def __init__(self, folder: str | os.PathLike[str]) -> None:
+        self.folder = Path(folder)
+        self.created = first_missing(self.folder)
+        self.before: set[str] = set()
+        if self.created is None and self.folder.is_dir():
+            self.before = set(os.listdir(self.folder))
+
+    def undo(self) -> None:
+        if self.created is not None:
+            _remove(self.created)
+        elif self.folder.is_dir():
+            for name in set(os.listdir(self.folder)) - self.before:
+                _remove(self.folder / name)
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(OSError):
+            path.unlink()
+
+
+@contextlib.contextmanager
+def undo_on_error(folder: str | os.PathLike[str]) -> Iterator[None]:
+    """On any exception inside the block, remove what the block created at ``folder``
+    (:class:`CreatedPaths`), then re-raise."""
+    created = CreatedPaths(folder)
+    try:
+        yield
+    except BaseException:
+        created.undo()
+        raise
+
+
+def read_text_arg(path: str | os.PathLike[str], *, option: str) -> str:
+    """The UTF-8 text of a file named by a command-line option; every failure names the file and option."""
+    source = Path(path)
+    try:
+        return source.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InputError(
+            "file not found", file=str(source), field=option, fix=f"give {option} an existing text file"
+        ) from None
+    except UnicodeDecodeError as exc:
+        raise InputError(
+            f"not UTF-8 text ({exc.reason} at byte {exc.start})",
+            file=str(source),
+            field=option,
+            fix="save the file as UTF-8",
+        ) from None
+    except OSError as exc:
+        raise InputError(
+            f"cannot read ({exc.strerror or exc})",
+            file=str(source),
+            field=option,
+            fix=f"give {option} a readable text file (not a folder)",
+        ) from None
