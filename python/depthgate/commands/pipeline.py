@@ -277,7 +277,9 @@ def run_matrix(
             frame = guard_layouts(
                 frame,
                 tokenizer=a.tokenizer,
-                template_digest=a.template.digest if a.template else frame["template_digest"][0],
+                template=a.template,
+                preamble=a.system.preamble,
+                assembler=a.system.assembler,
                 window=backend.window,
                 max_output_tokens=matrix.decode.max_tokens,
                 cases={c.id: c for c in suite.cases},
@@ -292,7 +294,9 @@ def run_matrix(
                 control_frame = guard_layouts(
                     read_controls(control_path),
                     tokenizer=a.tokenizer,
-                    template_digest=a.template.digest if a.template else frame["template_digest"][0],
+                    template=a.template,
+                    preamble=a.system.preamble,
+                    assembler=a.system.assembler,
                     window=backend.window,
                     max_output_tokens=matrix.decode.max_tokens,
                 )

@@ -107,6 +107,11 @@ class Tokenizer:
         return self._core.digest
 
     @property
+    def bos_id(self) -> int | None:
+        """The id the post-processor puts first with ``add_special_tokens`` (BOS, ``[CLS]``), or None."""
+        return self._core.bos_id
+
+    @property
     def fast_unsound_reason(self) -> str | None:
         """Why junction-local ("fast") verification is not sound for this tokenizer, or None."""
         return self._core.fast_unsound_reason
