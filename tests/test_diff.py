@@ -7,11 +7,13 @@ import json
 from pathlib import Path
 
 import pytest
+from tokenizers import Tokenizer as HFTokenizer
 
 from depthgate.commands import diff
 from depthgate.commands.diff import assert_no_reuse, diff_templates, diff_tokenizers
 from depthgate.exceptions import ExitCode, TemplateError, VerificationError
 from depthgate.layout.layouts import BuildOptions, build_layouts, load_tokenizer, parse_positions
+from depthgate.layout.templates import load_chat_template
 from depthgate.spec.models import Suite, System, load_matrix
 from depthgate.spec.suites import builtin_suite
 
@@ -254,3 +256,55 @@ def test_gemma_turns_template_frames_every_case() -> None:
         frame = case_frame(case, template=template)
         assert frame.prefix.startswith("<start_of_turn>user\n") and frame.add_special_tokens
         assert "<end_of_turn>\n<start_of_turn>model\n" in frame.suffix
+
+
+def test_template_change_that_keeps_counts_and_spans_is_drift(
+    tok_dir: Path, suite: Suite, tmp_path: Path
+) -> None:
+    """Issue #10, item 12: Llama-3.2's date rendered with %B instead of %b changes one token (" Jul" →
+    " July") while every count, region and span stays the same. The ids are compared, so it drifts."""
+    source = (
+        tok_dir / "chat-templates" / "llama.cpp-models-templates" / "meta-llama-Llama-3.2-3B-Instruct.jinja"
+    )
+    text = source.read_text(encoding="utf-8")
+    assert text.count('strftime_now("%d %b %Y")') == 1
+    old = tmp_path / "old.jinja"
+    new = tmp_path / "new.jinja"
+    old.write_text(text, encoding="utf-8")
+    new.write_text(text.replace('strftime_now("%d %b %Y")', 'strftime_now("%d %B %Y")'), encoding="utf-8")
+    report = diff_templates(
+        load_chat_template(old, bos_token="<|begin_of_text|>"),
+        load_chat_template(new, bos_token="<|begin_of_text|>"),
+        tok_dir / "llama3-from-gguf" / "tokenizer.json",
+        suite,
+        [512],
+        POSITIONS,
+    )
+    assert len(report.layouts) == 9
+    for d in report.layouts:
+        assert d.old_status == d.new_status == "ok"
+        assert d.old_total == d.new_total and d.old_region == d.new_region
+        assert not any(s.drifted for s in d.spans)
+        assert d.first_token_diff is not None and d.tokens_changed == 1
+    # Token 20 of every prompt (BOS, header, "Cutting Knowledge Date: ...", "Today Date: 26") is the month.
+    first = report.layouts[0].first_token_diff
+    assert {d.first_token_diff for d in report.layouts} == {first} == {20}
+    hf = HFTokenizer.from_file(str(tok_dir / "llama3-from-gguf" / "tokenizer.json"))
+    words = [
+        hf.decode(
+            [
+                hf.encode(
+                    load_chat_template(p, bos_token="").render([{"role": "user", "content": "x"}]),
+                    add_special_tokens=False,
+                ).ids[first - 1]
+            ]
+        )
+        for p in (old, new)
+    ]
+    assert words == [" Jul", " July"]
+    assert report.drifted and report.exit_code == ExitCode.FAIL
+    assert "token-identical" not in report.summary()
+    assert f"9 with other token ids (first at token {first})" in report.summary()
+    data = report.to_dict()
+    assert data["summary"]["ids_changed"] == 9 and data["layouts"][0]["ids_changed"]
+    assert f"1 differ from token {first}" in report.table()

@@ -3,9 +3,10 @@ the layouts of a suite, before anything is run.
 
 Both functions rebuild the suite under the old and the new version (same cases, lengths, positions,
 filler) and compare the layouts of every (case, length, position): status, total tokens, the context
-region, and the token span of every evidence block and distractor. An upgrade that moves a single
-evidence token is *drift*: layouts built under the old version must not be reused (their offsets are
-wrong under the new one) — :func:`assert_no_reuse` refuses exactly that.
+region, the token span of every evidence block and distractor, and the token ids themselves. An
+upgrade that moves a single evidence token, or changes a single token id where counts and spans stay
+the same (a template date rendered "Jul" → "July"), is *drift*: layouts built under the old version
+must not be reused — :func:`assert_no_reuse` refuses exactly that.
 
 Exit codes of the CLI handlers: 0 when the two versions are identical (same digest; nothing is built)
 or produce token-identical layouts on the suite (layout ids still change: the digest is part of them);
@@ -105,6 +106,10 @@ class LayoutDrift:
     old_region: tuple[int, int] | None
     new_region: tuple[int, int] | None
     spans: tuple[SpanDrift, ...] = field(default_factory=tuple)
+    #: First token index whose id differs between the versions (None: identical ids, or a side has
+    #: no ids); ``tokens_changed`` counts differing positions (a length difference counts in full).
+    first_token_diff: int | None = None
+    tokens_changed: int = 0
 
     @property
     def evidence(self) -> tuple[SpanDrift, ...]:
@@ -116,12 +121,17 @@ class LayoutDrift:
         return max(shifts, default=0)
 
     @property
+    def ids_changed(self) -> bool:
+        return self.first_token_diff is not None
+
+    @property
     def drifted(self) -> bool:
         return (
             self.old_status != self.new_status
             or self.old_total != self.new_total
             or self.old_region != self.new_region
             or any(s.drifted for s in self.spans)
+            or self.ids_changed
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -136,6 +146,7 @@ class LayoutDrift:
             for s in self.spans
         ]
         out["layout_id_changed"] = self.old_layout_id != self.new_layout_id
+        out["ids_changed"] = self.ids_changed
         out["drifted"] = self.drifted
         out["max_evidence_shift"] = self.max_evidence_shift
         return out
@@ -173,6 +184,11 @@ class DiffReport:
         return [d for d in self.layouts if d.old_status != d.new_status]
 
     @property
+    def ids_changed(self) -> list[LayoutDrift]:
+        """Layouts whose token ids differ (both versions built them)."""
+        return [d for d in self.layouts if d.ids_changed]
+
+    @property
     def exit_code(self) -> ExitCode:
         return ExitCode.FAIL if self.drifted else ExitCode.PASS
 
@@ -187,9 +203,13 @@ class DiffReport:
                 "layouts must still be rebuilt (old ones are refused)"
             )
         shifted = sum(1 for d in drifted if d.max_evidence_shift)
+        changed = self.ids_changed
+        first = min((d.first_token_diff for d in changed if d.first_token_diff is not None), default=None)
+        ids = f" (first at token {first})" if first is not None else ""
         return (
             f"{len(drifted)}/{len(self.layouts)} layouts drift under the new {self.kind}: "
             f"{shifted} with evidence moved (up to {self.max_evidence_shift} tokens), "
+            f"{len(changed)} with other token ids{ids}, "
             f"{len(self.status_changes)} change status; old layouts must not be reused"
         )
 
@@ -206,6 +226,7 @@ class DiffReport:
                 "layouts": len(self.layouts),
                 "drifted": len(self.drifted),
                 "status_changes": len(self.status_changes),
+                "ids_changed": len(self.ids_changed),
                 "max_evidence_shift": self.max_evidence_shift,
                 "text": self.summary(),
             },
@@ -225,7 +246,7 @@ class DiffReport:
         lines = [self.summary()]
         if not self.layouts:
             return "\n".join(lines)
-        head = ("case", "length", "pos", "status", "total", "region", "evidence Δstart", "Δend", "id")
+        head = ("case", "length", "pos", "status", "total", "region", "evidence Δstart", "Δend", "ids", "id")
         rows: list[tuple[str, ...]] = []
         ordered = sorted(
             self.layouts, key=lambda d: (not d.drifted, -d.max_evidence_shift, d.case_id, d.length)
@@ -246,6 +267,9 @@ class DiffReport:
                     _pair(d.old_region, d.new_region),
                     starts,
                     ends,
+                    "same"
+                    if not d.ids_changed
+                    else f"{d.tokens_changed} differ from token {d.first_token_diff}",
                     "same" if d.old_layout_id == d.new_layout_id else "changed",
                 )
             )
@@ -282,7 +306,20 @@ def _build(
 ) -> pl.DataFrame:
     path = folder / f"{name}.parquet"
     build_layouts(suite, tokenizer, options, path)
-    return read_layouts(path).drop("token_ids", "text")
+    return read_layouts(path).drop("text")
+
+
+def _id_diff(old: Sequence[int] | None, new: Sequence[int] | None) -> tuple[int | None, int]:
+    """(first differing token index, number of differing positions) of two id lists; (None, 0) when
+    they are equal or either side has none."""
+    if old is None or new is None:
+        return None, 0
+    a, b = list(old), list(new)
+    if a == b:
+        return None, 0
+    differ = [i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y]
+    first = differ[0] if differ else min(len(a), len(b))
+    return first, len(differ) + abs(len(a) - len(b))
 
 
 def _compare(old: pl.DataFrame, new: pl.DataFrame) -> tuple[LayoutDrift, ...]:
@@ -316,6 +353,11 @@ def _compare(old: pl.DataFrame, new: pl.DataFrame) -> tuple[LayoutDrift, ...]:
         def get(r: dict[str, Any] | None, k: str) -> Any:
             return None if r is None else r.get(k)
 
+        def ids(r: dict[str, Any] | None) -> Sequence[int] | None:
+            return None if r is None or r.get("status") != "ok" else r.get("token_ids")
+
+        first_diff, changed = _id_diff(ids(ra), ids(rb))
+
         def total(r: dict[str, Any] | None) -> int | None:
             return None if r is None or r.get("status") != "ok" else int(r["total_tokens"])
 
@@ -345,6 +387,8 @@ def _compare(old: pl.DataFrame, new: pl.DataFrame) -> tuple[LayoutDrift, ...]:
                 old_region=region(ra),
                 new_region=region(rb),
                 spans=tuple(spans),
+                first_token_diff=first_diff,
+                tokens_changed=changed,
             )
         )
     return tuple(out)
