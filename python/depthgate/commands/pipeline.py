@@ -32,6 +32,7 @@ from typing import Any
 
 import polars as pl
 
+from depthgate.commands.outputs import CreatedPaths
 from depthgate.exceptions import ExitCode, InputError, PlanChangedError
 from depthgate.judge.stats import GatePlan, GateResult, gate
 from depthgate.layout.layouts import (
@@ -229,7 +230,7 @@ def run_matrix(
     controls: bool = True,
 ) -> tuple[GateResult, ExitCode, Path]:
     from depthgate.layout.presend import guard_layouts
-    from depthgate.run.backends import make_backend
+    from depthgate.run.backends import make_backend, probe_backend
     from depthgate.run.controls import build_controls, read_controls
     from depthgate.run.runner import RunOptions, compact, run_pairs
     from depthgate.spec.suites import resolve_suite
@@ -242,8 +243,11 @@ def run_matrix(
         _arm_setup(arm, sys_, matrix_path.parent)
         for arm, sys_ in zip(ARMS, (matrix.baseline, matrix.candidate), strict=True)
     ]
-    manifest = _freeze_manifest(out, _manifest(matrix, matrix_path, suite, arms))
-    _freeze_suite(out, suite)
+    # A run folder this call starts (no manifest yet) is removed again when anything fails before the
+    # first request is sent (a template that raises while building, a backend that cannot start):
+    # nothing was recorded, so nothing is frozen, and the fixed matrix then runs into the same folder.
+    fresh = None if (out / MANIFEST).is_file() else CreatedPaths(out)
+    sending = False
     positions = parse_positions([str(p) for p in matrix.positions])
 
     def options_for(a: ArmSetup) -> BuildOptions:
@@ -264,6 +268,8 @@ def run_matrix(
     control_jobs: list[tuple[str, Mapping[str, Any]]] = []
     layouts_by_arm = {}
     try:
+        manifest = _freeze_manifest(out, _manifest(matrix, matrix_path, suite, arms))
+        _freeze_suite(out, suite)
         for a in arms:
             layout_path = out / a.arm / "layouts.parquet"
             if not layout_path.is_file():
@@ -272,6 +278,10 @@ def run_matrix(
             # The arm's runtime block configures the backend; its relative paths are the matrix file's.
             backend = make_backend(a.system, tokenizer=None, base_dir=matrix_path.parent)
             backends[a.arm] = backend
+            # Every endpoint probed before the first request (served model, window; replicas that
+            # disagree are refused, exit 20), so the pre-send gate below checks the served window.
+            asyncio.run(probe_backend(backend))
+            _note_endpoints(a.arm, backend, concurrency)
             # The pre-send gate: built under this system's tokenizer, Rust pre-send checks against
             # the *served* window and the system's template, and a full re-encode of every layout.
             frame = guard_layouts(
@@ -320,6 +330,7 @@ def run_matrix(
             seeds=matrix.decode.seeds,
             progress=progress,
         )
+        sending = True
         summary = run_pairs(jobs, backends, out, options)
         if summary.circuit_open is not None:
             # The endpoint is down: stop here, report INFRA with what was recorded; a rerun resumes.
@@ -333,11 +344,16 @@ def run_matrix(
         if control_jobs:
             controls_options = dataclasses.replace(options, run_id=manifest["run_id"] + "-controls")
             run_pairs(control_jobs, backends, out / CONTROLS_DIR, controls_options)
+        _print_endpoint_stats(backends)
         for a in arms:
             if a.system.runtime.cache_control:
                 _cache_control(
                     a, layouts_by_arm[a.arm], out / a.arm, matrix.decode.max_tokens, matrix_path.parent
                 )
+    except BaseException:
+        if fresh is not None and not sending:
+            fresh.undo()
+        raise
     finally:
         for backend in backends.values():
             # Closing must not hide the run's own error.
@@ -347,6 +363,37 @@ def run_matrix(
     if control_jobs:
         compact(out / CONTROLS_DIR)
     return gate_run(out, matrix=matrix, suite=suite)
+
+
+def _note_endpoints(arm: str, backend: Any, concurrency: int) -> None:
+    """One stderr line for an arm on several endpoints: which are up, and the run's cap."""
+    endpoints = getattr(backend, "endpoints", None)
+    if not endpoints:
+        return
+    healthy = list(getattr(backend, "healthy", endpoints))
+    down = [e for e in endpoints if e not in healthy]
+    print(
+        f"depthgate: {arm}: {len(healthy)} of {len(endpoints)} endpoint(s) up, window {backend.window}"
+        + (f" (down at start, drained: {', '.join(down)})" if down else "")
+        + f"; --concurrency {concurrency} caps the whole run",
+        file=sys.stderr,
+    )
+
+
+def _print_endpoint_stats(backends: Mapping[str, Any]) -> None:
+    """Per-endpoint counts of the arms on several endpoints (this call; verdict.json's ``infra.endpoints``
+    counts the final records of the whole run)."""
+    for arm, backend in backends.items():
+        stats = getattr(backend, "stats", None)
+        if not callable(stats):
+            continue
+        for url, st in stats().items():
+            state = "up" if st["healthy"] else f"excluded: {st['excluded']}" if st["excluded"] else "drained"
+            print(
+                f"depthgate: {arm} {url}: sent {st['sent']}, answered {st['answered']}, "
+                f"failed {st['failed']}, drained {st['drains']}x ({state})",
+                file=sys.stderr,
+            )
 
 
 def _cache_control(a: ArmSetup, layouts: pl.DataFrame, arm_dir: Path, max_tokens: int, base: Path) -> None:

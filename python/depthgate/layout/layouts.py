@@ -514,11 +514,61 @@ class CheckSummary:
         return not self.violations
 
 
+_ROW_FIELDS = ("layout_id", "text", "token_ids", "evidence_spans", "add_special_tokens", "target_tokens")
+
+
+def _column_fits(name: str, dtype: pl.DataType) -> bool:
+    if name == "text":
+        return dtype == pl.String
+    if not isinstance(dtype, pl.List):
+        return False
+    inner = dtype.inner
+    if name == "token_ids":
+        return inner is not None and inner.is_integer()
+    return isinstance(inner, (pl.Struct, pl.Null))  # evidence_spans
+
+
+def _check_layout_columns(frame: pl.DataFrame, path: Path) -> None:
+    """The columns ``check`` reads must have their layout types; anything else is not a layouts file."""
+    expected = {
+        "token_ids": "a list of token ids",
+        "evidence_spans": "a list of span structs",
+        "text": "a string",
+    }
+    for name, what in expected.items():
+        if name in frame.columns and not _column_fits(name, frame.schema[name]):
+            raise InputError(
+                f"column {name} is {frame.schema[name]}, not {what}",
+                file=str(path),
+                field=name,
+                fix="pass a layouts.parquet written by `depthgate build` (rebuild it)",
+            )
+
+
+def _row_problem(row: dict[str, Any]) -> tuple[str, str] | None:
+    """Why one ok row cannot be re-verified at all (null fields, ids that are not u32), or None."""
+    for name in _ROW_FIELDS:
+        if row.get(name) is None:
+            return "field_missing", f"{name} is null; the layout was tampered with or truncated: rebuild it"
+    try:
+        ids = np.asarray(row["token_ids"], dtype=np.int64)
+    except (TypeError, ValueError, OverflowError):
+        return "ids_out_of_range", "token_ids hold a null or non-integer id: rebuild the layout"
+    bad = ids[(ids < 0) | (ids > 0xFFFFFFFF)]
+    if bad.size:
+        return (
+            "ids_out_of_range",
+            f"token_ids hold {bad.size} id(s) outside 0..2^32-1 (first {int(bad[0])}): rebuild the layout",
+        )
+    return None
+
+
 def check_layouts(path: str | Path, tokenizer: Tokenizer, *, batch_rows: int = 64) -> CheckSummary:
     """Re-verify every ok layout of a file from scratch (full re-encode): ids == encode(text), the
     length contract, spans on the final offsets, span hashes. The tokenizer digest must match too:
     a layout built under another tokenizer is stale by definition."""
     frame = read_layouts(path)
+    _check_layout_columns(frame, Path(path))
     violations: list[dict[str, str]] = []
     ok = frame.filter(pl.col("status") == "ok")
     refused = frame.height - ok.height
@@ -537,6 +587,12 @@ def check_layouts(path: str | Path, tokenizer: Tokenizer, *, batch_rows: int = 6
         stored = []
         flat: list[np.ndarray[Any, np.dtype[np.uint32]]] = []
         for row in part.iter_rows(named=True):
+            problem = _row_problem(row)
+            if problem is not None:  # a tampered or truncated row: a violation, not a crash
+                violations.append(
+                    {"layout_id": str(row["layout_id"]), "code": problem[0], "detail": problem[1]}
+                )
+                continue
             spans = list(row["evidence_spans"])  # the core reads evidence_id as its unit id
             stored.append(
                 {

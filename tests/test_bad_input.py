@@ -1,0 +1,591 @@
+"""Hostile input through every command (issue #10, item 10): a corpus of bad inputs, each run through
+``main(argv)`` in process.
+
+Every case must end with its documented exit code (README "Exit codes"):
+
+* 20 for bad input — the message on stderr names the file and/or the field and says how to fix it
+  (``fix:``); this includes *values* that parse but are invalid (``--window 0``, ``--positions @99999``
+  beyond every length, ``--cases 0``), which are ours to refuse, not argparse's;
+* 2 only for usage errors argparse itself rejects (a value that is not a number, a missing option);
+* 21 for ``depthgate check`` on a layouts file whose *rows* break the token-exact contract. Decision:
+  a layout whose ``evidence_spans`` is null, or whose ``token_ids`` hold negative (or > u32) ids, is a
+  **violation** (exit 21), listed per layout on stdout with the field, plus one stderr line naming the
+  file and the fix (rebuild). It is what ``check`` exists to catch: the file is a layouts file, but one
+  that can no longer be trusted. A file that is not a layouts file at all (not parquet, missing
+  columns) is bad input (exit 20).
+
+and never a traceback, and nothing half-written: the folder the case runs in is snapshotted before and
+after — no new file or folder (no ``*.tmp``, no empty folder, no manifest), and every file that existed
+is unchanged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import socket
+import threading
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import pytest
+
+from depthgate.commands.cli import main
+from depthgate.exceptions import ExitCode
+from depthgate.layout.layouts import BuildOptions, build_layouts, load_tokenizer, parse_positions
+from depthgate.spec.suites import builtin_suite
+from fixtures_paths import tokenizers_dir
+
+GPT2 = tokenizers_dir() / "gpt2" / "tokenizer.json"
+BAD = int(ExitCode.BAD_INPUT)
+VERIFY = int(ExitCode.VERIFY_FAILED)
+USAGE = 2
+
+
+def _unwritable_parent() -> Path:
+    """A folder nobody may create entries in. As root, permission bits do not stop writes; sysfs does."""
+    return Path("/sys") if os.geteuid() == 0 else Path("/")
+
+
+UNWRITABLE = _unwritable_parent() / "depthgate-hostile-out"
+
+MATRIX = """
+name = "hostile"
+suite = {{ kind = "builtin", cases = 2, seed = 0, language = "en" }}
+lengths = [512]
+positions = [0.0, 1.0]
+repeats = 1
+
+[decode]
+max_tokens = 8
+seeds = [0]
+
+[baseline]
+name = "base"
+backend = "vllm-server"
+model = "good"
+tokenizer = "{tok}"
+window = 1024
+endpoint = "http://127.0.0.1:{port}"
+
+[candidate]
+name = "cand"
+backend = "vllm-server"
+model = "good"
+tokenizer = "{tok}"
+window = 1024
+endpoint = "http://127.0.0.1:{port}"
+{candidate_extra}
+
+[plan]
+margin = 0.20
+n_min = 2
+bootstrap_resamples = 199
+"""
+
+
+def matrix_text(port: int = 9, *, candidate_extra: str = "", tok: Path | str = GPT2) -> str:
+    return MATRIX.format(tok=tok, port=port, candidate_extra=candidate_extra)
+
+
+@pytest.fixture(scope="module")
+def good_layouts(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A valid layouts file (GPT-2, 2 cases, one length, one position) the tampered variants start from."""
+    path = tmp_path_factory.mktemp("layouts") / "layouts.parquet"
+    options = BuildOptions(lengths=[512], positions=parse_positions(["0.5"]))
+    build_layouts(builtin_suite(2), load_tokenizer(GPT2), options, path)
+    return path
+
+
+def _write_inputs(root: Path, good_layouts: Path) -> dict[str, str]:
+    """Every hostile file of the corpus, written into ``root``; returns the names argv templates use."""
+    w: dict[str, str] = {"tmp": str(root), "tok": str(GPT2), "out": str(root / "out")}
+
+    def put(name: str, data: str | bytes) -> str:
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(data, bytes):
+            path.write_bytes(data)
+        else:
+            path.write_text(data, encoding="utf-8")
+        return str(path)
+
+    binary = bytes(range(256)) * 4
+    w["file"] = put("afile.txt", "an existing file, not a folder\n")
+    w["under_file"] = str(root / "afile.txt" / "sub")
+    w["dir"] = str(root / "adir")
+    (root / "adir").mkdir()
+    w["nonempty_dir"] = str(root / "nonempty")
+    put("nonempty/keep.txt", "someone's file\n")
+    w["unwritable"] = str(UNWRITABLE)
+    w["missing"] = str(root / "missing" / "nothing.here")
+
+    # text inputs
+    w["latin1"] = put("preamble-latin1.txt", "Caf\u00e9 cr\u00e8me policy\n".encode("latin-1"))
+    w["preamble"] = put("preamble.txt", "Read the excerpt and answer.\n")
+    w["tok_binary"] = put("tok-binary.json", binary)
+    w["tok_notjson"] = put("tok-notjson.json", "this is not JSON {")
+    w["tok_wrongjson"] = put("tok-wrongjson.json", json.dumps({"model": {"type": "NoSuchModel"}}))
+    w["tpl_raises"] = put("raises.jinja", "{{ raise_exception('Conversation roles must alternate') }}")
+    w["tpl_syntax"] = put("syntax.jinja", "{% for m in messages %}{{ m.content }")
+    w["tpl_binary"] = put("binary.jinja", binary)
+    w["tpl_good"] = put("good.jinja", "{% for m in messages %}<{{ m.role }}>{{ m.content }}\n{% endfor %}")
+
+    # suites
+    suite = json.loads(builtin_suite(2).model_dump_json())
+    dup = dict(suite, cases=[suite["cases"][0], suite["cases"][0]])
+    w["suite_dup"] = put("suite-dup.json", json.dumps(dup))
+    w["suite_empty"] = put("suite-empty.json", "")
+    w["suite_list"] = put("suite-list.json", json.dumps(suite["cases"]))
+    w["suite_binary"] = put("suite-binary.json", binary)
+    w["suite_dir"] = str(root / "suite-dir.json")
+    (root / "suite-dir.json").mkdir()
+    w["suite_nocases"] = put("suite-nocases.json", json.dumps(dict(suite, cases=[])))
+
+    # incidents
+    incident = {
+        "id": "INC-1",
+        "documents": [{"id": "kb-1", "version": 1, "text": "Refunds above 500 EUR need a second approver."}],
+        "query": "Who approves a refund of 800 EUR?",
+        "evidence_ids": ["kb-1"],
+        "claims": [{"id": "second", "text": "A second approver.", "aliases": ["second approver"]}],
+    }
+    w["incidents_ok"] = put("incidents.jsonl", json.dumps(incident) + "\n")
+    w["incidents_dup"] = put("incidents-dup.jsonl", (json.dumps(incident) + "\n") * 2)
+    w["incidents_empty"] = put("incidents-empty.jsonl", "\n# only a comment\n")
+    w["incidents_list"] = put("incidents-list.jsonl", "[1, 2, 3]\n")
+    w["incidents_binary"] = put("incidents-binary.jsonl", binary)
+    w["incidents_badref"] = put(
+        "incidents-badref.jsonl", json.dumps(dict(incident, evidence_ids=["kb-404"])) + "\n"
+    )
+
+    # matrices
+    w["m_ok"] = put("m-ok.toml", matrix_text())
+    w["m_empty"] = put("m-empty.toml", "")
+    w["m_binary"] = put("m-binary.toml", binary)
+    w["m_syntax"] = put("m-syntax.toml", matrix_text().replace("lengths = [512]", "lengths = [512"))
+    w["m_unknown"] = put(
+        "m-unknown.toml", matrix_text().replace("repeats = 1", 'repeats = 1\ncolour = "red"')
+    )
+    w["m_unknown_plan"] = put(
+        "m-unknown-plan.toml", matrix_text().replace("n_min = 2", "n_min = 2\nn_max = 9")
+    )
+    w["m_wrongtype"] = put("m-wrongtype.toml", matrix_text().replace("lengths = [512]", 'lengths = "512"'))
+    w["m_neglen"] = put("m-neglen.toml", matrix_text().replace("lengths = [512]", "lengths = [-512]"))
+    w["m_zeroseeds"] = put("m-zeroseeds.toml", matrix_text().replace("seeds = [0]", "seeds = []"))
+    w["m_dupseeds"] = put(
+        "m-dupseeds.toml",
+        matrix_text().replace("seeds = [0]", "seeds = [3, 3]").replace("repeats = 1", "repeats = 2"),
+    )
+    w["m_negseed"] = put("m-negseed.toml", matrix_text().replace("seeds = [0]", "seeds = [-1]"))
+    w["m_offset"] = put("m-offset.toml", matrix_text().replace("[0.0, 1.0]", '[0.0, "@99999"]'))
+    w["m_window0"] = put("m-window0.toml", matrix_text().replace("window = 1024", "window = 0", 1))
+    w["m_missing_tok"] = put("m-missing-tok.toml", matrix_text(tok="no/such/tokenizer.json"))
+    w["m_notjson_tok"] = put("m-notjson-tok.toml", matrix_text(tok=w["tok_notjson"]))
+    w["m_missing_tpl"] = put(
+        "m-missing-tpl.toml", matrix_text(candidate_extra='chat_template = "no-such.jinja"')
+    )
+    w["m_tpl_raises"] = put(
+        "m-tpl-raises.toml", matrix_text(candidate_extra='chat_template = "raises.jinja"')
+    )
+    w["m_tpl_syntax"] = put(
+        "m-tpl-syntax.toml", matrix_text(candidate_extra='chat_template = "syntax.jinja"')
+    )
+    w["m_suite_dir"] = put(
+        "m-suite-dir.toml",
+        matrix_text().replace(
+            'suite = { kind = "builtin", cases = 2, seed = 0, language = "en" }',
+            'suite = { kind = "file", path = "suite-dir.json" }',
+        ),
+    )
+    w["m_dir"] = str(root / "adir")
+
+    # layouts
+    w["layouts_text"] = put("notparquet.parquet", "layout_id,text\nx,y\n")
+    w["layouts_empty"] = put("empty.parquet", b"")
+    frame = pl.read_parquet(good_layouts)
+    w["layouts_good"] = str(root / "good.parquet")
+    shutil.copyfile(good_layouts, root / "good.parquet")
+    nulled = frame.with_columns(
+        pl.when(pl.int_range(pl.len()) == 0)
+        .then(pl.lit(None, dtype=frame.schema["evidence_spans"]))
+        .otherwise(pl.col("evidence_spans"))
+        .alias("evidence_spans")
+    )
+    w["layouts_null_spans"] = str(root / "null-spans.parquet")
+    nulled.write_parquet(w["layouts_null_spans"])
+    negative = frame.with_columns(
+        pl.col("token_ids").cast(pl.List(pl.Int64)).list.eval(pl.element() - 100_000).alias("token_ids")
+    )
+    w["layouts_negative"] = str(root / "negative.parquet")
+    negative.write_parquet(w["layouts_negative"])
+    w["layouts_nocols"] = str(root / "nocols.parquet")
+    frame.select("layout_id", "text").write_parquet(w["layouts_nocols"])
+    w["layouts_string_ids"] = str(root / "string-ids.parquet")
+    frame.with_columns(pl.col("token_ids").cast(pl.List(pl.String))).write_parquet(w["layouts_string_ids"])
+
+    # run folders
+    put("run-corrupt/manifest.json", '{"run_id": "x", ')
+    w["run_corrupt"] = str(root / "run-corrupt")
+    put("run-binary/manifest.json", binary)
+    w["run_binary"] = str(root / "run-binary")
+    put("run-list/manifest.json", "[]")
+    w["run_list"] = str(root / "run-list")
+    put("run-empty-obj/manifest.json", "{}")
+    w["run_empty_obj"] = str(root / "run-empty-obj")
+    (root / "run-dir-manifest" / "manifest.json").mkdir(parents=True)
+    w["run_dir_manifest"] = str(root / "run-dir-manifest")
+    return w
+
+
+@dataclass(frozen=True)
+class Hostile:
+    """One hostile input: argv (``{name}`` placeholders filled from the written inputs), the exit code
+    and the fragments stderr must contain (file and/or field)."""
+
+    name: str
+    argv: tuple[str, ...]
+    code: int = BAD
+    fragments: tuple[str, ...] = ()
+    stdout: tuple[str, ...] = field(default=())
+
+
+def H(name: str, argv: str, *fragments: str, code: int = BAD, stdout: tuple[str, ...] = ()) -> Hostile:
+    return Hostile(name, tuple(argv.split()), code, fragments, stdout)
+
+
+# fmt: off
+CORPUS: list[Hostile] = [
+    # ---- build (flags) -------------------------------------------------------------------------
+    H("build-preamble-missing", "build --tokenizer {tok} --preamble-file {missing} --out {out}",
+      "nothing.here", "--preamble-file"),
+    H("build-preamble-not-utf8", "build --tokenizer {tok} --preamble-file {latin1} --out {out}",
+      "preamble-latin1.txt", "--preamble-file", "UTF-8"),
+    H("build-preamble-is-dir", "build --tokenizer {tok} --preamble-file {dir} --out {out}",
+      "adir", "--preamble-file"),
+    H("build-out-existing-file", "build --tokenizer {tok} --out {file}", "afile.txt", "--out"),
+    H("build-out-under-file", "build --tokenizer {tok} --out {under_file}", "afile.txt", "--out"),
+    H("build-out-unwritable", "build --tokenizer {tok} --out {unwritable}", "depthgate-hostile-out", "--out"),
+    H("build-offset-beyond-lengths",
+      "build --tokenizer {tok} --lengths 1024 --positions 0.5,@99999 --out {out}",
+      "--positions", "@99999"),
+    H("build-window-zero", "build --tokenizer {tok} --window 0 --out {out}", "--window"),
+    H("build-window-negative", "build --tokenizer {tok} --window -5 --out {out}", "--window"),
+    H("build-negative-length", "build --tokenizer {tok} --lengths -1024 --out {out}", "lengths"),
+    H("build-no-lengths", "build --tokenizer {tok} --lengths , --out {out}", "lengths"),
+    H("build-lengths-not-numbers", "build --tokenizer {tok} --lengths abc --out {out}", "--lengths",
+      code=USAGE),
+    H("build-depth-out-of-range", "build --tokenizer {tok} --positions 1.5 --out {out}", "positions"),
+    H("build-position-garbage", "build --tokenizer {tok} --positions @x --out {out}", "positions"),
+    H("build-cases-zero", "build --tokenizer {tok} --cases 0 --out {out}", "--cases"),
+    H("build-cases-negative", "build --tokenizer {tok} --cases -3 --out {out}", "--cases"),
+    H("build-seed-negative", "build --tokenizer {tok} --seed -1 --out {out}", "--seed"),
+    H("build-max-output-negative", "build --tokenizer {tok} --max-output-tokens -1 --out {out}",
+      "--max-output-tokens"),
+    H("build-no-tokenizer", "build --out {out}", "--tokenizer"),
+    H("build-tokenizer-missing", "build --tokenizer {missing} --out {out}", "nothing.here", "tokenizer"),
+    H("build-tokenizer-binary", "build --tokenizer {tok_binary} --out {out}", "tok-binary.json"),
+    H("build-tokenizer-not-json", "build --tokenizer {tok_notjson} --out {out}", "tok-notjson.json"),
+    H("build-tokenizer-unknown-model", "build --tokenizer {tok_wrongjson} --out {out}", "tok-wrongjson.json"),
+    H("build-tokenizer-is-dir", "build --tokenizer {dir} --out {out}", "adir", "tokenizer"),
+    H("build-template-raises", "build --tokenizer {tok} --chat-template {tpl_raises} --out {out}",
+      "raises.jinja"),
+    H("build-template-syntax-error", "build --tokenizer {tok} --chat-template {tpl_syntax} --out {out}",
+      "syntax.jinja"),
+    H("build-template-binary", "build --tokenizer {tok} --chat-template {tpl_binary} --out {out}",
+      "binary.jinja"),
+    H("build-template-missing", "build --tokenizer {tok} --chat-template {missing} --out {out}",
+      "nothing.here"),
+    H("build-suite-duplicate-case-id", "build --tokenizer {tok} --suite {suite_dup} --out {out}",
+      "suite-dup.json", "cases"),
+    H("build-suite-is-dir", "build --tokenizer {tok} --suite {suite_dir} --out {out}", "suite-dir.json"),
+    H("build-suite-empty-file", "build --tokenizer {tok} --suite {suite_empty} --out {out}",
+      "suite-empty.json"),
+    H("build-suite-wrong-type", "build --tokenizer {tok} --suite {suite_list} --out {out}",
+      "suite-list.json"),
+    H("build-suite-binary", "build --tokenizer {tok} --suite {suite_binary} --out {out}",
+      "suite-binary.json"),
+    H("build-suite-no-cases", "build --tokenizer {tok} --suite {suite_nocases} --out {out}",
+      "suite-nocases.json", "cases"),
+    # ---- build (matrix) ------------------------------------------------------------------------
+    H("matrix-missing", "build {missing} --out {out}", "nothing.here"),
+    H("matrix-is-dir", "build {m_dir} --out {out}", "adir"),
+    H("matrix-empty-toml", "build {m_empty} --out {out}", "m-empty.toml"),
+    H("matrix-binary-toml", "build {m_binary} --out {out}", "m-binary.toml", "UTF-8"),
+    H("matrix-corrupt-toml", "build {m_syntax} --out {out}", "m-syntax.toml", "TOML"),
+    H("matrix-unknown-field", "build {m_unknown} --out {out}", "m-unknown.toml", "colour"),
+    H("matrix-unknown-plan-field", "build {m_unknown_plan} --out {out}", "m-unknown-plan.toml", "plan.n_max"),
+    H("matrix-wrong-type", "build {m_wrongtype} --out {out}", "m-wrongtype.toml", "lengths"),
+    H("matrix-negative-length", "build {m_neglen} --out {out}", "m-neglen.toml", "lengths"),
+    H("matrix-zero-seeds", "build {m_zeroseeds} --out {out}", "m-zeroseeds.toml", "seeds"),
+    H("matrix-duplicate-seeds", "build {m_dupseeds} --out {out}", "m-dupseeds.toml", "seeds"),
+    H("matrix-negative-seed", "build {m_negseed} --out {out}", "m-negseed.toml", "seeds"),
+    H("matrix-offset-beyond-lengths", "build {m_offset} --out {out}", "m-offset.toml", "positions"),
+    H("matrix-window-zero", "build {m_window0} --out {out}", "m-window0.toml", "window"),
+    H("matrix-missing-tokenizer", "build {m_missing_tok} --out {out}", "tokenizer.json", "tokenizer"),
+    H("matrix-tokenizer-not-json", "build {m_notjson_tok} --out {out}", "tok-notjson.json"),
+    H("matrix-missing-template", "build {m_missing_tpl} --out {out}", "no-such.jinja"),
+    H("matrix-template-raises", "build {m_tpl_raises} --out {out}", "raises.jinja"),
+    H("matrix-suite-is-dir", "build {m_suite_dir} --out {out}", "suite-dir.json"),
+    H("matrix-out-existing-file", "build {m_ok} --out {file}", "afile.txt", "--out"),
+    # ---- check ---------------------------------------------------------------------------------
+    H("check-not-parquet", "check {layouts_text} --tokenizer {tok}", "notparquet.parquet"),
+    H("check-empty-file", "check {layouts_empty} --tokenizer {tok}", "empty.parquet"),
+    H("check-missing-columns", "check {layouts_nocols} --tokenizer {tok}", "nocols.parquet", "columns"),
+    H("check-missing-file", "check {missing} --tokenizer {tok}", "nothing.here"),
+    H("check-layouts-is-dir", "check {dir} --tokenizer {tok}", "adir"),
+    H("check-tokenizer-not-json", "check {layouts_good} --tokenizer {tok_notjson}", "tok-notjson.json"),
+    H("check-null-evidence-spans", "check {layouts_null_spans} --tokenizer {tok}", "null-spans.parquet",
+      code=VERIFY, stdout=("evidence_spans",)),
+    H("check-negative-token-ids", "check {layouts_negative} --tokenizer {tok}", "negative.parquet",
+      code=VERIFY, stdout=("token_ids",)),
+    H("check-token-ids-wrong-type", "check {layouts_string_ids} --tokenizer {tok}", "string-ids.parquet",
+      "token_ids"),
+    H("check-no-tokenizer", "check {layouts_good}", "--tokenizer", code=USAGE),
+    # ---- run -----------------------------------------------------------------------------------
+    H("run-matrix-missing", "run {missing} --out {out}", "nothing.here"),
+    H("run-template-raises", "run {m_tpl_raises} --out {out}", "raises.jinja"),
+    H("run-template-syntax-error", "run {m_tpl_syntax} --out {out}", "syntax.jinja"),
+    H("run-missing-tokenizer", "run {m_missing_tok} --out {out}", "tokenizer.json"),
+    H("run-offset-beyond-lengths", "run {m_offset} --out {out}", "m-offset.toml", "positions"),
+    H("run-out-existing-file", "run {m_ok} --out {file}", "afile.txt", "--out"),
+    H("run-out-under-file", "run {m_ok} --out {under_file}", "afile.txt", "--out"),
+    H("run-out-unwritable", "run {m_ok} --out {unwritable}", "depthgate-hostile-out", "--out"),
+    H("run-out-foreign-folder", "run {m_ok} --out {nonempty_dir}", "nonempty", "--out"),
+    H("run-concurrency-zero", "run {m_ok} --out {out} --concurrency 0", "--concurrency"),
+    # ---- gate / report -------------------------------------------------------------------------
+    H("gate-corrupt-manifest", "gate {run_corrupt}", "manifest.json", "JSON"),
+    H("gate-binary-manifest", "gate {run_binary}", "manifest.json"),
+    H("gate-manifest-not-object", "gate {run_list}", "manifest.json"),
+    H("gate-manifest-empty-object", "gate {run_empty_obj}", "manifest.json", "run_id"),
+    H("gate-manifest-is-dir", "gate {run_dir_manifest}", "manifest.json"),
+    H("gate-missing-folder", "gate {missing}", "nothing.here"),
+    H("gate-folder-is-file", "gate {file}", "afile.txt"),
+    H("report-corrupt-manifest", "report {run_corrupt}", "manifest.json"),
+    H("report-dir-is-file", "report {run_corrupt} --report-dir {file}", "afile.txt", "--report-dir"),
+    # ---- schema --------------------------------------------------------------------------------
+    H("schema-out-dir", "schema --out {dir}", "adir", "--out"),
+    H("schema-out-under-file", "schema --out {under_file}", "afile.txt", "--out"),
+    H("schema-out-unwritable", "schema --out {unwritable}", "depthgate-hostile-out", "--out"),
+    # ---- suite generate / import ---------------------------------------------------------------
+    H("generate-cases-zero", "suite generate --cases 0 --out {out}", "cases"),
+    H("generate-seed-negative", "suite generate --seed -4 --out {out}", "seed"),
+    H("generate-out-dir", "suite generate --cases 2 --out {dir}", "adir", "--out"),
+    H("generate-out-under-file", "suite generate --cases 2 --out {under_file}", "afile.txt", "--out"),
+    H("generate-lang-unknown", "suite generate --lang fr", "--lang", code=USAGE),
+    H("import-missing", "suite import {missing} --out {out}", "nothing.here"),
+    H("import-is-dir", "suite import {dir} --out {out}", "adir"),
+    H("import-binary", "suite import {incidents_binary} --out {out}", "incidents-binary.jsonl"),
+    H("import-duplicate-id", "suite import {incidents_dup} --out {out}", "incidents-dup.jsonl:2", "id"),
+    H("import-empty", "suite import {incidents_empty} --out {out}", "incidents-empty.jsonl"),
+    H("import-line-not-object", "suite import {incidents_list} --out {out}", "incidents-list.jsonl:1"),
+    H("import-unknown-evidence-id", "suite import {incidents_badref} --out {out}",
+      "incidents-badref.jsonl:1"),
+    H("import-out-dir", "suite import {incidents_ok} --out {dir}", "adir", "--out"),
+    H("import-out-under-file", "suite import {incidents_ok} --out {under_file}", "afile.txt", "--out"),
+    H("import-no-out", "suite import {incidents_ok}", "--out", code=USAGE),
+    # ---- faults (argument errors only: the real model never starts) ----------------------------
+    H("faults-unknown-fault", "faults --only no-such-fault", "--only", "no-such-fault"),
+    H("faults-cases-zero", "faults --cases 0", "--cases"),
+    H("faults-out-existing-file", "faults --out {file}", "afile.txt", "--out"),
+    H("faults-out-not-empty", "faults --out {nonempty_dir}", "nonempty", "--out"),
+    H("faults-json-is-dir", "faults --json {dir}", "adir", "--json"),
+    H("faults-json-under-file", "faults --json {under_file}", "afile.txt", "--json"),
+    # ---- diff-tokenizer / diff-template --------------------------------------------------------
+    H("diff-tok-old-missing", "diff-tokenizer --old {missing} --new {tok}", "nothing.here"),
+    H("diff-tok-new-not-json", "diff-tokenizer --old {tok} --new {tok_notjson}", "tok-notjson.json"),
+    H("diff-tok-offset-beyond", "diff-tokenizer --old {tok} --new {tok_notjson} --positions @99999",
+      "--positions", "@99999"),
+    H("diff-tok-length-too-small", "diff-tokenizer --old {tok} --new {tok} --lengths 8", "--lengths"),
+    H("diff-tok-cases-zero", "diff-tokenizer --old {tok} --new {tok} --cases 0", "--cases"),
+    H("diff-tok-limit-negative", "diff-tokenizer --old {tok} --new {tok} --limit -1", "--limit"),
+    H("diff-tok-out-dir", "diff-tokenizer --old {tok} --new {tok} --out {dir}", "adir", "--out"),
+    H("diff-tok-suite-dir", "diff-tokenizer --old {tok} --new {tok} --suite {suite_dir}", "suite-dir.json"),
+    H("diff-tok-template-syntax", "diff-tokenizer --old {tok} --new {tok} --chat-template {tpl_syntax}",
+      "syntax.jinja"),
+    H("diff-tpl-old-syntax", "diff-template --old {tpl_syntax} --new raw --tokenizer {tok}", "syntax.jinja"),
+    H("diff-tpl-old-missing", "diff-template --old {missing} --new raw --tokenizer {tok}", "nothing.here"),
+    H("diff-tpl-tokenizer-not-json", "diff-template --old raw --new {tpl_good} --tokenizer {tok_notjson}",
+      "tok-notjson.json"),
+    H("diff-tpl-identical-but-bad-lengths", "diff-template --old raw --new raw --tokenizer {tok} --lengths 8",
+      "--lengths"),
+    H("diff-tpl-out-under-file",
+      "diff-template --old raw --new {tpl_good} --tokenizer {tok} --out {under_file}",
+      "afile.txt", "--out"),
+    H("diff-tpl-positions-garbage",
+      "diff-template --old raw --new {tpl_good} --tokenizer {tok} --positions 2",
+      "--positions"),
+]
+# fmt: on
+
+
+def _snapshot(root: Path) -> dict[str, tuple[str, str]]:
+    """Every path under ``root``: kind and content digest (files) — to prove nothing was written."""
+    out: dict[str, tuple[str, str]] = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames:
+            path = Path(dirpath) / name
+            out[str(path.relative_to(root))] = ("dir", "")
+        for name in filenames:
+            path = Path(dirpath) / name
+            out[str(path.relative_to(root))] = ("file", hashlib.sha256(path.read_bytes()).hexdigest())
+    return out
+
+
+def _run(argv: list[str]) -> int:
+    try:
+        return main(argv)
+    except SystemExit as exc:  # argparse usage errors (exit 2) stay argparse's
+        return int(exc.code or 0)
+
+
+def test_corpus_is_large_and_covers_every_command() -> None:
+    assert len(CORPUS) >= 40
+    assert len({h.name for h in CORPUS}) == len(CORPUS)
+    commands = {" ".join(h.argv[:2]) if h.argv[0] == "suite" else h.argv[0] for h in CORPUS}
+    assert commands >= {
+        "build", "check", "run", "gate", "report", "schema", "suite generate", "suite import",
+        "faults", "diff-tokenizer", "diff-template",
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("case", CORPUS, ids=lambda h: h.name)
+def test_hostile_input(
+    case: Hostile, tmp_path: Path, good_layouts: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    names = _write_inputs(tmp_path, good_layouts)
+    argv = [part.format(**names) for part in case.argv]
+    before = _snapshot(tmp_path)
+    code = _run(argv)
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err + captured.out
+    assert code == case.code, (
+        f"exit {code}, expected {case.code}\nstderr: {captured.err}\nstdout: {captured.out}"
+    )
+    for fragment in case.fragments:
+        assert fragment in captured.err, f"{fragment!r} not named on stderr: {captured.err}"
+    for fragment in case.stdout:
+        assert fragment in captured.out, f"{fragment!r} not on stdout: {captured.out}"
+    if case.code != USAGE:
+        assert "fix" in captured.err, captured.err
+    after = _snapshot(tmp_path)
+    assert after == before, (
+        f"half-written: new {sorted(set(after) - set(before))}, "
+        f"gone {sorted(set(before) - set(after))}, "
+        f"changed {sorted(k for k in set(before) & set(after) if before[k] != after[k])}"
+    )
+    assert not UNWRITABLE.exists()
+
+
+# --------------------------------------------------------------------------------------------------
+# A run whose template raises leaves no run folder; after the template is fixed the same folder runs.
+
+
+class _Reader:
+    """A vLLM-shaped stub on 127.0.0.1 (labelled: not a model) that answers "not stated" and echoes the
+    prompt ids; enough to take a run to a verdict."""
+
+    def __init__(self) -> None:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            self.port = int(sock.getsockname()[1])
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def _send(self, payload: Any) -> None:
+                data = json.dumps(payload).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self) -> None:
+                self._send(
+                    {"object": "list", "data": [{"id": "good", "object": "model", "max_model_len": 1024}]}
+                )
+
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
+                ids = list(body["prompt"])
+                choice = {"index": 0, "text": " not stated", "finish_reason": "stop", "prompt_token_ids": ids}
+                self._send(
+                    {"model": body["model"], "choices": [choice], "usage": {"prompt_tokens": len(ids)}}
+                )
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> _Reader:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.mark.parametrize("precreated", [False, True], ids=["new-folder", "empty-folder"])
+def test_run_with_a_raising_template_leaves_nothing_and_the_fixed_template_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], precreated: bool
+) -> None:
+    template = tmp_path / "turns.jinja"
+    template.write_text("{{ raise_exception('Conversation roles must alternate') }}")
+    run = tmp_path / "run"
+    if precreated:
+        run.mkdir()
+    with _Reader() as reader:
+        matrix = tmp_path / "m.toml"
+        matrix.write_text(matrix_text(reader.port, candidate_extra='chat_template = "turns.jinja"'))
+        assert main(["run", str(matrix), "--out", str(run), "--no-controls"]) == BAD
+        err = capsys.readouterr().err
+        assert "turns.jinja" in err and "fix" in err
+        # Nothing frozen: no manifest, no layouts; a folder the user made stays, empty.
+        assert (run.is_dir() and not any(run.iterdir())) if precreated else not run.exists()
+        template.write_text(
+            "{% for m in messages %}<{{ m.role }}>{{ m.content }}\n{% endfor %}"
+            "{% if add_generation_prompt %}<assistant>{% endif %}"
+        )
+        code = main(["run", str(matrix), "--out", str(run), "--no-controls"])
+        captured = capsys.readouterr()
+    assert "plan" not in captured.err.lower() or "changed" not in captured.err.lower(), captured.err
+    assert code in (ExitCode.PASS, ExitCode.FAIL, ExitCode.INCONCLUSIVE, ExitCode.FAIL_SYSTEM), captured
+    assert (run / "manifest.json").is_file() and (run / "report" / "verdict.json").is_file()
+
+
+def test_main_maps_an_unexpected_os_error_on_a_user_path_to_bad_input(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An OSError about the user's own path that no command anticipated still ends as exit 20 naming the
+    path, never a traceback; an error that is not about a path (a bug) stays visible."""
+    import depthgate.commands.cli as cli
+
+    target = tmp_path / "somewhere.json"
+
+    def boom(args: Any) -> int:
+        raise PermissionError(13, "Permission denied", str(target))
+
+    parser = cli.build_parser()
+    monkeypatch.setattr(cli, "build_parser", lambda: parser)
+    for action in parser._subparsers._group_actions:  # type: ignore[union-attr]
+        action.choices["schema"].set_defaults(func=boom)  # type: ignore[index]
+    assert main(["schema"]) == BAD
+    err = capsys.readouterr().err
+    assert str(target) in err and "fix" in err and "Traceback" not in err
+
+    def bug(args: Any) -> int:
+        raise OSError("not about a path")
+
+    for action in parser._subparsers._group_actions:  # type: ignore[union-attr]
+        action.choices["schema"].set_defaults(func=bug)  # type: ignore[index]
+    with pytest.raises(OSError, match="not about a path"):
+        main(["schema"])
