@@ -26,7 +26,9 @@ import json
 import os
 import shutil
 import socket
+import string
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -91,6 +93,57 @@ bootstrap_resamples = 199
 
 def matrix_text(port: int = 9, *, candidate_extra: str = "", tok: Path | str = GPT2) -> str:
     return MATRIX.format(tok=tok, port=port, candidate_extra=candidate_extra)
+
+
+@pytest.fixture(scope="module")
+def good_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real run folder (both arms, records, report) from a run against the stub server below; the
+    gate cases tamper with copies of it."""
+    root = tmp_path_factory.mktemp("good-run")
+    with _Reader() as reader:
+        matrix = root / "m.toml"
+        matrix.write_text(matrix_text(reader.port))
+        code = main(["run", str(matrix), "--out", str(root / "run"), "--no-controls"])
+    assert code in (ExitCode.PASS, ExitCode.FAIL, ExitCode.INCONCLUSIVE)
+    return root / "run"
+
+
+def _write_runs(root: Path, good_run: Path, needed: set[str]) -> dict[str, str]:
+    """Tampered copies of a real run folder, only those a case names (``gr_*``)."""
+
+    def manifest_edit(key: str, value: Any) -> Callable[[Path], None]:
+        def edit(run: Path) -> None:
+            doc = json.loads((run / "manifest.json").read_text())
+            if "." in key:
+                outer, inner = key.split(".")
+                doc[outer][inner] = value
+            else:
+                doc[key] = value
+            (run / "manifest.json").write_text(json.dumps(doc))
+
+        return edit
+
+    def remove_report(run: Path) -> None:
+        shutil.rmtree(run / "report")
+        (run / "report").write_text("a file where the report folder goes\n")
+
+    variants: dict[str, Callable[[Path], None]] = {
+        "gr_no_records": lambda run: (run / "records.parquet").unlink(),
+        "gr_no_layouts": lambda run: (run / "baseline" / "layouts.parquet").unlink(),
+        "gr_corrupt_layouts": lambda run: (run / "candidate" / "layouts.parquet").write_bytes(b"PAR1 cut"),
+        "gr_corrupt_suite": lambda run: (run / "suite.json").write_text("{"),
+        "gr_plan_edited": manifest_edit("plan.margin", 0.3),
+        "gr_seeds_wrong_type": manifest_edit("seeds", "0"),
+        "gr_report_is_file": remove_report,
+    }
+    out: dict[str, str] = {}
+    for name, tamper in variants.items():
+        if name in needed:
+            target = root / name.replace("_", "-")
+            shutil.copytree(good_run, target)
+            tamper(target)
+            out[name] = str(target)
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -224,6 +277,11 @@ def _write_inputs(root: Path, good_layouts: Path) -> dict[str, str]:
     )
     w["layouts_negative"] = str(root / "negative.parquet")
     negative.write_parquet(w["layouts_negative"])
+    # an earlier build's output folder: a failed rebuild must leave it as it was
+    for rel in ("prev/layouts.parquet", "prev/baseline/layouts.parquet", "prev/candidate/layouts.parquet"):
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(good_layouts, root / rel)
+    w["prev_out"] = str(root / "prev")
     w["layouts_nocols"] = str(root / "nocols.parquet")
     frame.select("layout_id", "text").write_parquet(w["layouts_nocols"])
     w["layouts_string_ids"] = str(root / "string-ids.parquet")
@@ -332,6 +390,9 @@ CORPUS: list[Hostile] = [
     H("matrix-missing-template", "build {m_missing_tpl} --out {out}", "no-such.jinja"),
     H("matrix-template-raises", "build {m_tpl_raises} --out {out}", "raises.jinja"),
     H("matrix-suite-is-dir", "build {m_suite_dir} --out {out}", "suite-dir.json"),
+    H("build-fails-over-earlier-output",
+      "build --tokenizer {tok} --chat-template {tpl_raises} --out {prev_out}", "raises.jinja"),
+    H("matrix-fails-over-earlier-output", "build {m_tpl_raises} --out {prev_out}", "raises.jinja"),
     H("matrix-out-existing-file", "build {m_ok} --out {file}", "afile.txt", "--out"),
     # ---- check ---------------------------------------------------------------------------------
     H("check-not-parquet", "check {layouts_text} --tokenizer {tok}", "notparquet.parquet"),
@@ -368,6 +429,13 @@ CORPUS: list[Hostile] = [
     H("gate-folder-is-file", "gate {file}", "afile.txt"),
     H("report-corrupt-manifest", "report {run_corrupt}", "manifest.json"),
     H("report-dir-is-file", "report {run_corrupt} --report-dir {file}", "afile.txt", "--report-dir"),
+    H("gate-run-without-records", "gate {gr_no_records}", "gr-no-records", "records"),
+    H("gate-run-layouts-missing", "gate {gr_no_layouts}", "layouts.parquet"),
+    H("gate-run-layouts-corrupt", "gate {gr_corrupt_layouts}", "layouts.parquet"),
+    H("gate-run-suite-corrupt", "report {gr_corrupt_suite}", "suite.json", "JSON"),
+    H("gate-run-plan-edited", "gate {gr_plan_edited}", "manifest.json", "plan_digest"),
+    H("gate-run-manifest-wrong-type", "gate {gr_seeds_wrong_type}", "manifest.json", "seeds"),
+    H("gate-run-report-is-file", "gate {gr_report_is_file}", "report", "--report-dir"),
     # ---- schema --------------------------------------------------------------------------------
     H("schema-out-dir", "schema --out {dir}", "adir", "--out"),
     H("schema-out-under-file", "schema --out {under_file}", "afile.txt", "--out"),
@@ -456,9 +524,16 @@ def test_corpus_is_large_and_covers_every_command() -> None:
 
 @pytest.mark.parametrize("case", CORPUS, ids=lambda h: h.name)
 def test_hostile_input(
-    case: Hostile, tmp_path: Path, good_layouts: Path, capsys: pytest.CaptureFixture[str]
+    case: Hostile,
+    tmp_path: Path,
+    good_layouts: Path,
+    request: pytest.FixtureRequest,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     names = _write_inputs(tmp_path, good_layouts)
+    needed = {name for part in case.argv for _, name, _, _ in string.Formatter().parse(part) if name}
+    if any(name.startswith("gr_") for name in needed):
+        names.update(_write_runs(tmp_path, request.getfixturevalue("good_run"), needed))
     argv = [part.format(**names) for part in case.argv]
     before = _snapshot(tmp_path)
     code = _run(argv)

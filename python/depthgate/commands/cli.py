@@ -378,6 +378,11 @@ def _check_args(args: argparse.Namespace) -> None:
         value = getattr(args, name, None)
         if value:
             check_output(value, kind, option="--" + name.replace("_", "-"))
+    # gate/report without --report-dir write RUN/report: checked like an explicit --report-dir (before
+    # scored.parquet is rewritten), once the run folder exists (else gate names the missing run).
+    run_dir = getattr(args, "run_dir", None)
+    if run_dir and not getattr(args, "report_dir", None) and Path(run_dir).is_dir():
+        check_output(Path(run_dir) / "report", "dir", option="--report-dir")
 
 
 def _os_error(exc: OSError) -> InputError | None:
