@@ -234,12 +234,11 @@ class DiffReport:
         }
 
     def write_json(self, path: str | Path) -> Path:
-        target = Path(path)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(target.name + ".tmp")
-        tmp.write_text(json.dumps(self.to_dict(), indent=1, sort_keys=False) + "\n", encoding="utf-8")
-        tmp.replace(target)
-        return target
+        """Write the JSON report atomically (:func:`depthgate.commands.outputs.write_text_atomic`)."""
+        from depthgate.commands.outputs import write_text_atomic
+
+        text = json.dumps(self.to_dict(), indent=1, sort_keys=False) + "\n"
+        return write_text_atomic(path, text, option="--out")
 
     def table(self, limit: int = 40) -> str:
         """Plain-text table, most drifted layouts first (at most ``limit`` rows)."""
