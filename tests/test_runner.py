@@ -549,3 +549,26 @@ def test_embedded_llamacpp_adapter_runs_two_layouts(tmp_path: Path) -> None:
         answers = records.filter(pl.col("case_id") == f"case{index}").get_column("output_text").to_list()
         assert answers[0] == answers[1]  # A/A: the same greedy answer on both arms
         assert code in answers[0]
+
+
+def test_progress_lines_reach_a_ci_log(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Not a terminal (a CI log): one line per 5 % of the jobs or per minute, with done/total, rate,
+    ETA, outcome counts and transient errors per endpoint; the default (progress=None) is on."""
+    import io
+
+    from depthgate.run.runner import _Progress
+
+    stream = io.StringIO()
+    meter = _Progress(100, True, stream)
+    meter.error("http://127.0.0.1:8000")
+    for _ in range(100):
+        meter.tick("ok")
+    lines = stream.getvalue().splitlines()
+    assert len(lines) == 20 and lines[0].startswith("depthgate: 5/100 (5%)")
+    assert lines[-1].startswith("depthgate: 100/100 (100%)") and "ETA" in lines[-1]
+    assert "ok 100 system_fail 0 infra_error 0" in lines[-1]
+    assert "transient errors: http://127.0.0.1:8000 1" in lines[-1]
+
+    _run(tmp_path, _backends(), progress=None)
+    err = capsys.readouterr().err
+    assert "depthgate: 108/108 (100%)" in err and err.count("\n") >= 20  # printed without a terminal

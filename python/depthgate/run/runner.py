@@ -33,7 +33,7 @@ import sys
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -405,6 +405,17 @@ class _ShardWriter:
 
 
 class _Progress:
+    """One progress line per few percent or per minute, where nightly jobs are read: in CI logs.
+
+    On a terminal the line is redrawn in place every 0.5 s; otherwise (a CI log, a file) a new line is
+    printed at every 5 % of the jobs or every 60 s, whichever comes first, and at the end: done/total,
+    rate, ETA, outcome counts and transient errors per endpoint. A 7.5-minute smoke run used to print
+    nothing between its first line and its verdict.
+    """
+
+    LOG_EVERY_S = 60.0
+    LOG_EVERY_SHARE = 0.05
+
     def __init__(self, total: int, enabled: bool, stream: IO[str] | None = None) -> None:
         self.stream = stream or sys.stderr
         self.total = total
@@ -412,27 +423,47 @@ class _Progress:
         self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
         self.done = 0
         self.counts: dict[str, int] = defaultdict(int)
+        self.errors: dict[str, int] = defaultdict(int)
         self.start = time.monotonic()
-        self.last = 0.0
+        self.last = self.start
+        self.last_done = 0
+
+    def error(self, endpoint: str) -> None:
+        """A transient failure on ``endpoint`` (retried or not)."""
+        self.errors[endpoint] += 1
 
     def tick(self, status: str) -> None:
         self.done += 1
         self.counts[status] += 1
+        if not self.enabled:
+            return
         now = time.monotonic()
-        if self.enabled and (now - self.last >= (0.5 if self.tty else 10.0) or self.done == self.total):
-            self.last = now
-            self._print(final=self.done == self.total)
+        final = self.done == self.total
+        if self.tty:
+            due = now - self.last >= 0.5
+        else:
+            step = max(1, int(self.total * self.LOG_EVERY_SHARE))
+            due = self.done - self.last_done >= step or now - self.last >= self.LOG_EVERY_S
+        if due or final:
+            self.last, self.last_done = now, self.done
+            self._print(final=final)
 
-    def _print(self, *, final: bool) -> None:
+    def line(self) -> str:
         elapsed = max(time.monotonic() - self.start, 1e-9)
         rate = self.done / elapsed
         eta = (self.total - self.done) / rate if rate > 0 else float("inf")
         eta_text = "--" if eta == float("inf") else _duration(eta)
-        line = (
+        text = (
             f"depthgate: {self.done}/{self.total} ({100 * self.done / self.total:.0f}%) "
             f"{rate:.2f}/s ETA {eta_text} | ok {self.counts['ok']} system_fail {self.counts['system_fail']} "
             f"infra_error {self.counts['infra_error']}"
         )
+        if self.errors:
+            text += " | transient errors: " + ", ".join(f"{e} {n}" for e, n in sorted(self.errors.items()))
+        return text
+
+    def _print(self, *, final: bool) -> None:
+        line = self.line()
         if self.tty:
             self.stream.write("\r" + line + ("\n" if final else ""))
         else:
@@ -508,7 +539,8 @@ class RunOptions:
     is refused. ``decode``: ``max_tokens``, ``temperature``, ``stop`` and the default seed set.
     ``seeds``: the seed set run on every layout of every arm (``None``: ``decode.seeds``).
     ``concurrency``: requests in flight at most (a backend may serialize further). ``progress``: a
-    progress line on stderr (``None``: only when stderr is a terminal). ``retry``: the one retry policy
+    progress line on stderr (``None`` or ``True``: on; redrawn on a terminal, a line per 5 % or
+    minute in a log). ``retry``: the one retry policy
     and circuit breaker (:class:`~depthgate.run.retry.RetryPolicy`). ``batch_size``, ``flush_seconds``:
     records are written as a shard every ``batch_size`` records or ``flush_seconds``, whichever comes
     first, and at the end.
@@ -543,6 +575,8 @@ class _Run:
         self.decode = options.decode
         self.retry = options.retry
         self.breaker = CircuitBreaker(options.retry.breaker_after)
+        #: Called with the endpoint of every transient failure (the progress line counts them).
+        self.on_transient: Callable[[str], None] | None = None
         self.jitter = random.Random()
 
     def record(self, job: Job, status: str, **fields: Any) -> dict[str, Any]:
@@ -646,6 +680,8 @@ class _Run:
                 attempts += 1
                 last = exc
                 self.breaker.failure(job.arm)
+                if self.on_transient is not None:
+                    self.on_transient(getattr(exc, "endpoint", None) or endpoint_of(backend))
                 log.warning(
                     "transient failure on %s layout %s seed %d (attempt %d/%d): %s",
                     job.arm,
@@ -706,9 +742,11 @@ async def arun_pairs(
         writer = _ShardWriter(folder, max(shard_seqs, default=-1) + 1, options.batch_size)
         pending = [job for job in order if job.key not in done]
         already = len(order) - len(pending)
-        show = sys.stderr.isatty() if options.progress is None else options.progress
+        # None = on; progress lines go to stderr, redrawn on a terminal, one per few percent elsewhere.
+        show = True if options.progress is None else options.progress
         meter = _Progress(len(pending), show)
         run = _Run(backends=backends, options=options)
+        run.on_transient = meter.error
         log.info(
             "run %s: %d jobs, %d already recorded, %d to send (concurrency %d)",
             run_id,
