@@ -195,9 +195,33 @@ def _cmd_run(args: argparse.Namespace) -> int:
         progress=None if not args.progress else True,
         verification=args.verification,
         controls=not args.no_controls,
+        shard=args.shard,
     )
+    if args.shard is not None:
+        state = "complete" if code == ExitCode.PASS else "incomplete: rerun this shard, it resumes"
+        print(f"shard {args.shard[0]}/{args.shard[1]} {state} (exit {int(code)}) → {html}")
+        print("next: depthgate merge DIR_1 … DIR_N --out DIR, then depthgate gate DIR")
+        return code
+    assert result is not None
     _print_verdict(result, code, html)
     return code
+
+
+def _shard(value: str) -> tuple[int, int]:
+    try:
+        index, count = (int(v) for v in value.split("/"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r}: expected i/N, e.g. 1/3") from None
+    if not 1 <= index <= count:
+        raise argparse.ArgumentTypeError(f"{value!r}: expected i/N with 1 <= i <= N")
+    return index, count
+
+
+def _cmd_merge(args: argparse.Namespace) -> int:
+    from depthgate.commands.merge import merge_runs
+
+    print(merge_runs(args.shards, args.out).line())
+    return ExitCode.PASS
 
 
 def _cmd_gate(args: argparse.Namespace) -> int:
@@ -275,7 +299,17 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="skip the evidence-only and evidence-absent controls run beside the matrix",
     )
+    r.add_argument(
+        "--shard",
+        type=_shard,
+        help="i/N: run only shard i of N (pairs split by content); join with `depthgate merge`",
+    )
     r.set_defaults(func=_cmd_run, outputs=(("out", "run_dir"),))
+
+    m = sub.add_parser("merge", help="join the shard folders of one run (then `depthgate gate` the result)")
+    m.add_argument("shards", nargs="+", help="the --out folder of every shard")
+    m.add_argument("--out", required=True, help="a new folder for the merged run")
+    m.set_defaults(func=_cmd_merge, outputs=(("out", "empty_dir"),))
 
     for name, help_text in (
         ("gate", "score and gate a run folder; writes verdict and reports"),

@@ -228,7 +228,15 @@ def run_matrix(
     progress: bool | None = None,
     verification: str = "full",
     controls: bool = True,
-) -> tuple[GateResult, ExitCode, Path]:
+    shard: tuple[int, int] | None = None,
+) -> tuple[GateResult | None, ExitCode, Path]:
+    """Build → pre-send check → run (paired, resumable) → score → gate → report.
+
+    With ``shard = (i, N)`` only the pairs of shard i of N run (``depthgate.run.runner.shard_of``: by
+    content, both arms of a pair together); the folder holds the same frozen manifest as every other
+    shard and no verdict: ``depthgate merge`` joins the N folders, then ``gate`` judges the whole.
+    Returns ``(None, PASS or INFRA, out)`` for a shard.
+    """
     from depthgate.layout.presend import guard_layouts
     from depthgate.run.backends import make_backend, probe_backend
     from depthgate.run.controls import build_controls, read_controls
@@ -329,7 +337,10 @@ def run_matrix(
             concurrency=concurrency,
             seeds=matrix.decode.seeds,
             progress=progress,
+            shard=shard,
         )
+        if shard is not None:
+            _freeze_shard(out, shard)
         sending = True
         summary = run_pairs(jobs, backends, out, options)
         if summary.circuit_open is not None:
@@ -362,7 +373,48 @@ def run_matrix(
     compact(out)
     if control_jobs:
         compact(out / CONTROLS_DIR)
+    if shard is not None:
+        from depthgate.judge.health import infra_summary
+        from depthgate.run.runner import read_records
+
+        planned = shard_jobs(_planned_jobs(out, matrix.decode.seeds), shard)
+        lost = infra_summary(read_records(out), planned).lost
+        return None, ExitCode.INFRA if lost else ExitCode.PASS, out
     return gate_run(out, matrix=matrix, suite=suite)
+
+
+SHARD_FILE = "shard.json"
+
+
+def _freeze_shard(out: Path, shard: tuple[int, int]) -> None:
+    """Record which shard a folder holds; a rerun into it must name the same shard."""
+    path = out / SHARD_FILE
+    body = {"index": shard[0], "count": shard[1]}
+    if path.is_file():
+        old = json.loads(path.read_text(encoding="utf-8"))
+        if old != body:
+            raise PlanChangedError(
+                f"this folder holds shard {old.get('index')}/{old.get('count')}, not {shard[0]}/{shard[1]}",
+                file=str(path),
+                field="--shard",
+                fix="resume a shard into its own folder",
+            )
+        return
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(body), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def shard_jobs(planned: pl.DataFrame, shard: tuple[int, int]) -> pl.DataFrame:
+    """The planned jobs (arm, layout_id, seed, case_id, target_tokens, position) of shard ``(i, N)``."""
+    from depthgate.run.runner import shard_of
+
+    index, count = shard
+    keep = [
+        shard_of((str(c), int(t), str(p), int(s)), count) == index - 1
+        for c, t, p, s in planned.select("case_id", "target_tokens", "position", "seed").iter_rows()
+    ]
+    return planned.filter(pl.Series(keep, dtype=pl.Boolean))
 
 
 def _note_endpoints(arm: str, backend: Any, concurrency: int) -> None:
@@ -437,6 +489,13 @@ def gate_run(
 
     run = Path(run_dir)
     manifest_path = run / MANIFEST
+    if (run / SHARD_FILE).is_file():
+        spec = json.loads((run / SHARD_FILE).read_text(encoding="utf-8"))
+        raise InputError(
+            f"this folder holds only shard {spec.get('index')}/{spec.get('count')} of the run",
+            file=str(run),
+            fix="join every shard folder with `depthgate merge DIR_1 … DIR_N --out DIR`, then gate DIR",
+        )
     if not manifest_path.is_file():
         raise InputError(
             "no manifest.json in the run folder",
@@ -531,7 +590,7 @@ def _planned_jobs(run: Path, seeds: Sequence[int]) -> pl.DataFrame:
     """Every (arm, layout, seed) job the frozen run plans: the arms' layouts × the seed set."""
     frames = [
         read_layouts(run / arm / "layouts.parquet")
-        .select("layout_id", "target_tokens", "position")
+        .select("layout_id", "case_id", "target_tokens", "position")
         .with_columns(pl.lit(arm).alias("arm"))
         for arm in ARMS
     ]

@@ -63,6 +63,7 @@ __all__ = [
     "RetryPolicy",
     "RunOptions",
     "RunSummary",
+    "shard_of",
     "arun_pairs",
     "compact",
     "endpoint_of",
@@ -207,6 +208,13 @@ def _check_jobs(
                 fix="build every (case, length, position) for both arms; a refused layout is still passed",
             )
     return rows
+
+
+def shard_of(pair: tuple[str, int, str, int], count: int) -> int:
+    """The 0-based shard of a pair (case, length, position, seed) among ``count``: from its content
+    only, so both arms of a pair are in the same shard whatever the job order, on every machine."""
+    digest = hashlib.sha256("\x1f".join(str(part) for part in pair).encode("utf-8")).digest()
+    return int.from_bytes(digest[:8], "big") % count
 
 
 def interleaved_order(
@@ -555,8 +563,15 @@ class RunOptions:
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     batch_size: int = 64
     flush_seconds: float = 5.0
+    shard: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
+        if self.shard is not None and not 1 <= self.shard[0] <= self.shard[1]:
+            raise InputError(
+                f"shard {self.shard[0]}/{self.shard[1]} is not i/N with 1 <= i <= N",
+                field="--shard",
+                fix="e.g. --shard 1/3 … --shard 3/3",
+            )
         if self.concurrency < 1 or self.batch_size < 1:
             raise InputError(
                 "concurrency and batch_size must be ≥ 1",
@@ -724,6 +739,9 @@ async def arun_pairs(
         )
     rows = _check_jobs(jobs, list(backends))
     order = interleaved_order(rows, seed_list, run_id)
+    if options.shard is not None:
+        index, count = options.shard
+        order = [job for job in order if shard_of((*job.slice_key, job.seed), count) == index - 1]
 
     out = Path(out_dir)
     folder = _records_dir(out)

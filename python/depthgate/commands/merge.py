@@ -1,0 +1,235 @@
+"""``depthgate merge DIR_1 … DIR_N --out DIR``: join the shard folders of one run, then gate the whole.
+
+A run too large for one machine is split with ``depthgate run MATRIX --shard i/N --out DIR_i`` (the
+HELM / OpenCompass / NeMo-Skills pattern on Slurm job arrays and Kubernetes Indexed Jobs,
+docs/scale.md): every shard freezes the same manifest and builds the same layouts, and runs only the
+pairs of its part (``depthgate.run.runner.shard_of``, by content). Merging refuses, by name:
+
+* folders whose frozen manifests differ (another matrix, plan, case set, system or version);
+* a missing shard (``shard 2/3 missing``) or a doubled one (``shard 2/3 twice: A, B``);
+* layouts that differ between shards (another build);
+* overlaps: a job recorded in two shards, or in a shard it does not belong to;
+* gaps: a planned job with no final record in any shard (rerun that shard: it resumes).
+
+The merged folder is an ordinary run folder: ``depthgate gate DIR`` gives the verdict an unsharded run
+would give (same slices, bounds and digests).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from depthgate.commands.outputs import check_output, undo_on_error
+from depthgate.commands.pipeline import (
+    ARMS,
+    CONTROLS_DIR,
+    CONTROLS_FILE,
+    MANIFEST,
+    SHARD_FILE,
+    SUITE_FILE,
+    _planned_jobs,
+    shard_jobs,
+)
+from depthgate.exceptions import InputError, PlanChangedError
+from depthgate.run.runner import FINAL_STATUSES, RECORD_KEY, RECORDS_DIR, RECORDS_FILE, read_records, shard_of
+
+__all__ = ["MergeSummary", "merge_runs"]
+
+# Manifest fields that may differ between shards of one run (each shard froze its own copy).
+_PER_SHARD_FIELDS = frozenset({"created_at"})
+
+
+@dataclass(frozen=True)
+class MergeSummary:
+    """What :func:`merge_runs` joined."""
+
+    out_dir: Path
+    shards: int
+    records: int
+    control_records: int
+
+    def line(self) -> str:
+        return (
+            f"{self.out_dir}: {self.shards} shards merged, {self.records} records, "
+            f"{self.control_records} control records; next: depthgate gate {self.out_dir}"
+        )
+
+
+def _read_json(path: Path, what: str) -> dict[str, Any]:
+    if not path.is_file():
+        raise InputError(
+            f"no {path.name}: not a shard folder of `depthgate run --shard i/N`",
+            file=str(path.parent),
+            fix=f"pass the --out folders of every shard ({what})",
+        )
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InputError(
+            f"{path.name} is not valid JSON ({exc})", file=str(path), fix="rerun that shard"
+        ) from None
+    if not isinstance(data, dict):
+        raise InputError(f"{path.name} is not a JSON object", file=str(path), fix="rerun that shard")
+    return data
+
+
+def _check_shards(dirs: Sequence[Path]) -> int:
+    specs = [_read_json(d / SHARD_FILE, "shard.json") for d in dirs]
+    counts = {int(s.get("count", 0)) for s in specs}
+    if len(counts) != 1:
+        raise InputError(
+            "the folders split the run differently ("
+            + ", ".join(f"{spec.get('index')}/{spec.get('count')}" for spec in specs)
+            + ")",
+            field="--shard",
+            fix="merge the folders of one split: --shard 1/N … N/N",
+        )
+    count = counts.pop()
+    seen: dict[int, Path] = {}
+    for spec, folder in zip(specs, dirs, strict=True):
+        index = int(spec.get("index", 0))
+        if index in seen:
+            raise InputError(
+                f"shard {index}/{count} twice: {seen[index]} and {folder}",
+                field="--shard",
+                fix="pass each shard folder once",
+            )
+        seen[index] = folder
+    missing = [i for i in range(1, count + 1) if i not in seen]
+    if missing:
+        raise InputError(
+            f"shard {', '.join(f'{i}/{count}' for i in missing)} missing",
+            field="--shard",
+            fix="run the missing shard (depthgate run MATRIX --shard i/N --out DIR_i) and pass its folder",
+        )
+    return count
+
+
+def _check_manifests(dirs: Sequence[Path]) -> dict[str, Any]:
+    manifests = [_read_json(d / MANIFEST, "manifest.json") for d in dirs]
+    first = {k: v for k, v in manifests[0].items() if k not in _PER_SHARD_FIELDS}
+    for folder, manifest in zip(dirs[1:], manifests[1:], strict=True):
+        other = {k: v for k, v in manifest.items() if k not in _PER_SHARD_FIELDS}
+        if other != first:
+            fields = sorted(k for k in set(first) | set(other) if first.get(k) != other.get(k))
+            raise PlanChangedError(
+                f"the frozen manifest differs from {dirs[0]}'s in {', '.join(fields)}",
+                file=str(folder / MANIFEST),
+                field=fields[0],
+                fix="merge only the shards of one run (same matrix, plan, suite, systems and versions)",
+            )
+    return manifests[0]
+
+
+def _layout_ids(folder: Path, name: str) -> list[str]:
+    path = folder / name
+    if not path.is_file():
+        raise InputError(f"no {name}", file=str(folder), fix="rerun that shard: it builds its layouts first")
+    return sorted(pl.read_parquet(path, columns=["layout_id"])["layout_id"].to_list())
+
+
+def _check_layouts(dirs: Sequence[Path]) -> None:
+    for arm in ARMS:
+        for name in (f"{arm}/layouts.parquet", f"{arm}/{CONTROLS_FILE}"):
+            if name.endswith(CONTROLS_FILE) and not (dirs[0] / name).is_file():
+                continue
+            reference = _layout_ids(dirs[0], name)
+            for folder in dirs[1:]:
+                if _layout_ids(folder, name) != reference:
+                    raise PlanChangedError(
+                        f"{name} differs from {dirs[0]}'s (another build)",
+                        file=str(folder / name),
+                        fix="rebuild every shard from the same matrix and inputs",
+                    )
+
+
+def _final(records: pl.DataFrame) -> pl.DataFrame:
+    return records.filter(pl.col("status").is_in(list(FINAL_STATUSES)))
+
+
+def _check_overlaps(parts: Sequence[tuple[int, Path, pl.DataFrame]], count: int) -> None:
+    owner: dict[tuple[Any, ...], Path] = {}
+    for index, folder, records in parts:
+        for row in _final(records).select(*RECORD_KEY, "case_id", "target_tokens", "position").iter_rows():
+            key = tuple(row[:3])
+            if key in owner:
+                raise InputError(
+                    f"job {key} is recorded in two shards: {owner[key]} and {folder}",
+                    file=str(folder),
+                    fix="merge each shard once; a job belongs to exactly one shard",
+                )
+            owner[key] = folder
+            pair = (str(row[3]), int(row[4]), str(row[5]), int(row[2]))
+            if shard_of(pair, count) != index - 1:
+                raise InputError(
+                    f"job {key} belongs to shard {shard_of(pair, count) + 1}/{count}, not {index}/{count}",
+                    file=str(folder),
+                    fix="the folder was not written by `depthgate run --shard` for its shard",
+                )
+
+
+def _check_gaps(
+    dirs: Sequence[Path], parts: Sequence[tuple[int, Path, pl.DataFrame]], count: int, seeds: list[int]
+) -> None:
+    planned = _planned_jobs(dirs[0], seeds)
+    for index, folder, records in parts:
+        want = shard_jobs(planned, (index, count)).select("arm", "layout_id", "seed")
+        have = _final(records).select("arm", "layout_id", pl.col("seed").cast(pl.Int64))
+        gap = want.join(have, on=["arm", "layout_id", "seed"], how="anti")
+        if gap.height:
+            raise InputError(
+                f"shard {index}/{count} has {gap.height} of {want.height} planned jobs without a final "
+                "record",
+                file=str(folder),
+                fix=f"rerun that shard (depthgate run MATRIX --shard {index}/{count} --out {folder}): "
+                "it resumes",
+            )
+
+
+def merge_runs(shard_dirs: Sequence[str | Path], out_dir: str | Path) -> MergeSummary:
+    """Check the shard folders of one run and join them into ``out_dir`` (a new folder)."""
+    dirs = [Path(d) for d in shard_dirs]
+    if not dirs:
+        raise InputError("no shard folders given", field="DIR", fix="pass every shard's --out folder")
+    out = check_output(out_dir, "empty_dir")
+    count = _check_shards(dirs)
+    manifest = _check_manifests(dirs)
+    _check_layouts(dirs)
+    indices = [int(_read_json(d / SHARD_FILE, "shard.json")["index"]) for d in dirs]
+    parts = [(i, d, read_records(d)) for i, d in zip(indices, dirs, strict=True)]
+    _check_overlaps(parts, count)
+    _check_gaps(dirs, parts, count, [int(s) for s in manifest["seeds"]])
+    control_parts = [(i, d, read_records(d / CONTROLS_DIR)) for i, d in zip(indices, dirs, strict=True)]
+    _check_overlaps(control_parts, count)
+
+    with undo_on_error(out):
+        out.mkdir(parents=True, exist_ok=True)
+        first = dirs[0]
+        shutil.copy2(first / MANIFEST, out / MANIFEST)
+        if (first / SUITE_FILE).is_file():
+            shutil.copy2(first / SUITE_FILE, out / SUITE_FILE)
+        for arm in ARMS:
+            (out / arm).mkdir(exist_ok=True)
+            for name in ("layouts.parquet", CONTROLS_FILE):
+                if (first / arm / name).is_file():
+                    shutil.copy2(first / arm / name, out / arm / name)
+        records = pl.concat([p[2] for p in parts], how="vertical")
+        _write_records(out, records)
+        controls = pl.concat([p[2] for p in control_parts], how="vertical")
+        if controls.height:
+            _write_records(out / CONTROLS_DIR, controls)
+    return MergeSummary(out_dir=out, shards=count, records=records.height, control_records=controls.height)
+
+
+def _write_records(folder: Path, records: pl.DataFrame) -> None:
+    (folder / RECORDS_DIR).mkdir(parents=True, exist_ok=True)
+    tmp = folder / (RECORDS_FILE + ".tmp")
+    records.sort(list(RECORD_KEY)).write_parquet(tmp)
+    tmp.replace(folder / RECORDS_FILE)
