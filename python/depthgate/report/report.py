@@ -587,7 +587,7 @@ def render_summary(
         + f" (exit {int(code)} {code.name})",
         "",
         f"{len(ordered)} slices (length × evidence depth): **{n_fail} failing**, {n_inc} inconclusive, "
-        f"{n_pass} passing. Non-inferiority margin M = {plan.margin:g}, one-sided α = {plan.alpha:g}; "
+        f"{n_pass} passing. Non-inferiority margin M = {plan.margin:g}, one-sided α = {plan.look_alpha:g} per look; "
         "a slice passes when the lower bound on Δ (candidate − baseline accuracy) is above −M.",
     ]
     for reason in health_reasons(health):
@@ -930,7 +930,7 @@ def render_delta_heatmap(result: GateResult) -> bytes:
                 )
     _axes_labels(ax, grid)
     ax.set_title(
-        f"Δ accuracy, candidate − baseline (LB = one-sided {1 - plan.alpha:.0%} lower bound; fails if LB ≤ "
+        f"Δ accuracy, candidate − baseline (LB = one-sided {100 * (1 - plan.look_alpha):g}% lower bound; fails if LB ≤ "
         f"−{plan.margin:g})",
         fontsize=10,
     )
@@ -1173,8 +1173,8 @@ def render_html(
         n_pass=len(ordered) - n_fail - n_inc,
         margin=f"{plan.margin:g}",
         neg_margin=f"−{plan.margin:g}",
-        alpha=f"{plan.alpha:g}",
-        confidence=f"{1 - plan.alpha:.0%}",
+        alpha=f"{plan.look_alpha:g}",
+        confidence=f"{100 * (1 - plan.look_alpha):g}%",
         n_min=plan.n_min,
         max_missing=f"{plan.max_missing:.0%}",
         fdr_method=plan.fdr_method,
