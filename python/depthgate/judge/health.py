@@ -30,6 +30,7 @@ __all__ = [
     "InfraSummary",
     "RunHealth",
     "assess",
+    "endpoint_counts",
     "infra_summary",
 ]
 
@@ -46,7 +47,9 @@ class InfraSummary:
 
     ``by_endpoint``: lost jobs per endpoint that had an ``infra_error`` for them (``"not sent"`` for
     jobs never sent); ``by_slice``: lost jobs per ``"length/position"``; ``errors``: the last error
-    summaries (no server text, no prompt) with their counts.
+    summaries (no server text, no prompt) with their counts. ``endpoints``: per endpoint that was sent
+    to, the jobs whose final record it holds (``ok``, ``system_fail``, ``infra_error``) and ``failed``,
+    the transient failures there of those jobs (a job moved off a dead replica counts at both).
     """
 
     planned: int
@@ -56,6 +59,7 @@ class InfraSummary:
     by_endpoint: dict[str, int] = field(default_factory=dict)
     by_slice: dict[str, int] = field(default_factory=dict)
     errors: dict[str, int] = field(default_factory=dict)
+    endpoints: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -66,7 +70,30 @@ class InfraSummary:
             "by_endpoint": dict(sorted(self.by_endpoint.items())),
             "by_slice": dict(sorted(self.by_slice.items())),
             "errors": dict(sorted(self.errors.items(), key=lambda kv: (-kv[1], kv[0]))),
+            "endpoints": {k: dict(v) for k, v in sorted(self.endpoints.items())},
         }
+
+
+def endpoint_counts(records: pl.DataFrame) -> dict[str, dict[str, int]]:
+    """Per endpoint that was sent to: the final records it holds by status (``ok``, ``system_fail``,
+    ``infra_error``) and ``failed``, the transient failures there (``failed_endpoints``) of those jobs.
+    Records never sent (a refused layout, ``attempts`` 0) count nowhere."""
+    if records.height == 0 or "endpoint" not in records.columns:
+        return {}
+    sent = records.filter(pl.col("attempts") > 0) if "attempts" in records.columns else records
+    counts: dict[str, dict[str, int]] = {}
+
+    def slot(endpoint: str) -> dict[str, int]:
+        return counts.setdefault(endpoint, {"ok": 0, "system_fail": 0, "infra_error": 0, "failed": 0})
+
+    for endpoint, status, n in sent.group_by("endpoint", "status").len().iter_rows():
+        if endpoint is not None and status in ("ok", "system_fail", "infra_error"):
+            slot(str(endpoint))[str(status)] += int(n)
+    if "failed_endpoints" in sent.columns:
+        for listed in sent["failed_endpoints"].drop_nulls().to_list():
+            for endpoint in str(listed).split():
+                slot(endpoint)["failed"] += 1
+    return counts
 
 
 def infra_summary(records: pl.DataFrame, planned: pl.DataFrame) -> InfraSummary:
@@ -99,6 +126,7 @@ def infra_summary(records: pl.DataFrame, planned: pl.DataFrame) -> InfraSummary:
         by_endpoint=by_endpoint,
         by_slice=by_slice,
         errors=errors,
+        endpoints=endpoint_counts(records),
     )
 
 

@@ -38,7 +38,6 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import IO, Any
-from urllib.parse import urlsplit, urlunsplit
 
 import polars as pl
 
@@ -50,6 +49,7 @@ from depthgate.run.backends.base import (
     Request,
     Response,
     TransientBackendError,
+    endpoint_url,
 )
 from depthgate.run.retry import CircuitBreaker, RetryPolicy
 from depthgate.spec.models import DecodeParams
@@ -63,7 +63,6 @@ __all__ = [
     "RetryPolicy",
     "RunOptions",
     "RunSummary",
-    "shard_of",
     "arun_pairs",
     "compact",
     "endpoint_of",
@@ -71,6 +70,7 @@ __all__ = [
     "order_seed",
     "read_records",
     "run_pairs",
+    "shard_of",
 ]
 
 log = logging.getLogger("depthgate.run.runner")
@@ -109,6 +109,9 @@ RECORD_SCHEMA: dict[str, pl.DataType] = {
     "system_fingerprint": pl.String(),
     "completed_at": pl.Datetime("us", "UTC"),
     "error": pl.String(),
+    # Endpoints where an attempt of this job failed transiently before this record, space-separated, in
+    # order (a job moved off a dead replica names it here; its `endpoint` is the one that answered).
+    "failed_endpoints": pl.String(),
 }
 
 Key = tuple[str, str, int]
@@ -517,16 +520,22 @@ class RunSummary:
 
 
 def endpoint_of(backend: Backend) -> str:
-    """Where a backend sends: its base URL, or ``in-process:<name>`` for an engine in this process."""
+    """Where a backend sends: its base URL, ``in-process:<name>`` for an engine in this process, or the
+    space-separated URLs of a backend over several endpoints (whose answers name their own endpoint,
+    :attr:`Response.endpoint`)."""
+    endpoints = getattr(backend, "endpoints", None)
+    if endpoints:
+        return " ".join(endpoint_url(str(url)) for url in endpoints)
     url = getattr(backend, "base_url", None)
     if not url:
         return f"in-process:{getattr(backend, 'name', type(backend).__name__)}"
-    parts = urlsplit(str(url))
-    host = parts.hostname or ""
-    netloc = f"[{host}]" if ":" in host else host
-    if parts.port is not None:
-        netloc += f":{parts.port}"
-    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))  # never user:password@
+    return endpoint_url(str(url))  # never user:password@
+
+
+#: A job moves at most this many times to another endpoint without counting a try (a pool re-routes a
+#: job off a failed endpoint only while an endpoint it has not failed on is healthy: at most one move
+#: per endpoint).
+_MAX_FAILOVERS = 64
 
 
 def _ids(layout: Mapping[str, Any]) -> list[int]:
@@ -594,7 +603,7 @@ class _Run:
         self.on_transient: Callable[[str], None] | None = None
         self.jitter = random.Random()
 
-    def record(self, job: Job, status: str, **fields: Any) -> dict[str, Any]:
+    def record(self, job: Job, status: str, *, endpoint: str | None = None, **fields: Any) -> dict[str, Any]:
         layout = job.layout
         ids = layout["token_ids"]
         rec: dict[str, Any] = {
@@ -602,7 +611,7 @@ class _Run:
             "manifest_digest": self.manifest_digest,
             "arm": job.arm,
             "system": getattr(self.backends[job.arm], "name", job.arm),
-            "endpoint": endpoint_of(self.backends[job.arm]),
+            "endpoint": endpoint or endpoint_of(self.backends[job.arm]),
             "layout_id": job.layout_id,
             "case_id": str(layout["case_id"]),
             "target_tokens": int(layout["target_tokens"]),
@@ -620,7 +629,9 @@ class _Run:
         reason = layout.get("reason_code") or f"layout_{layout['status']}"
         return self.record(job, "system_fail", system_fail_reason=str(reason), attempts=0)
 
-    def _check(self, job: Job, resp: Response, latency: float, attempts: int) -> dict[str, Any]:
+    def _check(
+        self, job: Job, resp: Response, latency: float, attempts: int, failed: Sequence[str] = ()
+    ) -> dict[str, Any]:
         backend = self.backends[job.arm]
         local = len(job.layout["token_ids"])
         server = resp.prompt_tokens_server
@@ -657,11 +668,17 @@ class _Run:
             attempts=attempts,
             prefix_cache_hit_tokens=resp.prefix_cache_hit_tokens,
             system_fingerprint=resp.system_fingerprint,
+            endpoint=resp.endpoint,
+            failed_endpoints=" ".join(failed) or None,
         )
 
     async def execute(self, job: Job) -> dict[str, Any]:
         """Send one job; retry transient failures; return its record. Raises only for a refusal the
-        caller must fix (:class:`BackendRequestError`) or a bug."""
+        caller must fix (:class:`BackendRequestError`) or a bug.
+
+        A failure that a backend over several endpoints marks ``failover`` (another healthy endpoint
+        takes the job) is retried at once: no backoff, no try of the policy counted, the circuit breaker
+        not fed; the record counts it in ``attempts`` and names the endpoint in ``failed_endpoints``."""
         backend = self.backends[job.arm]
         layout = job.layout
         request = Request(
@@ -673,11 +690,16 @@ class _Run:
             max_tokens=self.decode.max_tokens,
             temperature=self.decode.temperature,
             stop=tuple(self.decode.stop),
+            affinity=f"{layout['case_id']}@{layout['target_tokens']}",
         )
+        pooled = bool(getattr(backend, "endpoints", None))
         attempts = 0
+        tries = 0  # attempts the retry policy counts (failovers are not)
+        failovers = 0
+        failed: list[str] = []
         last: InfraError | None = None
         max_attempts = self.retry.max_attempts
-        for attempt in range(1, max_attempts + 1):
+        while tries < max_attempts:
             start = time.perf_counter()
             try:
                 resp = await backend.generate(request)
@@ -690,26 +712,41 @@ class _Run:
                     latency_s=time.perf_counter() - start,
                     attempts=attempts + 1,
                     error=exc.summary,
+                    endpoint=getattr(exc, "endpoint", None),
+                    failed_endpoints=" ".join(failed) or None,
                 )
             except TransientBackendError as exc:
                 attempts += 1
                 last = exc
+                if exc.endpoint is not None or not pooled:
+                    failed.append(exc.endpoint or endpoint_of(backend))
+                if self.on_transient is not None:  # failovers too: a dead replica shows in the progress
+                    self.on_transient(exc.endpoint or endpoint_of(backend))
+                if exc.failover and failovers < _MAX_FAILOVERS:
+                    failovers += 1
+                    log.info(
+                        "%s layout %s seed %d moves to another endpoint: %s",
+                        job.arm,
+                        job.layout_id,
+                        job.seed,
+                        exc.summary,
+                    )
+                    continue
+                tries += 1
                 self.breaker.failure(job.arm)
-                if self.on_transient is not None:
-                    self.on_transient(getattr(exc, "endpoint", None) or endpoint_of(backend))
                 log.warning(
                     "transient failure on %s layout %s seed %d (attempt %d/%d): %s",
                     job.arm,
                     job.layout_id,
                     job.seed,
-                    attempt,
+                    tries,
                     max_attempts,
                     exc.summary,
                 )
                 if self.breaker.open:
                     break  # the endpoint is down: stop retrying, the rerun resumes this job
-                if attempt < max_attempts:
-                    await asyncio.sleep(self.retry.delay(attempt, exc.retry_after, self.jitter))
+                if tries < max_attempts:
+                    await asyncio.sleep(self.retry.delay(tries, exc.retry_after, self.jitter))
                 continue
             except BackendRequestError:
                 raise
@@ -718,9 +755,16 @@ class _Run:
                 last = exc
                 break
             self.breaker.success(job.arm)
-            return self._check(job, resp, time.perf_counter() - start, attempts + 1)
+            return self._check(job, resp, time.perf_counter() - start, attempts + 1, failed)
         summary = getattr(last, "summary", None) or (type(last).__name__ if last else "unknown")
-        return self.record(job, "infra_error", attempts=attempts, error=str(summary)[:300])
+        return self.record(
+            job,
+            "infra_error",
+            attempts=attempts,
+            error=str(summary)[:300],
+            endpoint=failed[-1] if failed else None,
+            failed_endpoints=" ".join(failed) or None,
+        )
 
 
 async def arun_pairs(

@@ -794,7 +794,15 @@ class Runtime(_Frozen):
 class System(_Frozen):
     """One arm of a comparison: backend, model, tokenizer, chat template, prompt assembler, and how the
     backend runs (:class:`Runtime`). Relative paths (``tokenizer``, ``chat_template``, a ``.gguf``
-    ``model``) are relative to the matrix file."""
+    ``model``) are relative to the matrix file.
+
+    ``endpoint``: the one server of an HTTP arm. ``endpoints``: several servers, replicas of one model,
+    for the OpenAI-compatible ``/v1/completions`` backends (``vllm-server``, ``llamacpp``, ``openai``
+    with ``api = "completions"``): every one is probed before the first request (served model; windows
+    must agree), requests of one haystack go to one replica, a replica that dies is drained and its jobs
+    retried on the others (:mod:`depthgate.run.backends.pool`); ``runtime.concurrency`` is then per
+    endpoint. The digest binds that the arm runs on replicas, not which: a resume may add, drop or
+    replace replicas (each is probed and must agree)."""
 
     name: str
     backend: Backend
@@ -807,7 +815,15 @@ class System(_Frozen):
     preamble: str = ""
     window: StrictInt | None = Field(default=None, ge=1)
     endpoint: str | None = None
+    endpoints: list[str] | None = None
     runtime: Runtime = Runtime()
+
+    @property
+    def urls(self) -> list[str]:
+        """The arm's servers: ``endpoints``, else ``[endpoint]``, else none."""
+        if self.endpoints is not None:
+            return list(self.endpoints)
+        return [] if self.endpoint is None else [self.endpoint]
 
     @model_serializer(mode="wrap")
     def _without_default_runtime(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
@@ -815,11 +831,17 @@ class System(_Frozen):
         data: dict[str, Any] = handler(self)
         if not data.get("runtime"):
             data.pop("runtime", None)
+        # Replicas are interchangeable (probed to serve one model and window): the digest binds that the
+        # arm runs on replicas, not which ones, so a resume may replace a dead replica.
+        if data.get("endpoints") is None:
+            data.pop("endpoints", None)
+        else:
+            data["endpoints"] = "replicas"
         return data
 
     def _check_runtime(self) -> None:
         runtime, kind = self.runtime, self.backend
-        embedded = kind == "llamacpp" and self.endpoint is None
+        embedded = kind == "llamacpp" and self.endpoint is None and self.endpoints is None
         http = kind not in ("vllm",) and not embedded
         completions = (
             kind == "vllm-server"
@@ -857,18 +879,19 @@ class System(_Frozen):
                     fix=f"remove it; it applies only to {scope}",
                 )
         names_key = runtime.api_key_env is not None or kind == "anthropic"
-        in_clear = self.endpoint is not None and _clear_text_remote(self.endpoint)
-        if names_key and in_clear and not runtime.allow_insecure_key:
+        clear = [url for url in self.urls if _clear_text_remote(url)]
+        url_field = "endpoints" if self.endpoints is not None else "endpoint"
+        if names_key and clear and not runtime.allow_insecure_key:
             raise _violation(
-                f"would send the API key in clear text: {self.endpoint} is plain http to a host that is not "
+                f"would send the API key in clear text: {clear[0]} is plain http to a host that is not "
                 "loopback",
-                field="endpoint",
+                field=url_field,
                 fix="use an https:// endpoint; on a trusted network only, set allow_insecure_key = true in "
                 "this arm's runtime block",
             )
         if runtime.allow_insecure_key:
-            url = self.endpoint
-            if url is None or not _clear_text_remote(url):
+            url = ", ".join(self.urls) or None
+            if not clear:
                 raise _violation(
                     f"has no effect: the endpoint {url or '(the provider default)'} is https or loopback",
                     field="runtime.allow_insecure_key",
@@ -887,33 +910,86 @@ class System(_Frozen):
         _check_id(self.name, field="name")
         _check_prompt_text(self.preamble, field="preamble")
         if self.endpoint is not None:
-            if not re.match(r"^https?://[^\s/]+", self.endpoint):
-                raise _violation(
-                    f"{self.endpoint!r} is not an http(s) URL",
-                    field="endpoint",
-                    fix="give a URL such as 'http://127.0.0.1:8000'",
-                )
-            if re.match(r"^https?://[^/\s]*@", self.endpoint) or re.search(
-                r"[?&](api[-_]?key|key|token)=", self.endpoint, re.IGNORECASE
-            ):
-                raise _violation(
-                    "contains credentials",
-                    field="endpoint",
-                    fix="remove them; API keys are read from the environment and never written to a spec",
-                )
-        if self.backend == "vllm-server" and self.endpoint is None:
+            _check_url(self.endpoint, field="endpoint")
+        if self.endpoints is not None:
+            self._check_endpoints()
+        if self.backend == "vllm-server" and not self.urls:
             raise _violation(
                 "backend 'vllm-server' needs an endpoint",
                 field="endpoint",
-                fix="set endpoint = 'http://host:port', or use backend 'vllm' for offline inference",
+                fix="set endpoint = 'http://host:port' (or endpoints = [...] for replicas), or use backend "
+                "'vllm' for offline inference",
             )
-        if self.backend == "vllm" and self.endpoint is not None:
+        if self.backend == "vllm" and self.urls:
             raise _violation(
                 "backend 'vllm' runs offline and takes no endpoint",
-                field="endpoint",
-                fix="remove endpoint, or use backend 'vllm-server'",
+                field="endpoints" if self.endpoints is not None else "endpoint",
+                fix="remove it, or use backend 'vllm-server'",
             )
         return self
+
+    def _check_endpoints(self) -> None:
+        endpoints = self.endpoints or []
+        if self.endpoint is not None:
+            raise _violation(
+                "endpoint and endpoints are both set",
+                field="endpoints",
+                fix="list every server in endpoints (one server: endpoint alone)",
+            )
+        if not endpoints:
+            raise _violation(
+                "is empty", field="endpoints", fix="list at least one server, e.g. ['http://127.0.0.1:8000']"
+            )
+        for i, url in enumerate(endpoints):
+            _check_url(url, field=f"endpoints[{i}]")
+        seen: dict[str, int] = {}
+        for i, url in enumerate(endpoints):
+            norm = _url_identity(url)
+            if norm in seen:
+                raise _violation(
+                    f"{url!r} is the same server as endpoints[{seen[norm]}]",
+                    field=f"endpoints[{i}]",
+                    fix="list each server once",
+                )
+            seen[norm] = i
+        completions = self.backend in ("vllm-server", "llamacpp") or (
+            self.backend == "openai" and self.runtime.api == "completions"
+        )
+        if not completions and self.backend != "vllm":  # offline vLLM: refused below, as for endpoint
+            raise _violation(
+                f"several endpoints need an OpenAI-compatible /v1/completions backend, not {self.backend!r}"
+                + (" with the chat API" if self.backend == "openai" else ""),
+                field="endpoints",
+                fix="use backend 'vllm-server' or 'llamacpp' (or 'openai' with runtime.api = 'completions'), "
+                "or one endpoint (a load balancer in front of the replicas)",
+            )
+
+
+def _check_url(url: str, *, field: str) -> None:
+    if not re.match(r"^https?://[^\s/]+", url):
+        raise _violation(
+            f"{url!r} is not an http(s) URL",
+            field=field,
+            fix="give a URL such as 'http://127.0.0.1:8000'",
+        )
+    if re.match(r"^https?://[^/\s]*@", url) or re.search(r"[?&](api[-_]?key|key|token)=", url, re.IGNORECASE):
+        raise _violation(
+            "contains credentials",
+            field=field,
+            fix="remove them; API keys are read from the environment and never written to a spec",
+        )
+
+
+def _url_identity(url: str) -> str:
+    """A server URL without the differences that name the same server (case of scheme and host, a
+    trailing ``/`` or ``/v1``)."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url.strip())
+    path = parts.path.rstrip("/")
+    if path.endswith("/v1"):
+        path = path[: -len("/v1")]
+    return f"{parts.scheme.lower()}://{parts.netloc.lower()}{path}"
 
 
 class BuiltinSuiteRef(_Frozen):

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from depthgate.run.backends.llamacpp import EmbeddedLlamaBackend
     from depthgate.spec.models import Runtime, System
 
-__all__ = ["make_backend", "make_cache_control_backends"]
+__all__ = ["make_backend", "make_cache_control_backends", "probe_backend"]
 
 
 def _tokenizer_for(system: System, base_dir: Path | None) -> Tokenizer | None:
@@ -140,6 +140,9 @@ def make_backend(
       api.openai.com, optional for a self-hosted endpoint.
     * ``anthropic``: :class:`~depthgate.run.backends.http.AnthropicBackend`; key from ``ANTHROPIC_API_KEY``
       (or ``runtime.api_key_env``), always required.
+    * ``endpoints = [...]`` (several replicas of one model behind a ``/v1/completions`` arm): a
+      :class:`~depthgate.run.backends.pool.ReplicaPool` over one completions backend per endpoint, each
+      with the arm's settings (``runtime.concurrency`` is then per endpoint).
 
     Relative paths (a ``.gguf`` model, a tokenizer, vLLM's ``tokenizer``/``download_dir``) are taken
     relative to ``base_dir``, the matrix file's folder (the working directory when ``None``). The keyword
@@ -157,7 +160,7 @@ def make_backend(
     n_threads = n_threads if n_threads is not None else runtime.n_threads
     reuse_prefix = runtime.reuse_prefix if reuse_prefix is None else reuse_prefix
     kind = system.backend
-    if kind == "llamacpp" and system.endpoint is None:
+    if kind == "llamacpp" and system.endpoint is None and system.endpoints is None:
         from depthgate.run.backends.llamacpp import EmbeddedLlamaBackend
 
         tok = tokenizer if tokenizer is not None else _tokenizer_for(system, base)
@@ -206,23 +209,56 @@ def make_backend(
             options=options,
         )
     # OpenAI-compatible /v1/completions: vllm-server, llamacpp with an endpoint, openai with api="completions"
-    endpoint = system.endpoint or http_backends.OPENAI_URL
-    key = None
-    if api_key_env is not None:
-        key = api_key_from_env(api_key_env, what=endpoint)
-    elif kind == "openai":
-        key = api_key_from_env(_DEFAULT_KEY_ENV["openai"], required=system.endpoint is None, what="OpenAI")
     fmt = prompt_format or "token_ids"
-    return http_backends.OpenAICompletionsBackend(
-        system.model,
-        base_url=endpoint,
-        api_key=key,
-        name=system.name,
-        window=system.window,
-        prompt_format=fmt,
-        vllm=kind == "vllm-server",
-        options=options,
-    )
+
+    def completions(endpoint: str, key_required: bool) -> http_backends.OpenAICompletionsBackend:
+        key = None
+        if api_key_env is not None:
+            key = api_key_from_env(api_key_env, what=endpoint)
+        elif kind == "openai":
+            key = api_key_from_env(_DEFAULT_KEY_ENV["openai"], required=key_required, what="OpenAI")
+        return http_backends.OpenAICompletionsBackend(
+            system.model,
+            base_url=endpoint,
+            api_key=key,
+            name=system.name,
+            window=system.window,
+            prompt_format=fmt,
+            vllm=kind == "vllm-server",
+            options=options,
+        )
+
+    if system.endpoints is not None:
+        from depthgate.run.backends.pool import ReplicaPool
+
+        return ReplicaPool([completions(url, False) for url in system.endpoints], name=system.name)
+    return completions(system.endpoint or http_backends.OPENAI_URL, system.endpoint is None)
+
+
+async def probe_backend(backend: Backend) -> None:
+    """Probe ``backend`` before its first request, where it can be: every endpoint of a
+    :class:`~depthgate.run.backends.pool.ReplicaPool` (served model; windows must agree, else
+    :class:`~depthgate.exceptions.InputError`, exit 20), or one ``/v1/completions`` endpoint (served
+    model, ``max_model_len``), so that the pre-send checks see the served window. An endpoint that cannot
+    be reached is left to the run (the runner's retries and circuit breaker: INFRA, exit 30); refusals
+    (a model not served, replicas that disagree) raise. Closes the HTTP clients it opened (the run opens
+    its own in its event loop)."""
+    from depthgate.run.backends.base import TransientBackendError
+    from depthgate.run.backends.http import OpenAICompletionsBackend
+    from depthgate.run.backends.pool import ReplicaPool
+
+    if isinstance(backend, ReplicaPool):
+        try:
+            await backend.probe_all()
+        finally:
+            await backend.aclose()
+    elif isinstance(backend, OpenAICompletionsBackend):
+        try:
+            await backend.probe()
+        except TransientBackendError:
+            pass  # the run's retries and breaker decide; the first request probes again
+        finally:
+            await backend.aclose()
 
 
 def make_cache_control_backends(
@@ -234,7 +270,7 @@ def make_cache_control_backends(
     """The two embedded backends of the prefix-cache control (:func:`depthgate.run.cache.run_cache_control`)
     for an embedded ``llamacpp`` system: cold (prefix reuse off) and warm (on), same model, window,
     tokenizer and threads as the system's own backend. The caller closes both."""
-    if system.backend != "llamacpp" or system.endpoint is not None:
+    if system.backend != "llamacpp" or system.endpoint is not None or system.endpoints is not None:
         raise InputError(
             f"the prefix-cache control runs on the embedded llamacpp backend, not {system.backend!r}",
             field=f"{system.name}.runtime.cache_control",

@@ -28,6 +28,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
+from urllib.parse import urlsplit, urlunsplit
 
 from depthgate.exceptions import BackendError, DepthgateError, ExitCode, InfraError, InputError
 
@@ -44,6 +45,7 @@ __all__ = [
     "Secret",
     "TransientBackendError",
     "api_key_from_env",
+    "endpoint_url",
 ]
 
 T = TypeVar("T")
@@ -58,6 +60,11 @@ class TransientBackendError(BackendError):
     ``summary`` is a short description without any server-supplied text (safe for records and logs);
     ``retry_after`` the server's ``Retry-After`` in seconds when it sent one. A backend makes one
     attempt; the runner retries (:class:`depthgate.run.retry.RetryPolicy`).
+
+    Set by a backend over several endpoints (:class:`~depthgate.run.backends.pool.ReplicaPool`):
+    ``endpoint``, the endpoint that failed; ``failover``, another healthy endpoint that has not failed
+    this request will take the retry at once (the runner retries it without a backoff, without counting
+    a try and without feeding the circuit breaker: one endpoint down is not the arm down).
     """
 
     def __init__(
@@ -67,6 +74,8 @@ class TransientBackendError(BackendError):
         summary: str | None = None,
         retry_after: float | None = None,
         status: int | None = None,
+        endpoint: str | None = None,
+        failover: bool = False,
         file: str | None = None,
         field: str | None = None,
         fix: str | None = None,
@@ -75,12 +84,15 @@ class TransientBackendError(BackendError):
         self.summary = summary or message
         self.retry_after = retry_after
         self.status = status
+        self.endpoint = endpoint
+        self.failover = failover
 
 
 class OverLengthError(DepthgateError):
     """The backend refused the prompt as longer than its window: a system failure of the layout.
 
     Recorded as ``system_fail`` with reason ``overflow``, never retried, never a silent truncation.
+    ``endpoint``: the endpoint that refused it, when a backend over several endpoints says so.
     """
 
     exit_code = ExitCode.FAIL
@@ -92,6 +104,7 @@ class OverLengthError(DepthgateError):
         n_prompt_tokens: int | None = None,
         window: int | None = None,
         summary: str | None = None,
+        endpoint: str | None = None,
         file: str | None = None,
         field: str | None = None,
         fix: str | None = None,
@@ -100,6 +113,7 @@ class OverLengthError(DepthgateError):
         self.n_prompt_tokens = n_prompt_tokens
         self.window = window
         self.summary = summary or "prompt longer than the backend's window"
+        self.endpoint = endpoint
 
 
 class BackendRequestError(InputError):
@@ -171,6 +185,17 @@ def api_key_from_env(env_var: str, *, required: bool = True, what: str = "the AP
     return Secret(value, env_var=env_var)
 
 
+def endpoint_url(url: str) -> str:
+    """``url`` as records name an endpoint: scheme, host (bracketed IPv6), port and path, without any
+    ``user:password@``, query or fragment."""
+    parts = urlsplit(str(url))
+    host = parts.hostname or ""
+    netloc = f"[{host}]" if ":" in host else host
+    if parts.port is not None:
+        netloc += f":{parts.port}"
+    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+
 # --------------------------------------------------------------------------------------------------
 # request / response / protocol
 
@@ -178,7 +203,12 @@ def api_key_from_env(env_var: str, *, required: bool = True, what: str = "the AP
 @dataclass(frozen=True)
 class Request:
     """One generation request. ``token_ids`` is the exact prompt for backends that accept ids,
-    ``text`` its rendered text for text-only backends (at least one must be given)."""
+    ``text`` its rendered text for text-only backends (at least one must be given).
+
+    ``affinity``: requests with the same affinity share most of their prompt (the runner gives the
+    haystack, ``"<case_id>@<target_tokens>"``: every position and seed of one case at one length); a
+    backend over several endpoints sends them to the same endpoint, so its prefix cache is reused.
+    """
 
     layout_id: str
     arm: str
@@ -188,13 +218,14 @@ class Request:
     max_tokens: int
     temperature: float = 0.0
     stop: tuple[str, ...] = ("\n",)
+    affinity: str | None = None
 
     def __repr__(self) -> str:  # never print a prompt
         n = None if self.token_ids is None else len(self.token_ids)
         return (
             f"Request(layout_id={self.layout_id!r}, arm={self.arm!r}, seed={self.seed}, n_token_ids={n}, "
             f"text={'<hidden>' if self.text is not None else None}, max_tokens={self.max_tokens}, "
-            f"temperature={self.temperature}, stop={self.stop!r})"
+            f"temperature={self.temperature}, stop={self.stop!r}, affinity={self.affinity!r})"
         )
 
 
@@ -208,7 +239,8 @@ class Response:
     ``prompt_tokens_expected``: the prompt count the server must report when it is not the local count of
     the ids — Anthropic's own ``count_tokens`` of the message, or the local count plus the calibrated chat
     framing (``None``: the local count, ``len(token_ids)``). The runner compares ``prompt_tokens_server``
-    with it and records the difference.
+    with it and records the difference. ``endpoint``: the endpoint that answered, set by a backend over
+    several endpoints (``None``: the backend's own, :func:`depthgate.run.runner.endpoint_of`).
     """
 
     text: str
@@ -220,6 +252,7 @@ class Response:
     prefix_cache_hit_tokens: int | None = None
     prompt_tokens_expected: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    endpoint: str | None = None
 
 
 @runtime_checkable
