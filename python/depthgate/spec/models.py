@@ -738,8 +738,8 @@ class Runtime(_Frozen):
     * every HTTP backend: ``api_key_env`` (the NAME of the variable holding the key), ``allow_insecure_key``
       (send the key over plain http to a non-loopback endpoint: refused otherwise), ``count_tolerance``
       (relative prompt-count difference allowed; default 0, exact), ``timeout_s``, ``connect_timeout_s``,
-      ``max_connections`` (pool size), ``concurrency`` (this arm's requests in flight; the run's
-      ``--concurrency`` still caps both arms together).
+      ``max_connections`` (pool size), ``concurrency`` (this arm's requests in flight, per endpoint when
+      the arm lists several ``endpoints``; the run's ``--concurrency`` still caps both arms together).
     * embedded ``llamacpp`` (no endpoint): ``n_threads``, ``reuse_prefix`` (keep the KV prefix between
       requests), ``cache_control`` (after the run, the warm/cold prefix-cache control of
       ``depthgate.run.cache`` on this arm's layouts, written to ``RUN/<arm>/cache_control.json``).
