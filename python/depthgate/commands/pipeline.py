@@ -19,16 +19,17 @@ import asyncio
 import contextlib
 import dataclasses
 import datetime as _dt
+import functools
 import hashlib
 import json
 import os
 import platform
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
@@ -55,6 +56,9 @@ from depthgate.spec.models import (
     load_matrix,
     parse_spec,
 )
+
+if TYPE_CHECKING:
+    from depthgate.run.store import LayoutStore
 
 ARMS = ("baseline", "candidate")
 MANIFEST = "manifest.json"
@@ -274,7 +278,8 @@ def run_matrix(
     backends = {}
     jobs: list[tuple[str, Mapping[str, Any]]] = []
     control_jobs: list[tuple[str, Mapping[str, Any]]] = []
-    layouts_by_arm = {}
+    sources: dict[str, LayoutStore] = {}
+    control_sources: dict[str, LayoutStore] = {}
     try:
         manifest = _freeze_manifest(out, _manifest(matrix, matrix_path, suite, arms))
         _freeze_suite(out, suite)
@@ -282,7 +287,6 @@ def run_matrix(
             layout_path = out / a.arm / "layouts.parquet"
             if not layout_path.is_file():
                 build_layouts(suite, a.tokenizer, options_for(a), layout_path)
-            frame = read_layouts(layout_path)
             # The arm's runtime block configures the backend; its relative paths are the matrix file's.
             backend = make_backend(a.system, tokenizer=None, base_dir=matrix_path.parent)
             backends[a.arm] = backend
@@ -291,39 +295,34 @@ def run_matrix(
             asyncio.run(probe_backend(backend))
             _note_endpoints(a.arm, backend, concurrency)
             # The pre-send gate: built under this system's tokenizer, Rust pre-send checks against
-            # the *served* window and the system's template, and a full re-encode of every layout.
-            frame = guard_layouts(
-                frame,
+            # the *served* window and the system's template, and a full re-encode of every layout —
+            # in bounded batches; the jobs keep only small columns, ids and text are read from the
+            # arm's layout store when each request is sent (memory O(batch + in flight)).
+            guard = functools.partial(
+                guard_layouts,
                 tokenizer=a.tokenizer,
                 template=a.template,
                 preamble=a.system.preamble,
                 assembler=a.system.assembler,
                 window=backend.window,
                 max_output_tokens=matrix.decode.max_tokens,
-                cases={c.id: c for c in suite.cases},
             )
-            layouts_by_arm[a.arm] = frame
-            jobs.extend((a.arm, row) for row in frame.iter_rows(named=True))
+            guard_cases = functools.partial(guard, cases={c.id: c for c in suite.cases})
+            jobs.extend((a.arm, row) for row in _guarded_rows(layout_path, guard_cases))
+            sources[a.arm] = _store(layout_path, out / a.arm / "store")
             if controls:
                 # Controls beside the matrix: evidence-only short input and evidence-absent haystack.
                 control_path = out / a.arm / CONTROLS_FILE
                 if not control_path.is_file():
                     build_controls(suite, a.tokenizer, options_for(a), control_path)
-                control_frame = guard_layouts(
-                    read_controls(control_path),
-                    tokenizer=a.tokenizer,
-                    template=a.template,
-                    preamble=a.system.preamble,
-                    assembler=a.system.assembler,
-                    window=backend.window,
-                    max_output_tokens=matrix.decode.max_tokens,
-                )
+                read_controls(control_path)  # a controls file, or a named error
+                control_sources[a.arm] = _store(control_path, out / a.arm / "controls-store")
                 # Controls differ in token count between arms (a preamble, a template, another
                 # tokenizer): they pair by case, control kind and *nominal* length (the matrix length
                 # an evidence-absent control was cut from; 0 for evidence-only).
                 control_jobs.extend(
                     (a.arm, {**row, "target_tokens": row["nominal_tokens"]})
-                    for row in control_frame.iter_rows(named=True)
+                    for row in _guarded_rows(control_path, guard, controls=True)
                 )
         print(
             f"depthgate: {manifest['run_id']}: {len(jobs)} layouts × {len(matrix.decode.seeds)} seed(s) "
@@ -342,7 +341,7 @@ def run_matrix(
         if shard is not None:
             _freeze_shard(out, shard)
         sending = True
-        summary = run_pairs(jobs, backends, out, options)
+        summary = run_pairs(jobs, backends, out, options, sources)
         if summary.circuit_open is not None:
             # The endpoint is down: stop here, report INFRA with what was recorded; a rerun resumes.
             print(
@@ -354,12 +353,16 @@ def run_matrix(
             control_jobs = []
         if control_jobs:
             controls_options = dataclasses.replace(options, run_id=manifest["run_id"] + "-controls")
-            run_pairs(control_jobs, backends, out / CONTROLS_DIR, controls_options)
+            run_pairs(control_jobs, backends, out / CONTROLS_DIR, controls_options, control_sources)
         _print_endpoint_stats(backends)
         for a in arms:
             if a.system.runtime.cache_control:
                 _cache_control(
-                    a, layouts_by_arm[a.arm], out / a.arm, matrix.decode.max_tokens, matrix_path.parent
+                    a,
+                    read_layouts(out / a.arm / "layouts.parquet"),
+                    out / a.arm,
+                    matrix.decode.max_tokens,
+                    matrix_path.parent,
                 )
     except BaseException:
         if fresh is not None and not sending:
@@ -384,6 +387,30 @@ def run_matrix(
 
 
 SHARD_FILE = "shard.json"
+
+
+def _guarded_rows(
+    path: Path, guard: Callable[[pl.DataFrame], pl.DataFrame], *, controls: bool = False
+) -> list[dict[str, Any]]:
+    """Every layout of ``path`` through the pre-send ``guard``, in bounded batches, as small rows
+    (no ``token_ids``/``text``: the runner reads them from the layout store when it sends)."""
+    from depthgate.run.controls import with_nominal_tokens
+    from depthgate.run.store import iter_layout_batches
+
+    rows: list[dict[str, Any]] = []
+    for batch in iter_layout_batches(path):
+        checked = guard(with_nominal_tokens(batch) if controls else batch)
+        rows.extend(checked.drop("token_ids", "text").iter_rows(named=True))
+    return rows
+
+
+def _store(layouts: Path, folder: Path) -> LayoutStore:
+    """The arm's layout store (ids and text on disk), written once from its layouts file."""
+    from depthgate.run.store import INDEX_FILE, LayoutStore, write_layout_store
+
+    if (folder / INDEX_FILE).is_file():
+        return LayoutStore(folder)
+    return write_layout_store(layouts, folder)
 
 
 def _freeze_shard(out: Path, shard: tuple[int, int]) -> None:

@@ -55,6 +55,7 @@ __all__ = [
     "CONTROL_KINDS",
     "build_controls",
     "read_controls",
+    "with_nominal_tokens",
 ]
 
 CONTROL_KINDS: tuple[str, ...] = ("evidence_only", "evidence_absent")
@@ -369,12 +370,17 @@ def read_controls(path: str | Path) -> pl.DataFrame:
             file=str(path),
             fix="pass a controls.parquet written by build_controls",
         )
-    if "nominal_tokens" not in frame.columns:  # written before controls carried their pairing length
-        frame = frame.with_columns(
-            pl.when(pl.col("control") == "evidence_only")
-            .then(0)
-            .otherwise(pl.col("target_tokens"))
-            .cast(pl.Int64)
-            .alias("nominal_tokens")
-        )
-    return frame
+    return with_nominal_tokens(frame)
+
+
+def with_nominal_tokens(frame: pl.DataFrame) -> pl.DataFrame:
+    """``frame`` with its ``nominal_tokens`` (derived for files written before controls carried it)."""
+    if "nominal_tokens" in frame.columns:
+        return frame
+    return frame.with_columns(
+        pl.when(pl.col("control") == "evidence_only")
+        .then(0)
+        .otherwise(pl.col("target_tokens"))
+        .cast(pl.Int64)
+        .alias("nominal_tokens")
+    )

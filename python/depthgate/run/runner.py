@@ -37,7 +37,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
 import polars as pl
 
@@ -155,11 +155,29 @@ def order_seed(run_id: str) -> int:
     return int.from_bytes(hashlib.sha256(f"depthgate/order/{run_id}".encode()).digest()[:8], "big")
 
 
-_REQUIRED = ("layout_id", "case_id", "target_tokens", "position", "token_ids", "status")
+_REQUIRED = ("layout_id", "case_id", "target_tokens", "position", "status")
+
+
+class LayoutSource(Protocol):
+    """Where a job's token ids and text come from when its row does not carry them
+    (:class:`depthgate.run.store.LayoutStore`: read from disk one layout at a time)."""
+
+    def ids(self, layout_id: str) -> Any: ...
+
+    def text(self, layout_id: str) -> str: ...
+
+
+def _local_tokens(layout: Mapping[str, Any]) -> int | None:
+    """The prompt's local token count: its ids if the row holds them, else its ``total_tokens``."""
+    ids = layout.get("token_ids")
+    if ids is not None:
+        return len(ids)
+    total = layout.get("total_tokens")
+    return int(total) if total is not None else None
 
 
 def _check_jobs(
-    jobs: Iterable[tuple[str, Mapping[str, Any]]], arms: Sequence[str]
+    jobs: Iterable[tuple[str, Mapping[str, Any]]], arms: Sequence[str], *, streamed: bool = False
 ) -> list[tuple[str, Mapping[str, Any]]]:
     rows = list(jobs)
     seen: dict[tuple[str, str], int] = {}
@@ -172,6 +190,8 @@ def _check_jobs(
                 fix="pass a backend for every arm",
             )
         missing = [k for k in _REQUIRED if k not in layout]
+        if "token_ids" not in layout and not streamed:
+            missing.append("token_ids")
         if missing:
             raise InputError(
                 f"layout row {index} lacks {missing!r}",
@@ -592,8 +612,15 @@ class RunOptions:
 
 
 class _Run:
-    def __init__(self, *, backends: Mapping[str, Backend], options: RunOptions) -> None:
+    def __init__(
+        self,
+        *,
+        backends: Mapping[str, Backend],
+        options: RunOptions,
+        sources: Mapping[str, LayoutSource] | None = None,
+    ) -> None:
         self.backends = backends
+        self.sources = dict(sources or {})
         self.run_id = options.run_id
         self.manifest_digest = options.manifest_digest
         self.decode = options.decode
@@ -603,9 +630,19 @@ class _Run:
         self.on_transient: Callable[[str], None] | None = None
         self.jitter = random.Random()
 
+    def token_ids(self, job: Job) -> list[int]:
+        """The job's prompt ids: from its row, or read from its arm's layout source (one layout, now)."""
+        if job.layout.get("token_ids") is not None:
+            return _ids(job.layout)
+        return list(self.sources[job.arm].ids(job.layout_id).tolist())
+
+    def text(self, job: Job) -> str | None:
+        if "token_ids" in job.layout or job.arm not in self.sources:
+            return job.layout.get("text")
+        return self.sources[job.arm].text(job.layout_id)
+
     def record(self, job: Job, status: str, *, endpoint: str | None = None, **fields: Any) -> dict[str, Any]:
         layout = job.layout
-        ids = layout["token_ids"]
         rec: dict[str, Any] = {
             "run_id": self.run_id,
             "manifest_digest": self.manifest_digest,
@@ -618,7 +655,7 @@ class _Run:
             "position": _position(layout),
             "seed": job.seed,
             "status": status,
-            "prompt_tokens_local": len(ids) if ids is not None else None,
+            "prompt_tokens_local": _local_tokens(layout),
             "completed_at": datetime.now(timezone.utc),
         }
         rec.update(fields)
@@ -633,7 +670,7 @@ class _Run:
         self, job: Job, resp: Response, latency: float, attempts: int, failed: Sequence[str] = ()
     ) -> dict[str, Any]:
         backend = self.backends[job.arm]
-        local = len(job.layout["token_ids"])
+        local = _local_tokens(job.layout) or 0
         server = resp.prompt_tokens_server
         completion = resp.completion_tokens
         max_tokens = self.decode.max_tokens
@@ -685,8 +722,8 @@ class _Run:
             layout_id=job.layout_id,
             arm=job.arm,
             seed=job.seed,
-            token_ids=_ids(layout),
-            text=layout.get("text"),
+            token_ids=self.token_ids(job),
+            text=self.text(job),
             max_tokens=self.decode.max_tokens,
             temperature=self.decode.temperature,
             stop=tuple(self.decode.stop),
@@ -772,6 +809,7 @@ async def arun_pairs(
     backends: Mapping[str, Backend],
     out_dir: str | os.PathLike[str],
     options: RunOptions,
+    sources: Mapping[str, LayoutSource] | None = None,
 ) -> RunSummary:
     """Async form of :func:`run_pairs` (the caller owns the event loop and the backends)."""
     started = time.monotonic()
@@ -781,7 +819,7 @@ async def arun_pairs(
         raise InputError(
             "seeds must be a non-empty list of distinct integers", field="seeds", fix="e.g. seeds=[0, 1]"
         )
-    rows = _check_jobs(jobs, list(backends))
+    rows = _check_jobs(jobs, list(backends), streamed=bool(sources))
     order = interleaved_order(rows, seed_list, run_id)
     if options.shard is not None:
         index, count = options.shard
@@ -807,7 +845,7 @@ async def arun_pairs(
         # None = on; progress lines go to stderr, redrawn on a terminal, one per few percent elsewhere.
         show = True if options.progress is None else options.progress
         meter = _Progress(len(pending), show)
-        run = _Run(backends=backends, options=options)
+        run = _Run(backends=backends, options=options, sources=sources)
         run.on_transient = meter.error
         log.info(
             "run %s: %d jobs, %d already recorded, %d to send (concurrency %d)",
@@ -921,6 +959,7 @@ def run_pairs(
     backends: Mapping[str, Backend],
     out_dir: str | os.PathLike[str],
     options: RunOptions,
+    sources: Mapping[str, LayoutSource] | None = None,
 ) -> RunSummary:
     """Run every (arm, layout) job with every seed against its arm's backend; append records to
     ``out_dir/records/``; resume where an earlier call with the same run id stopped.
@@ -928,9 +967,11 @@ def run_pairs(
     ``jobs`` are ``(arm, layout row)`` pairs; a row has at least ``layout_id``, ``case_id``,
     ``target_tokens``, ``position``, ``token_ids``, ``text`` and ``status`` (rows with a status other
     than ``"ok"`` are recorded as ``system_fail`` with their ``reason_code``, not sent). ``backends``:
-    one backend per arm (the caller closes them). A transient failure is retried by ``options.retry``;
-    one still failing is recorded as ``infra_error`` (re-run on resume). After
+    one backend per arm (the caller closes them). ``sources``: per arm, where the ids and text of rows
+    without ``token_ids`` are read at send time (:class:`depthgate.run.store.LayoutStore`), so the
+    jobs hold only small columns and memory stays O(jobs in flight). A transient failure is retried by
+    ``options.retry``; one still failing is recorded as ``infra_error`` (re-run on resume). After
     ``options.retry.breaker_after`` consecutive transient failures on one arm the run stops sending
     (:attr:`RunSummary.circuit_open` names the arm); nothing sent is lost and the rerun resumes.
     """
-    return asyncio.run(arun_pairs(jobs, backends, out_dir, options))
+    return asyncio.run(arun_pairs(jobs, backends, out_dir, options, sources))
