@@ -515,6 +515,14 @@ def test_noise_floor_deterministic_and_levels() -> None:
     assert res.level == pytest.approx(1 - 0.05 / 4)
     assert res.aa_verdict == "PASS" and res.aa_not_passing == () and res.plan_margin_ok
     assert noise_floor(from_arrays(same), familywise=False).level == pytest.approx(0.95)
+    shifted = from_arrays(same).with_columns(
+        pl.when(pl.col("arm") == "candidate")
+        .then(pl.col("seed") + 10)
+        .otherwise(pl.col("seed"))
+        .alias("seed")
+    )
+    with pytest.raises(InputError, match="no paired A/A runs"):
+        noise_floor(shifted)
     with pytest.raises(InputError, match="both arms"):
         noise_floor(from_arrays({k: v for k, v in same.items() if k[0] == "baseline"}))
 

