@@ -24,6 +24,7 @@ from depthgate.run.backends import make_backend
 from depthgate.run.backends.base import EmbeddedBackendAdapter, Request
 from depthgate.run.backends.llamacpp import EmbeddedLlamaBackend, Generation
 from depthgate.spec.models import System, load_matrix
+from helpers import SHORT_PREAMBLE, small_smoke_matrix
 
 ARMS = ("baseline", "candidate")
 
@@ -245,23 +246,13 @@ def test_run_with_runtime_block_relative_model_and_cache_control(
     from depthgate.commands.cli import main
     from depthgate.exceptions import ExitCode
 
-    repo = Path(__file__).resolve().parent.parent
-    text = (repo / "matrices" / "smoke.toml").read_text(encoding="utf-8")
-    text = text.replace("cases = 8", "cases = 2").replace("lengths = [1024]", "lengths = [480]")
-    text = text.replace("positions = [0.0, 0.25, 0.5, 0.75, 1.0]", "positions = [0.0, 1.0]")
-    text = text.replace("n_min = 8", "n_min = 2").replace(
-        "bootstrap_resamples = 999", "bootstrap_resamples = 199"
-    )
-    start = text.index('preamble = """')
-    end = text.index('"""', start + 14) + 3
     candidate = (
-        'preamble = "Read the excerpt below and answer the question."\n'
+        f"{SHORT_PREAMBLE}\n"
         'model = "models/gemma.gguf"\n'
         'tokenizer = "gguf:models/gemma.gguf"\n\n'
         "[candidate.runtime]\nreuse_prefix = true\ncache_control = true\nn_threads = 2\n"
     )
-    text = text[:start] + candidate + text[end:]
-    text = text.replace(
+    text = small_smoke_matrix(preamble=candidate).replace(
         'name = "gemma-preamble"\nbackend = "llamacpp"\nmodel = "gemma3-270m"\ntokenizer = "gguf:"\n',
         'name = "gemma-preamble"\nbackend = "llamacpp"\n',
     )

@@ -65,6 +65,7 @@ from depthgate.run.backends.http import (
 from depthgate.run.retry import RetryPolicy
 from depthgate.run.runner import RunOptions, read_records, run_pairs
 from depthgate.spec.models import DecodeParams, System, parse_spec
+from helpers import free_port, small_smoke_matrix
 
 # --------------------------------------------------------------------------------------------------
 # a tiny stub HTTP server (recorded shapes)
@@ -152,12 +153,6 @@ def stub() -> Iterator[Stub]:
     yield state
     server.shutdown()
     server.server_close()
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _req(ids: list[int] | None = None, text: str | None = None, **kw: Any) -> Request:
@@ -479,7 +474,7 @@ def test_recorded_shapes_timeout_is_transient(stub: Stub) -> None:
 
 
 def test_unreachable_endpoint_is_a_clear_infra_error_naming_the_url() -> None:
-    url = f"http://127.0.0.1:{_free_port()}"
+    url = f"http://127.0.0.1:{free_port()}"
     backend = OpenAICompletionsBackend("tiny", base_url=url)
     with pytest.raises(InfraError) as info:
         run(_once(backend, _req([1, 2, 3])))
@@ -1166,7 +1161,7 @@ def llama_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaServ
     from depthgate.layout.gguf_tokenizer import gemma_default_gguf, tokenizer_from_gguf
 
     gguf = gemma_default_gguf()
-    port = _free_port()
+    port = free_port()
     log_path = tmp_path_factory.mktemp("llama-server") / "server.log"
     cmd = [
         sys.executable, "-m", "llama_cpp.server",
@@ -1298,17 +1293,8 @@ def test_matrix_arm_on_llamacpp_python_server_runs_with_runtime_prompt_format_te
     with a refusal that names the fix (exit 20), never a silent retry loop."""
     from depthgate.commands.cli import main
 
-    repo = Path(__file__).resolve().parent.parent
-    text = (repo / "matrices" / "smoke.toml").read_text(encoding="utf-8")
-    text = text.replace("cases = 8", "cases = 2").replace("lengths = [1024]", "lengths = [480]")
-    text = text.replace("positions = [0.0, 0.25, 0.5, 0.75, 1.0]", "positions = [0.0, 1.0]")
-    text = text.replace("n_min = 8", "n_min = 2").replace(
-        "bootstrap_resamples = 999", "bootstrap_resamples = 199"
-    )
-    start = text.index('preamble = """')
-    end = text.index('"""', start + 14) + 3
-    text = text[:start] + 'preamble = "Read the excerpt below and answer the question."' + text[end:]
-    text = text.replace("window = 2048\n", f'window = 2048\nendpoint = "{llama_server.url}"\n')
+    endpoint = f'endpoint = "{llama_server.url}"\n'
+    text = small_smoke_matrix().replace("window = 2048\n", f"window = 2048\n{endpoint}")
     runtime = '\n[{arm}.runtime]\nprompt_format = "text"\n'
     with_runtime = text.replace("\n[candidate]", runtime.format(arm="baseline") + "\n[candidate]").replace(
         "\n[plan]", runtime.format(arm="candidate") + "\n[plan]"

@@ -25,12 +25,9 @@ import hashlib
 import json
 import os
 import shutil
-import socket
 import string
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +39,7 @@ from depthgate.exceptions import ExitCode
 from depthgate.layout.layouts import BuildOptions, build_layouts, load_tokenizer, parse_positions
 from depthgate.spec.suites import builtin_suite
 from fixtures_paths import tokenizers_dir
+from helpers import JSONHandler, StubServer, completion
 
 GPT2 = tokenizers_dir() / "gpt2" / "tokenizer.json"
 BAD = int(ExitCode.BAD_INPUT)
@@ -561,52 +559,22 @@ def test_hostile_input(
 # A run whose template raises leaves no run folder; after the template is fixed the same folder runs.
 
 
-class _Reader:
+class _Reader(StubServer):
     """A vLLM-shaped stub on 127.0.0.1 (labelled: not a model) that answers "not stated" and echoes the
     prompt ids; enough to take a run to a verdict."""
 
     def __init__(self) -> None:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            self.port = int(sock.getsockname()[1])
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def _send(self, payload: Any) -> None:
-                data = json.dumps(payload).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
+        class Handler(JSONHandler):
             def do_GET(self) -> None:
-                self._send(
+                self.send_json(
                     {"object": "list", "data": [{"id": "good", "object": "model", "max_model_len": 1024}]}
                 )
 
             def do_POST(self) -> None:
-                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
-                ids = list(body["prompt"])
-                choice = {"index": 0, "text": " not stated", "finish_reason": "stop", "prompt_token_ids": ids}
-                self._send(
-                    {"model": body["model"], "choices": [choice], "usage": {"prompt_tokens": len(ids)}}
-                )
+                body = self.read_json()
+                self.send_json(completion(body["model"], " not stated", list(body["prompt"])))
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-
-    def __enter__(self) -> _Reader:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        super().__init__(Handler)
 
 
 @pytest.mark.parametrize("precreated", [False, True], ids=["new-folder", "empty-folder"])

@@ -15,21 +15,12 @@ import pytest
 from depthgate.commands.cli import main
 from depthgate.exceptions import ExitCode, SpecError
 from depthgate.spec.models import Runtime, System, VLLMEngineArgs, load_matrix
-
-REPO = Path(__file__).resolve().parent.parent
-SMOKE = (REPO / "matrices" / "smoke.toml").read_text(encoding="utf-8")
+from helpers import REPO, small_smoke_matrix
 
 
 def _matrix(tmp_path: Path, baseline_runtime: str = "", *, baseline: str | None = None) -> Path:
     """smoke.toml (2 cases, 480 tokens) with the baseline system replaced or given a runtime block."""
-    text = SMOKE.replace("cases = 8", "cases = 2").replace("lengths = [1024]", "lengths = [480]")
-    text = text.replace("positions = [0.0, 0.25, 0.5, 0.75, 1.0]", "positions = [0.0, 1.0]")
-    text = text.replace("n_min = 8", "n_min = 2").replace(
-        "bootstrap_resamples = 999", "bootstrap_resamples = 199"
-    )
-    start = text.index('preamble = """')
-    end = text.index('"""', start + 14) + 3
-    text = text[:start] + 'preamble = "Read the excerpt below and answer the question."' + text[end:]
+    text = small_smoke_matrix()
     if baseline is not None:
         head = text.index("[baseline]")
         tail = text.index("[candidate]")

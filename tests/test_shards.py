@@ -19,8 +19,9 @@ import pytest
 from depthgate.commands.cli import main
 from depthgate.exceptions import ExitCode
 from depthgate.run.runner import read_records, shard_of
+from helpers import free_port
 from test_cli import _tiny_matrix
-from test_verdict_trust import PerfectReader, _free_port, _matrix
+from test_verdict_trust import PerfectReader, _matrix
 
 SAME = ("slices", "digests", "plan", "overall", "worst_by_length", "worst_cases", "worst_shares", "verdict")
 
@@ -50,7 +51,7 @@ def test_shard_of_keeps_pairs_together_and_splits_evenly() -> None:
 def test_three_shards_merge_to_the_unsharded_verdict(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    port = _free_port()
+    port = free_port()
     matrix = _matrix(tmp_path, port)
     with PerfectReader(port):
         assert main(["run", str(matrix), "--out", str(tmp_path / "whole")]) == ExitCode.PASS

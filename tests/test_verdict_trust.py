@@ -19,9 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +31,7 @@ from depthgate.exceptions import ExitCode
 from depthgate.run.runner import read_records
 from depthgate.spec.suites import builtin_suite
 from fixtures_paths import tokenizers_dir
+from helpers import JSONHandler, StubServer, completion, free_port
 
 GPT2 = tokenizers_dir() / "gpt2" / "tokenizer.json"
 SMOLLM = tokenizers_dir() / "smollm" / "tokenizer.json"
@@ -43,13 +41,7 @@ ARMS = ("baseline", "candidate")
 PLACED = sum(1 for c in builtin_suite(CASES).cases if c.evidence)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-class PerfectReader:
+class PerfectReader(StubServer):
     """A vLLM-shaped stub: ``/v1/models`` and ``/v1/completions`` with token-id prompts. Model
     ``good`` answers every case correctly and echoes the prompt ids; model ``doubled-bos`` answers the
     same but echoes the ids with one extra leading token (a server that adds a second BOS); model
@@ -71,56 +63,21 @@ class PerfectReader:
         self.requests = 0
         reader = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def _send(self, payload: Any) -> None:
-                data = json.dumps(payload).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
+        class Handler(JSONHandler):
             def do_GET(self) -> None:
                 models = [{"id": m, "object": "model", "max_model_len": 4096} for m in reader.tokenizers]
-                self._send({"object": "list", "data": models})
+                self.send_json({"object": "list", "data": models})
 
             def do_POST(self) -> None:
-                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
+                body = self.read_json()
                 reader.requests += 1
                 ids = list(body["prompt"])
                 text = reader.tokenizers[body["model"]].decode(ids)
                 answer = next((a for q, a in reader.answers.items() if q in text), "not stated")
                 echo = [50256, *ids] if body["model"] == "doubled-bos" else ids
-                self._send(
-                    {
-                        "model": body["model"],
-                        "choices": [
-                            {
-                                "index": 0,
-                                "text": f" {answer}",
-                                "finish_reason": "stop",
-                                "prompt_token_ids": echo,
-                            }
-                        ],
-                        "usage": {"prompt_tokens": len(echo), "completion_tokens": 3},
-                    }
-                )
+                self.send_json(completion(body["model"], f" {answer}", echo, completion_tokens=3))
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-
-    def __enter__(self) -> PerfectReader:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        super().__init__(Handler, port)
 
 
 def _matrix(
@@ -171,7 +128,7 @@ def _verdict(run: Path) -> dict[str, Any]:
 
 @pytest.fixture()
 def port() -> int:
-    return _free_port()
+    return free_port()
 
 
 def test_unreachable_endpoint_is_infra_exit_30_then_the_rerun_resumes(

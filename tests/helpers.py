@@ -1,0 +1,85 @@
+"""Pieces several test files share: a JSON stub server on 127.0.0.1 and the cut-down smoke matrix.
+
+The stub servers here are labelled stand-ins (not models): each test file gives :class:`JSONHandler` its
+own ``do_GET``/``do_POST`` and serves it with :class:`StubServer` for the length of a ``with`` block.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, TypeVar
+
+REPO = Path(__file__).resolve().parent.parent
+SHORT_PREAMBLE = 'preamble = "Read the excerpt below and answer the question."'
+
+_Server = TypeVar("_Server", bound="StubServer")
+
+
+def free_port() -> int:
+    """A port on 127.0.0.1 that nothing listens on (the OS's pick, released before it is returned)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class JSONHandler(BaseHTTPRequestHandler):
+    """HTTP/1.1 keep-alive, no access log; reads a request's JSON body and answers 200 with JSON."""
+
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+    def read_json(self) -> Any:
+        return json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
+
+    def send_json(self, payload: Any) -> None:
+        data = json.dumps(payload).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+class StubServer:
+    """``handler`` served on 127.0.0.1:``port`` (0: any free port, then in :attr:`port`) from a daemon
+    thread while the ``with`` block runs; the server is bound at construction."""
+
+    def __init__(self, handler: type[BaseHTTPRequestHandler], port: int = 0) -> None:
+        self.server = ThreadingHTTPServer(("127.0.0.1", port), handler)
+        self.port = int(self.server.server_address[1])
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self: _Server) -> _Server:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def completion(model: str, text: str, prompt_ids: list[int], **usage: int) -> dict[str, Any]:
+    """A vLLM ``/v1/completions`` answer: one stopped choice echoing ``prompt_ids``, ``prompt_tokens``
+    counted from them, plus any other ``usage`` fields."""
+    choice = {"index": 0, "text": text, "finish_reason": "stop", "prompt_token_ids": prompt_ids}
+    return {"model": model, "choices": [choice], "usage": {"prompt_tokens": len(prompt_ids), **usage}}
+
+
+def small_smoke_matrix(*, cases: int = 2, lengths: str = "[480]", preamble: str = SHORT_PREAMBLE) -> str:
+    """The text of matrices/smoke.toml cut down for a quick run: ``cases`` cases at ``lengths``, depths 0
+    and 1 only, ``n_min = 2``, 199 bootstrap resamples, and the candidate's long preamble replaced by
+    ``preamble`` (TOML lines that take its place in the candidate's table)."""
+    text = (REPO / "matrices" / "smoke.toml").read_text(encoding="utf-8")
+    text = text.replace("cases = 8", f"cases = {cases}").replace("lengths = [1024]", f"lengths = {lengths}")
+    text = text.replace("positions = [0.0, 0.25, 0.5, 0.75, 1.0]", "positions = [0.0, 1.0]")
+    text = text.replace("n_min = 8", "n_min = 2")
+    text = text.replace("bootstrap_resamples = 999", "bootstrap_resamples = 199")
+    start = text.index('preamble = """')
+    end = text.index('"""', start + 14) + 3
+    return text[:start] + preamble + text[end:]
