@@ -196,6 +196,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         verification=args.verification,
         controls=not args.no_controls,
         shard=args.shard,
+        aa=args.aa,
     )
     if args.shard is not None:
         state = "complete" if code == ExitCode.PASS else "incomplete: rerun this shard, it resumes"
@@ -215,6 +216,19 @@ def _shard(value: str) -> tuple[int, int]:
     if not 1 <= index <= count:
         raise argparse.ArgumentTypeError(f"{value!r}: expected i/N with 1 <= i <= N")
     return index, count
+
+
+def _cmd_plan(args: argparse.Namespace) -> int:
+    from depthgate.commands.plan import matrix_power, print_power, read_pilot
+    from depthgate.spec.models import load_matrix
+    from depthgate.spec.suites import resolve_suite
+
+    matrix_path = Path(args.matrix)
+    matrix = load_matrix(matrix_path)
+    suite = resolve_suite(matrix.suite, base_dir=matrix_path.parent)
+    pilot = read_pilot(args.pilot) if args.pilot else None
+    print_power(matrix_power(matrix, suite, p_baseline=args.p_baseline, icc=args.icc, pilot=pilot))
+    return ExitCode.PASS
 
 
 def _cmd_merge(args: argparse.Namespace) -> int:
@@ -304,7 +318,19 @@ def build_parser() -> argparse.ArgumentParser:
         type=_shard,
         help="i/N: run only shard i of N (pairs split by content); join with `depthgate merge`",
     )
+    r.add_argument(
+        "--aa",
+        action="store_true",
+        help="A/A: run the baseline against a repeat of itself and report the noise floor",
+    )
     r.set_defaults(func=_cmd_run, outputs=(("out", "run_dir"),))
+
+    pl_ = sub.add_parser("plan", help="per-slice power of a matrix's plan (and the cases it needs)")
+    pl_.add_argument("matrix")
+    pl_.add_argument("--pilot", help="a finished run folder: estimate the design from its scored.parquet")
+    pl_.add_argument("--p-baseline", type=float, default=0.85, help="assumed baseline accuracy")
+    pl_.add_argument("--icc", type=float, default=0.33, help="assumed intra-case correlation of runs")
+    pl_.set_defaults(func=_cmd_plan)
 
     m = sub.add_parser("merge", help="join the shard folders of one run (then `depthgate gate` the result)")
     m.add_argument("shards", nargs="+", help="the --out folder of every shard")

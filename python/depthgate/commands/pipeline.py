@@ -65,6 +65,7 @@ MANIFEST = "manifest.json"
 SUITE_FILE = "suite.json"
 CONTROLS_FILE = "controls.parquet"
 CONTROLS_DIR = "controls"
+AA_FILE = "aa.json"  # marks an A/A run (depthgate run --aa); the gate adds the noise floor
 
 
 def _versions() -> dict[str, str]:
@@ -233,13 +234,15 @@ def run_matrix(
     verification: str = "full",
     controls: bool = True,
     shard: tuple[int, int] | None = None,
+    aa: bool = False,
 ) -> tuple[GateResult | None, ExitCode, Path]:
     """Build → pre-send check → run (paired, resumable) → score → gate → report.
 
     With ``shard = (i, N)`` only the pairs of shard i of N run (``depthgate.run.runner.shard_of``: by
     content, both arms of a pair together); the folder holds the same frozen manifest as every other
     shard and no verdict: ``depthgate merge`` joins the N folders, then ``gate`` judges the whole.
-    Returns ``(None, PASS or INFRA, out)`` for a shard.
+    Returns ``(None, PASS or INFRA, out)`` for a shard. ``aa``: the baseline against a repeat of itself
+    (:func:`depthgate.commands.plan.aa_matrix`); the gate then adds the A/A noise floor to the reports.
     """
     from depthgate.layout.presend import guard_layouts
     from depthgate.run.backends import make_backend, probe_backend
@@ -249,6 +252,10 @@ def run_matrix(
 
     matrix_path = Path(matrix_path)
     matrix = load_matrix(matrix_path)
+    if aa:
+        from depthgate.commands.plan import aa_matrix
+
+        matrix = aa_matrix(matrix)
     suite = resolve_suite(matrix.suite, base_dir=matrix_path.parent)
     out = Path(out_dir)
     arms = [
@@ -324,6 +331,9 @@ def run_matrix(
                     (a.arm, {**row, "target_tokens": row["nominal_tokens"]})
                     for row in _guarded_rows(control_path, guard, controls=True)
                 )
+        _warn_power(matrix, suite)
+        if aa:
+            _mark_aa(out, matrix)
         print(
             f"depthgate: {manifest['run_id']}: {len(jobs)} layouts × {len(matrix.decode.seeds)} seed(s) "
             f"on 2 arms → {out}",
@@ -610,7 +620,65 @@ def gate_run(
     )
     if (run / CONTROLS_DIR).is_dir():
         _add_controls(run, suite, scored, paths.verdict_json, paths.summary_md)
+    _add_position(run, plan, frozen.seeds, scored, paths.out_dir)
+    if (run / AA_FILE).is_file():
+        _add_noise_floor(scored, gate_plan(plan, lengths, labels), paths.out_dir)
     return result, paths.exit_code, paths.report_html
+
+
+def _warn_power(matrix: Matrix, suite: Suite) -> None:
+    """One stderr line before the first request when the plan is under-powered (default assumptions)."""
+    from depthgate.commands.plan import power_warning
+
+    line = power_warning(matrix, suite)
+    if line:
+        print(line, file=sys.stderr)
+
+
+def _mark_aa(out: Path, matrix: Matrix) -> None:
+    """Mark the folder as an A/A run (the gate adds the noise floor)."""
+    path = out / AA_FILE
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps({"baseline": matrix.baseline.name}), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _add_position(
+    run: Path, plan: AnalysisPlan, seeds: Sequence[int], scored: pl.DataFrame, report_dir: Path
+) -> None:
+    """Effective length, control-normalised accuracy and pass^k (depthgate.report.position) into
+    verdict.json (``position``), summary.md and report.html; never changes the verdict."""
+    from depthgate.report.position import add_position_section, position_science
+
+    controls_path = run / "scored_controls.parquet"
+    scored_controls = (
+        pl.read_parquet(controls_path) if (run / CONTROLS_DIR).is_dir() and controls_path.is_file() else None
+    )
+    try:
+        science = position_science(scored, plan, seeds=seeds, scored_controls=scored_controls)
+    except InputError as exc:
+        print(f"depthgate: position science not computed: {exc}", file=sys.stderr)
+        return
+    add_position_section(science, report_dir)
+
+
+def _add_noise_floor(scored: pl.DataFrame, plan: GatePlan, report_dir: Path) -> None:
+    """The A/A noise floor (depthgate.judge.noise) into verdict.json (``noise_floor``) and summary.md."""
+    from depthgate.judge.noise import noise_floor
+    from depthgate.report.position import add_noise_floor_section
+
+    try:
+        result = noise_floor(scored, alpha=plan.look_alpha, plan=plan)
+    except InputError as exc:
+        print(f"depthgate: noise floor not computed: {exc}", file=sys.stderr)
+        return
+    add_noise_floor_section(result, report_dir)
+    state = "above" if result.plan_margin_ok else "BELOW"
+    print(
+        f"noise floor: recommended margin {result.recommended_margin:g} (plan margin {plan.margin:g} is "
+        f"{state} it); flip rate {result.flip_rate:.3f}",
+        file=sys.stderr,
+    )
 
 
 def _planned_jobs(run: Path, seeds: Sequence[int]) -> pl.DataFrame:

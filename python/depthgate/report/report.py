@@ -186,6 +186,10 @@ class VerdictDocument(_Strict):
     files: dict[str, str]
     # Added by the pipeline when controls ran beside the matrix (depthgate.judge.controls.classify_failures).
     controls: dict[str, Any] | None = None
+    # Added by the pipeline (depthgate.report.position): effective length, control-normalised accuracy,
+    # pass^k; and, for an A/A run (`depthgate run --aa`), the noise floor. Neither changes the verdict.
+    position: dict[str, Any] | None = None
+    noise_floor: dict[str, Any] | None = None
     # What failed (depthgate.judge.health): "model", "system" (every failing slice driven by the
     # candidate's system failures), "mixed" or "none"; and the runs lost to infrastructure (INFRA).
     failure_class: Literal["none", "model", "system", "mixed"] = "none"

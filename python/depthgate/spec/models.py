@@ -617,11 +617,26 @@ class AnalysisPlan(_Frozen):
     max_missing: StrictFloat = Field(default=0.10, ge=0.0, lt=1.0)
     bootstrap_resamples: StrictInt = Field(default=9999, ge=99)
     bootstrap_seed: StrictInt = Field(default=0, ge=0)
+    # Position science beside the gate (depthgate.judge.position.effective_length; never changes the
+    # verdict): NoLiMa = a share of the arm's evidence-only base score, RULER = an absolute accuracy.
+    effective_length_rule: Literal["nolima", "ruler"] = "nolima"
+    effective_length_threshold: StrictFloat = Field(default=0.85, gt=0.0, le=1.0)
 
     @model_validator(mode="after")
     def _check_plan(self) -> AnalysisPlan:
         self.raise_violations()
         return self
+
+    @model_serializer(mode="wrap")
+    def _stable_dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """The effective-length fields are dumped only when set away from their defaults, so the plan
+        digests of runs frozen before these fields existed stay valid (a resume or a re-gate of an old
+        run folder is not refused as a changed plan)."""
+        data: dict[str, Any] = handler(self)
+        for name, default in (("effective_length_rule", "nolima"), ("effective_length_threshold", 0.85)):
+            if data.get(name) == default:
+                data.pop(name, None)
+        return data
 
     def violations(self, *, n_slices: int | None = None) -> list[tuple[str, str, str]]:
         """:func:`plan_violations` of this plan (with the slice count when known)."""

@@ -1,0 +1,119 @@
+"""``depthgate plan MATRIX``: per-slice power of a matrix's pre-registered plan (research/stats_gate.md §3),
+the warning ``depthgate run`` prints when that plan is under-powered, and the A/A matrix of
+``depthgate run --aa`` (the baseline against a repeat of itself).
+
+Assumptions without a pilot: a baseline accuracy of 0.85 and an intra-case correlation of 0.33
+(:data:`DEFAULT_P_BASELINE`, :data:`DEFAULT_ICC`), a true difference of 0, and a target of 0.8 for all
+slices together. ``--pilot RUN`` estimates the design per slice from a finished run's ``scored.parquet``.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import polars as pl
+
+from depthgate.exceptions import InputError
+from depthgate.judge.power import DesignParameters, PowerPlan, pilot_parameters, power_plan
+from depthgate.layout.layouts import parse_positions
+from depthgate.spec.models import Matrix, Suite, look_alpha
+
+__all__ = [
+    "AA_FILE",
+    "DEFAULT_ICC",
+    "DEFAULT_P_BASELINE",
+    "POWER_TARGET",
+    "aa_matrix",
+    "matrix_power",
+    "power_warning",
+    "print_power",
+]
+
+DEFAULT_P_BASELINE = 0.85
+DEFAULT_ICC = 0.33
+POWER_TARGET = 0.8
+#: Marks a run folder as an A/A run (`depthgate run --aa`): the gate adds the noise floor.
+AA_FILE = "aa.json"
+
+
+def matrix_power(
+    matrix: Matrix,
+    suite: Suite,
+    *,
+    p_baseline: float = DEFAULT_P_BASELINE,
+    icc: float = DEFAULT_ICC,
+    pilot: pl.DataFrame | None = None,
+) -> PowerPlan:
+    """Power of every (length, position) slice of ``matrix`` at its case count (the suite's placed
+    cases) and seed count, margin, look alpha and n_min."""
+    plan = matrix.plan
+    labels = [p.label for p in parse_positions([str(p) for p in matrix.positions])]
+    slices = [(length, label) for length in matrix.lengths for label in labels]
+    n_cases = sum(1 for c in suite.cases if c.decisive)
+    if not 0.0 <= p_baseline <= 1.0:  # DesignParameters.from_icc would fail in math.sqrt first
+        raise InputError(
+            f"p_baseline {p_baseline!r} out of range", field="--p-baseline", fix="an accuracy in [0, 1]"
+        )
+    if n_cases < 1:
+        raise InputError("the suite places no case", field="suite", fix="give cases with evidence")
+    return power_plan(
+        slices,
+        n_cases=n_cases,
+        seeds=len(matrix.decode.seeds),
+        margin=plan.margin,
+        alpha=look_alpha(plan.alpha, plan.stop_rule),
+        design=DesignParameters.from_icc(p_baseline, icc),
+        pilot=None if pilot is None else pilot_parameters(pilot),
+        n_min=plan.n_min,
+        target=POWER_TARGET,
+    )
+
+
+def power_warning(matrix: Matrix, suite: Suite) -> str | None:
+    """One line when the plan is under-powered (smallest slice power < 0.8) at the default assumptions."""
+    try:
+        pp = matrix_power(matrix, suite)
+    except InputError:
+        return None
+    if pp.min_power >= POWER_TARGET:
+        return None
+    return (
+        f"depthgate: warning: the plan is under-powered: smallest slice power {pp.min_power:.2f} "
+        f"({pp.weakest_slice}), all slices {pp.power_all_slices:.2f}, at p_baseline {DEFAULT_P_BASELINE} and "
+        f"ICC {DEFAULT_ICC}; about {pp.cases_needed} cases are needed (see `depthgate plan`)"
+    )
+
+
+def print_power(pp: PowerPlan) -> None:
+    """The power table on stdout."""
+    print("slice          cases seeds power  power_test power_newcombe n_for_target check_by_sim")
+    for r in pp.rows:
+        print(
+            f"{r.length}/{r.position:<10} {r.n_cases:>5} {r.seeds:>5} {r.power:6.3f} {r.power_test:10.3f} "
+            f"{r.power_newcombe:14.3f} {r.cases.n_recommended!s:>12} {r.check_by_simulation}"
+        )
+    print(f"min power: {pp.min_power:.3f} ({pp.weakest_slice})")
+    print(f"power_all_slices: {pp.power_all_slices:.3f} (target {pp.target:g})")
+    print(f"cases needed: {pp.cases_needed}")
+    if pp.min_power < POWER_TARGET:
+        print("under-powered: add cases (or seeds) before trusting a PASS", file=sys.stderr)
+
+
+def read_pilot(run: str | Path) -> pl.DataFrame:
+    """A finished run's scored records (``RUN/scored.parquet``)."""
+    path = Path(run) / "scored.parquet"
+    if not path.is_file():
+        raise InputError(
+            "no scored.parquet in the pilot run folder",
+            file=str(path),
+            fix="pass a run folder gated by `depthgate run` or `depthgate gate`",
+        )
+    return pl.read_parquet(path)
+
+
+def aa_matrix(matrix: Matrix) -> Matrix:
+    """The A/A version of ``matrix``: the candidate is the baseline system under another name (the same
+    layouts and seeds, separate requests)."""
+    repeat = matrix.baseline.model_copy(update={"name": f"{matrix.baseline.name}-repeat"})
+    return matrix.model_copy(update={"candidate": repeat, "name": f"{matrix.name}-aa"})

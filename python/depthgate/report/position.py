@@ -1,0 +1,395 @@
+"""Position science in the reports (issue #13): effective length per depth, control-normalised accuracy,
+pass^k and the A/A noise floor, added beside the verdict (they never change it).
+
+:func:`position_science` computes the numbers from a run's scored records (``RUN/scored.parquet``) and,
+when the controls ran, its scored controls (``RUN/scored_controls.parquet``), with the frozen plan's
+``effective_length_rule``/``effective_length_threshold``, ``bootstrap_seed`` and one-sided look alpha.
+:func:`add_position_section` writes them into an existing report folder: ``verdict.json`` key
+``position``, a section of ``summary.md``, and a section of ``report.html`` (accuracy-by-length charts per
+depth as embedded PNGs and the tables) at the template's ``<!-- depthgate:sections -->`` marker.
+
+NoLiMa without controls: the base score is taken as 1.0 for both arms (the threshold then is an absolute
+accuracy, as under RULER) and a note says so.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from depthgate.exceptions import InputError
+from depthgate.judge.noise import NoiseFloorResult
+from depthgate.judge.position import (
+    EffectiveLengthResult,
+    control_normalised_accuracy,
+    effective_length,
+    pass_hat_k,
+)
+from depthgate.judge.stats import ARMS, position_sort_key
+from depthgate.spec.models import AnalysisPlan, look_alpha
+
+__all__ = [
+    "SECTIONS_MARKER",
+    "PositionScience",
+    "add_noise_floor_section",
+    "add_position_section",
+    "position_science",
+    "render_curve_png",
+]
+
+#: Where extra sections go in report.html (report.html.j2 holds this comment once).
+SECTIONS_MARKER = "<!-- depthgate:sections -->"
+_DPI = 110
+_COLORS = {"baseline": "#1f6feb", "candidate": "#cf222e"}
+
+
+@dataclass(frozen=True)
+class PositionScience:
+    """The position numbers of one run. ``effective``: None when it could not be computed (``notes``
+    say why); ``normalised``: control-normalised accuracy (None without controls); ``repeat``: pass^k."""
+
+    effective: EffectiveLengthResult | None
+    normalised: pl.DataFrame | None
+    repeat: pl.DataFrame
+    seeds: int
+    notes: tuple[str, ...] = field(default=())
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "effective_length": None if self.effective is None else self.effective.to_dict(),
+            "control_normalised": None if self.normalised is None else self.normalised.to_dicts(),
+            "pass_hat_k": self.repeat.to_dicts(),
+            "seeds": self.seeds,
+            "notes": list(self.notes),
+        }
+        return dict(_clean(out))
+
+
+def _clean(value: Any) -> Any:
+    """JSON-ready: non-finite floats as None, tuples as lists."""
+    if isinstance(value, dict):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def position_science(
+    scored: pl.DataFrame,
+    plan: AnalysisPlan,
+    *,
+    seeds: Sequence[int],
+    scored_controls: pl.DataFrame | None = None,
+) -> PositionScience:
+    """Effective length (the plan's rule and threshold), control-normalised accuracy and pass^k of a run.
+
+    NoLiMa needs the evidence-only controls for its base score: without them (``--no-controls``) or when
+    they cannot give one, the base score is 1.0 for both arms and a note says so."""
+    notes: list[str] = []
+    alpha = look_alpha(plan.alpha, plan.stop_rule)
+    common: dict[str, Any] = {
+        "rule": plan.effective_length_rule,
+        "threshold": plan.effective_length_threshold,
+        "seed": plan.bootstrap_seed,
+        "alpha": alpha,
+        "reps": plan.bootstrap_resamples,
+    }
+    effective: EffectiveLengthResult | None = None
+    try:
+        if plan.effective_length_rule == "ruler":
+            effective = effective_length(scored, **common)
+        else:
+            if scored_controls is not None and scored_controls.height:
+                try:
+                    effective = effective_length(scored, scored_controls=scored_controls, **common)
+                except InputError as exc:
+                    notes.append(f"NoLiMa base score from the controls failed ({exc.message}); base 1.0 used")
+            else:
+                notes.append("no controls ran: NoLiMa base score taken as 1.0 (an absolute threshold)")
+            if effective is None:
+                effective = effective_length(scored, base_scores=dict.fromkeys(ARMS, 1.0), **common)
+    except InputError as exc:
+        notes.append(f"effective length not computed: {exc.message}")
+    normalised = None
+    if scored_controls is not None and scored_controls.height:
+        try:
+            normalised = control_normalised_accuracy(scored, scored_controls)
+        except InputError as exc:
+            notes.append(f"control-normalised accuracy not computed: {exc.message}")
+    repeat = pass_hat_k(scored, seeds=seeds)
+    return PositionScience(effective, normalised, repeat, len(set(seeds)), tuple(notes))
+
+
+# --------------------------------------------------------------------------------------------------
+# Rendering
+
+
+def _f(value: Any, digits: int = 2) -> str:
+    return "–" if value is None else f"{float(value):.{digits}f}"
+
+
+def _length(value: int, at_top: bool = False) -> str:
+    if value == 0:
+        return "below grid"
+    return f"≥{value}" if at_top else str(value)
+
+
+def _positions(ps: PositionScience) -> list[str]:
+    if ps.effective is None:
+        return []
+    return sorted({r.position for r in ps.effective.rows}, key=position_sort_key)
+
+
+def _el_rows(ps: PositionScience) -> list[list[str]]:
+    """Per depth: each arm's effective length [interval], and the Δ (candidate − baseline)."""
+    el = ps.effective
+    rows: list[list[str]] = []
+    if el is None:
+        return rows
+    for pos in _positions(ps):
+        cells = [pos]
+        for arm in ARMS:
+            try:
+                r = el.row(arm, pos)
+            except KeyError:
+                cells.append("–")
+                continue
+            cells.append(
+                f"{_length(r.estimate, r.at_grid_top)} [{r.lower}, {r.upper}] (thr {r.threshold_abs:.3f})"
+            )
+        try:
+            d = el.delta(pos)
+            cells.append(f"{d.estimate:+d} [{d.lower:+d}, {d.upper:+d}] ({d.estimate_steps:+d} steps)")
+        except KeyError:
+            cells.append("–")
+        rows.append(cells)
+    return rows
+
+
+def _cna_rows(ps: PositionScience) -> list[list[str]]:
+    if ps.normalised is None:
+        return []
+    return [
+        [
+            r["arm"],
+            f"{r['length']}/{r['position']}",
+            _f(r["accuracy"]),
+            f"{_f(r['accuracy_eligible'])} (n={r['n_eligible']})",
+            f"{_f(r['accuracy_eligible_baseline'])} (n={r['n_eligible_baseline']})",
+        ]
+        for r in ps.normalised.iter_rows(named=True)
+    ]
+
+
+def _phk_rows(ps: PositionScience) -> list[list[str]]:
+    return [
+        [
+            r["arm"],
+            f"{r['length']}/{r['position']}",
+            _f(r["accuracy"]),
+            f"{_f(r['pass_hat_k'])} [{_f(r['pass_hat_k_lower'])}, {_f(r['pass_hat_k_upper'])}]",
+            str(r["n_complete"]),
+        ]
+        for r in ps.repeat.iter_rows(named=True)
+    ]
+
+
+_EL_HEAD = ["depth", "baseline EL [interval]", "candidate EL [interval]", "Δ tokens [interval]"]
+_CNA_HEAD = ["arm", "slice", "raw accuracy", "control-normalised (own control)", "on baseline-eligible"]
+
+
+def _phk_head(k: int) -> list[str]:
+    return ["arm", "slice", "mean accuracy", f"pass^{k} [Wilson]", "complete cases"]
+
+
+def _md_table(head: list[str], rows: list[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(cells) + " |" for cells in rows]
+    return lines
+
+
+def render_position_markdown(ps: PositionScience) -> str:
+    """The summary.md section."""
+    lines = ["", "", "### Position science (beside the gate; it never changes the verdict)", ""]
+    el = ps.effective
+    if el is not None:
+        lines += [
+            f"Effective length per depth ({el.rule}, threshold {el.threshold:g}"
+            + (f" of the base score {el.base_scores}" if el.base_scores else "")
+            + f"; {100 * (1 - el.alpha):g}% case-bootstrap intervals, B = {el.reps}):",
+            "",
+            *_md_table(_EL_HEAD, _el_rows(ps)),
+            "",
+        ]
+    if ps.normalised is not None:
+        lines += ["Control-normalised accuracy beside raw (cases whose evidence-only control passes):", ""]
+        lines += [*_md_table(_CNA_HEAD, _cna_rows(ps)), ""]
+    if ps.seeds > 1:
+        lines += [f"Repeat stability: pass^{ps.seeds} beside the mean:", ""]
+        lines += [*_md_table(_phk_head(ps.seeds), _phk_rows(ps)), ""]
+    lines += [f"Note: {n}" for n in ps.notes]
+    return "\n".join(lines) + "\n"
+
+
+def render_curve_png(ps: PositionScience, position: str) -> bytes:
+    """Accuracy vs length at one depth: a line per arm with its case-bootstrap band, the arm's threshold
+    (dotted) and its effective length (dashed vertical)."""
+    assert ps.effective is not None
+    el = ps.effective
+    fig = Figure(figsize=(5.6, 3.4))
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 1, 1)
+    lengths: set[int] = set()
+    for arm in ARMS:
+        pts = sorted((p for p in el.curve if p.arm == arm and p.position == position), key=lambda p: p.length)
+        if not pts:
+            continue
+        color = _COLORS[arm]
+        xs = [p.length for p in pts]
+        lengths.update(xs)
+        ys = [float("nan") if p.accuracy is None else p.accuracy for p in pts]
+        lo = [float("nan") if p.lower is None else p.lower for p in pts]
+        hi = [float("nan") if p.upper is None else p.upper for p in pts]
+        ax.plot(xs, ys, marker="o", color=color, label=arm)
+        ax.fill_between(xs, lo, hi, color=color, alpha=0.15, linewidth=0)
+        ax.axhline(pts[0].threshold_abs, color=color, linestyle=":", linewidth=1)
+        try:
+            row = el.row(arm, position)
+        except KeyError:
+            continue
+        if row.estimate > 0:
+            ax.axvline(
+                row.estimate, color=color, linestyle="--", linewidth=1, label=f"{arm} EL {row.estimate}"
+            )
+    if len(lengths) > 1:
+        ax.set_xscale("log", base=2)
+    ax.set_xticks(sorted(lengths), labels=[str(v) for v in sorted(lengths)])
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_xlabel("length (tokens)")
+    ax.set_ylabel("accuracy")
+    ax.set_title(f"depth {position}: accuracy by length (threshold dotted, EL dashed)", fontsize=9)
+    ax.legend(fontsize=7, loc="lower left")
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=_DPI, metadata={"Software": None})
+    return buffer.getvalue()
+
+
+def _html_table(head: list[str], rows: list[list[str]]) -> str:
+    out = ["<table><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in head) + "</tr>"]
+    out += ["<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>" for cells in rows]
+    return "\n".join(out) + "\n</table>"
+
+
+def render_position_html(ps: PositionScience) -> str:
+    """The report.html section (charts as data URIs, then the tables)."""
+    parts = ['<h2 id="position-science">Position science</h2>']
+    parts.append('<p class="small muted">Beside the gate; it never changes the verdict.</p>')
+    if ps.effective is not None:
+        for pos in _positions(ps):
+            png = base64.b64encode(render_curve_png(ps, pos)).decode("ascii")
+            parts.append(
+                f'<img class="heatmap" alt="accuracy by length at depth {html.escape(pos)}" '
+                f'src="data:image/png;base64,{png}">'
+            )
+        parts.append("<h3>Effective length per depth</h3>")
+        parts.append(_html_table(_EL_HEAD, _el_rows(ps)))
+    if ps.normalised is not None:
+        parts.append("<h3>Control-normalised accuracy</h3>")
+        parts.append(_html_table(_CNA_HEAD, _cna_rows(ps)))
+    if ps.seeds > 1:
+        parts.append(f"<h3>Repeat stability (pass^{ps.seeds})</h3>")
+        parts.append(_html_table(_phk_head(ps.seeds), _phk_rows(ps)))
+    parts += [f'<p class="small">{html.escape(n)}</p>' for n in ps.notes]
+    return "\n".join(parts) + "\n"
+
+
+# --------------------------------------------------------------------------------------------------
+# Writing into a report folder
+
+
+def _replace_text(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _add_to_verdict(verdict_path: Path, key: str, value: dict[str, Any]) -> None:
+    from depthgate.report.report import load_verdict
+
+    verdict = json.loads(verdict_path.read_text(encoding="utf-8"))
+    verdict[key] = value
+    _replace_text(verdict_path, json.dumps(verdict, indent=2, sort_keys=True))
+    load_verdict(verdict_path)  # still a valid verdict document
+
+
+def _add_to_html(html_path: Path, section: str) -> None:
+    if not html_path.is_file():
+        return
+    page = html_path.read_text(encoding="utf-8")
+    anchor = SECTIONS_MARKER if SECTIONS_MARKER in page else "</body>"
+    _replace_text(html_path, page.replace(anchor, section + anchor, 1))
+
+
+def add_position_section(ps: PositionScience, report_dir: Path) -> None:
+    """``position`` in verdict.json, a section in summary.md and in report.html."""
+    _add_to_verdict(report_dir / "verdict.json", "position", ps.to_dict())
+    with (report_dir / "summary.md").open("a", encoding="utf-8") as fh:
+        fh.write(render_position_markdown(ps))
+    _add_to_html(report_dir / "report.html", render_position_html(ps))
+
+
+def render_noise_markdown(nf: NoiseFloorResult) -> str:
+    ok = {True: "yes", False: "NO", None: "–"}[nf.plan_margin_ok]
+    lines = [
+        "",
+        "",
+        "### Noise floor (A/A: the baseline against itself)",
+        "",
+        f"Recommended margin {nf.recommended_margin:g} (binding slice {nf.binding_slice}); plan margin "
+        f"{nf.plan_margin}; plan margin above the noise floor: {ok}. Flip rate overall "
+        f"{nf.flip_rate:.3f} ({nf.flips} of {nf.paired_runs} paired runs); A/A gate verdict {nf.aa_verdict}.",
+        "",
+        *_md_table(
+            ["slice", "paired runs", "flips", "flip rate", "Δ", "noise bound on |Δ|"],
+            [
+                [
+                    f"{s.length}/{s.position}",
+                    str(s.paired_runs),
+                    str(s.flips),
+                    f"{s.flip_rate:.3f}",
+                    f"{s.delta:+.3f}",
+                    f"{s.delta_bound:.3f}",
+                ]
+                for s in nf.slices
+            ],
+        ),
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def add_noise_floor_section(nf: NoiseFloorResult, report_dir: Path) -> None:
+    """``noise_floor`` in verdict.json and a section in summary.md (and report.html)."""
+    _add_to_verdict(report_dir / "verdict.json", "noise_floor", nf.to_dict())
+    text = render_noise_markdown(nf)
+    with (report_dir / "summary.md").open("a", encoding="utf-8") as fh:
+        fh.write(text)
+    body = (
+        f'<h2 id="noise-floor">Noise floor (A/A)</h2>\n<pre class="small">{html.escape(text.strip())}</pre>\n'
+    )
+    _add_to_html(report_dir / "report.html", body)
