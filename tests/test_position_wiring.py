@@ -89,6 +89,9 @@ def test_nolima_without_controls_uses_base_one_and_says_so(tmp_path: Path) -> No
     assert position["effective_length"]["base_scores"] == {"baseline": 1.0, "candidate": 1.0}
     assert any("no controls ran" in n for n in position["notes"])
     assert "no controls ran" in (run / "report" / "summary.md").read_text()
+    # the finished run as a pilot for `depthgate plan`; a folder without scored.parquet is bad input
+    assert main(["plan", str(matrix), "--pilot", str(run)]) == ExitCode.PASS
+    assert main(["plan", str(matrix), "--pilot", str(tmp_path)]) == 20
 
 
 def test_default_effective_length_fields_keep_old_plan_digests() -> None:
