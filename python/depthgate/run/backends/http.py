@@ -42,7 +42,8 @@ import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from functools import partial
+from typing import Any, Generic, Literal, TypeVar
 from urllib.parse import urlsplit
 
 import httpx
@@ -78,6 +79,8 @@ ANTHROPIC_URL = "https://api.anthropic.com"
 ANTHROPIC_VERSION = "2023-06-01"
 #: The message the OpenAI chat backend sends once to measure the chat framing overhead.
 CALIBRATION_PROBE = "Hello."
+
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -208,6 +211,21 @@ def _normalize_base_url(url: str) -> str:
     return url
 
 
+def _cached_tokens(usage: Mapping[str, Any]) -> int | None:
+    """``usage.prompt_tokens_details.cached_tokens``, when the server reports prefix-cache hits."""
+    details = usage.get("prompt_tokens_details")
+    return _int_or_none(details.get("cached_tokens")) if isinstance(details, Mapping) else None
+
+
+def _text_of(request: Request, sender: str) -> str:
+    """The request's text, which ``sender`` (a backend that sends text) cannot do without."""
+    if request.text is None:
+        raise BackendRequestError(
+            f"{sender} sends text but the request has none", field="text", fix="send the layout text"
+        )
+    return request.text
+
+
 def _apply_stops(text: str, stops: Sequence[str]) -> tuple[str, bool]:
     """``text`` cut before the earliest stop string, and whether one was found."""
     cut = min((i for i in (text.find(s) for s in stops if s) if i >= 0), default=-1)
@@ -216,6 +234,22 @@ def _apply_stops(text: str, stops: Sequence[str]) -> tuple[str, bool]:
 
 # --------------------------------------------------------------------------------------------------
 # shared HTTP machinery
+
+
+class _PerLoop(Generic[_T]):
+    """An asyncio primitive (lock, semaphore) for the running event loop, made anew when the loop changes:
+    a backend outlives the ``asyncio.run`` it was first used in."""
+
+    def __init__(self, make: Callable[[], _T]) -> None:
+        self._make = make
+        self._value: _T | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def get(self) -> _T:
+        loop = asyncio.get_running_loop()
+        if self._value is None or self._loop is not loop:
+            self._value, self._loop = self._make(), loop
+        return self._value
 
 
 class _HTTPBackend:
@@ -233,11 +267,12 @@ class _HTTPBackend:
         *,
         base_url: str,
         api_key: Secret | None,
-        name: str,
+        name: str | None,
         window: int | None,
         options: HTTPOptions | None,
     ) -> None:
         options = options or HTTPOptions()
+        name = name or model  # a backend is named after its model unless the arm names it
         self.model = model
         self.name = name
         self.base_url = _normalize_base_url(base_url)
@@ -258,8 +293,9 @@ class _HTTPBackend:
         self.concurrency = options.concurrency
         self._http: httpx.AsyncClient | None = None
         self._http_loop: asyncio.AbstractEventLoop | None = None
-        self._slots: asyncio.Semaphore | None = None
-        self._slots_loop: asyncio.AbstractEventLoop | None = None
+        self._slots = (
+            None if self.concurrency is None else _PerLoop(partial(asyncio.Semaphore, self.concurrency))
+        )
 
     def __repr__(self) -> str:
         key = None if self._api_key is None else f"<from ${self._api_key.env_var}>"
@@ -274,12 +310,9 @@ class _HTTPBackend:
 
     async def generate(self, request: Request) -> Response:
         """One attempt at ``request`` (the runner retries), within this backend's concurrency cap."""
-        if self.concurrency is None:
+        if self._slots is None:
             return await self._generate(request)
-        loop = asyncio.get_running_loop()
-        if self._slots is None or self._slots_loop is not loop:
-            self._slots, self._slots_loop = asyncio.Semaphore(self.concurrency), loop
-        async with self._slots:
+        async with self._slots.get():
             return await self._generate(request)
 
     async def _generate(self, request: Request) -> Response:
@@ -421,11 +454,29 @@ class _HTTPBackend:
         )
 
 
+class _OpenAIShaped(_HTTPBackend):
+    """What the OpenAI-shaped APIs share: a bearer key, answers with ``choices`` and ``usage``."""
+
+    def _headers(self) -> dict[str, str]:
+        headers = super()._headers()
+        if self._api_key is not None:
+            headers["Authorization"] = f"Bearer {self._api_key.reveal()}"
+        return headers
+
+    def _first_choice(self, body: Any, path: str) -> tuple[Mapping[str, Any], Mapping[str, Any]]:
+        """The first choice and the ``usage`` (empty when absent) of the answer to ``POST path``."""
+        choices = body.get("choices") if isinstance(body, Mapping) else None
+        if not isinstance(choices, list) or not choices or not isinstance(choices[0], Mapping):
+            raise self._malformed(f"POST {self.base_url}{path}", "choices")
+        usage = body.get("usage") if isinstance(body.get("usage"), Mapping) else {}
+        return choices[0], usage
+
+
 # --------------------------------------------------------------------------------------------------
 # OpenAI-compatible /v1/completions
 
 
-class OpenAICompletionsBackend(_HTTPBackend):
+class OpenAICompletionsBackend(_OpenAIShaped):
     """``/v1/completions`` of vLLM's server or any OpenAI-compatible server.
 
     ``prompt_format="token_ids"`` sends ``prompt: [ids]`` (vLLM, llama-server); ``"text"`` sends the
@@ -448,14 +499,7 @@ class OpenAICompletionsBackend(_HTTPBackend):
         check_served_model: bool = True,
         options: HTTPOptions | None = None,
     ) -> None:
-        super().__init__(
-            model,
-            base_url=base_url,
-            api_key=api_key,
-            name=name or model,
-            window=window,
-            options=options,
-        )
+        super().__init__(model, base_url=base_url, api_key=api_key, name=name, window=window, options=options)
         if prompt_format not in ("token_ids", "text"):
             raise ValueError(f"prompt_format must be 'token_ids' or 'text', got {prompt_format!r}")
         self.prompt_format = prompt_format
@@ -463,16 +507,9 @@ class OpenAICompletionsBackend(_HTTPBackend):
         self.vllm = vllm
         self.check_served_model = check_served_model
         self._probed = False
-        self._probe_lock: asyncio.Lock | None = None
-        self._probe_loop: asyncio.AbstractEventLoop | None = None
+        self._probe_lock = _PerLoop(asyncio.Lock)
         self._served_window: int | None = None
         self.served_models: list[str] = []
-
-    def _headers(self) -> dict[str, str]:
-        headers = super()._headers()
-        if self._api_key is not None:
-            headers["Authorization"] = f"Bearer {self._api_key.reveal()}"
-        return headers
 
     @property
     def window(self) -> int | None:
@@ -518,10 +555,7 @@ class OpenAICompletionsBackend(_HTTPBackend):
         """:meth:`probe` once, however many requests start at the same time."""
         if self._probed:
             return
-        loop = asyncio.get_running_loop()
-        if self._probe_lock is None or self._probe_loop is not loop:
-            self._probe_lock, self._probe_loop = asyncio.Lock(), loop
-        async with self._probe_lock:
+        async with self._probe_lock.get():
             if not self._probed:
                 await self.probe()
 
@@ -536,13 +570,7 @@ class OpenAICompletionsBackend(_HTTPBackend):
                 )
             prompt: list[int] | str = request.token_ids  # already a list of ints: sent as is
         else:
-            if request.text is None:
-                raise BackendRequestError(
-                    "this backend sends text but the request has none",
-                    field="text",
-                    fix="send the layout text",
-                )
-            prompt = request.text
+            prompt = _text_of(request, "this backend")
         n_local = len(request.token_ids) if request.token_ids is not None else None
         window = self.window
         if window is not None and n_local is not None and n_local + request.max_tokens > window:
@@ -570,18 +598,11 @@ class OpenAICompletionsBackend(_HTTPBackend):
         return self._parse(body, request)
 
     def _parse(self, body: Any, request: Request) -> Response:
-        where = f"POST {self.base_url}/v1/completions"
-        choices = body.get("choices") if isinstance(body, Mapping) else None
-        if not isinstance(choices, list) or not choices or not isinstance(choices[0], Mapping):
-            raise self._malformed(where, "choices")
-        choice = choices[0]
-        usage = body.get("usage") if isinstance(body.get("usage"), Mapping) else {}
+        choice, usage = self._first_choice(body, "/v1/completions")
         echoed = choice.get("prompt_token_ids", body.get("prompt_token_ids"))
         match: bool | None = None
         if isinstance(echoed, list) and request.token_ids is not None:
             match = echoed == request.token_ids
-        details = usage.get("prompt_tokens_details")
-        cached = _int_or_none(details.get("cached_tokens")) if isinstance(details, Mapping) else None
         extra: dict[str, Any] = {"served_model": body.get("model")}
         if choice.get("stop_reason") is not None:
             extra["stop_reason"] = choice.get("stop_reason")
@@ -594,7 +615,7 @@ class OpenAICompletionsBackend(_HTTPBackend):
             completion_tokens=_int_or_none(usage.get("completion_tokens")),
             server_prompt_ids_match=match,
             system_fingerprint=body.get("system_fingerprint"),
-            prefix_cache_hit_tokens=cached,
+            prefix_cache_hit_tokens=_cached_tokens(usage),
             extra=extra,
         )
 
@@ -603,7 +624,7 @@ class OpenAICompletionsBackend(_HTTPBackend):
 # OpenAI chat completions (text only)
 
 
-class OpenAIChatBackend(_HTTPBackend):
+class OpenAIChatBackend(_OpenAIShaped):
     """``/v1/chat/completions``: the layout text as one user message, ``seed`` (best effort), the
     ``system_fingerprint`` and ``usage`` recorded. Text only.
 
@@ -632,31 +653,17 @@ class OpenAIChatBackend(_HTTPBackend):
         local_count: Callable[[str], int] | None = None,
         options: HTTPOptions | None = None,
     ) -> None:
-        super().__init__(
-            model,
-            base_url=base_url,
-            api_key=api_key,
-            name=name or model,
-            window=window,
-            options=options,
-        )
+        super().__init__(model, base_url=base_url, api_key=api_key, name=name, window=window, options=options)
         self.max_tokens_field = max_tokens_field
         self.local_count = local_count
         self._overhead: int | None = None
-        self._calibration_lock: asyncio.Lock | None = None
-        self._calibration_loop: asyncio.AbstractEventLoop | None = None
+        self._calibration_lock = _PerLoop(asyncio.Lock)
 
     @property
     def overhead(self) -> int | None:
         """The measured chat framing overhead in tokens (``None`` before calibration or without
         ``local_count``)."""
         return self._overhead
-
-    def _headers(self) -> dict[str, str]:
-        headers = super()._headers()
-        if self._api_key is not None:
-            headers["Authorization"] = f"Bearer {self._api_key.reveal()}"
-        return headers
 
     def _payload(self, text: str, *, max_tokens: int, temperature: float, seed: int) -> dict[str, Any]:
         return {
@@ -695,44 +702,27 @@ class OpenAIChatBackend(_HTTPBackend):
             return None
         if self._overhead is not None:
             return self._overhead
-        loop = asyncio.get_running_loop()
-        if self._calibration_lock is None or self._calibration_loop is not loop:
-            self._calibration_lock, self._calibration_loop = asyncio.Lock(), loop
-        async with self._calibration_lock:
+        async with self._calibration_lock.get():
             if self._overhead is None:
                 await self.calibrate()
         return self._overhead
 
     async def _generate(self, request: Request) -> Response:
-        if request.text is None:
-            raise BackendRequestError(
-                "the chat backend sends text but the request has none",
-                field="text",
-                fix="send the layout text",
-            )
+        prompt = _text_of(request, "the chat backend")
         overhead = await self._ensure_calibrated()
         payload = self._payload(
-            request.text, max_tokens=request.max_tokens, temperature=request.temperature, seed=request.seed
+            prompt, max_tokens=request.max_tokens, temperature=request.temperature, seed=request.seed
         )
         if request.stop:
             payload["stop"] = list(request.stop)[:4]
         body = await self._call("POST", "/v1/chat/completions", payload)
-        where = f"POST {self.base_url}/v1/chat/completions"
-        choices = body.get("choices") if isinstance(body, Mapping) else None
-        if not isinstance(choices, list) or not choices or not isinstance(choices[0], Mapping):
-            raise self._malformed(where, "choices")
-        choice = choices[0]
+        choice, usage = self._first_choice(body, "/v1/chat/completions")
         message: Mapping[str, Any] = choice["message"] if isinstance(choice.get("message"), Mapping) else {}
         text, stopped = _apply_stops(str(message.get("content") or ""), request.stop[4:])
-        usage = body.get("usage") if isinstance(body.get("usage"), Mapping) else {}
-        details = usage.get("prompt_tokens_details")
-        cached = _int_or_none(details.get("cached_tokens")) if isinstance(details, Mapping) else None
         expected: int | None = None
         extra: dict[str, Any] = {"served_model": body.get("model")}
         if overhead is not None and self.local_count is not None:
-            n_local = (
-                len(request.token_ids) if request.token_ids is not None else self.local_count(request.text)
-            )
+            n_local = len(request.token_ids) if request.token_ids is not None else self.local_count(prompt)
             expected = n_local + overhead
             extra["prompt_overhead"] = overhead
         return Response(
@@ -742,7 +732,7 @@ class OpenAIChatBackend(_HTTPBackend):
             completion_tokens=_int_or_none(usage.get("completion_tokens")),
             server_prompt_ids_match=None,
             system_fingerprint=body.get("system_fingerprint"),
-            prefix_cache_hit_tokens=cached,
+            prefix_cache_hit_tokens=_cached_tokens(usage),
             prompt_tokens_expected=expected,
             extra=extra,
         )
@@ -777,14 +767,7 @@ class AnthropicBackend(_HTTPBackend):
         anthropic_version: str = ANTHROPIC_VERSION,
         options: HTTPOptions | None = None,
     ) -> None:
-        super().__init__(
-            model,
-            base_url=base_url,
-            api_key=api_key,
-            name=name or model,
-            window=window,
-            options=options,
-        )
+        super().__init__(model, base_url=base_url, api_key=api_key, name=name, window=window, options=options)
         self.anthropic_version = anthropic_version
 
     def _headers(self) -> dict[str, str]:
@@ -807,13 +790,8 @@ class AnthropicBackend(_HTTPBackend):
         return count
 
     async def _generate(self, request: Request) -> Response:
-        if request.text is None:
-            raise BackendRequestError(
-                "the Anthropic backend sends text but the request has none",
-                field="text",
-                fix="send the layout text",
-            )
-        counted = await self.count_tokens(request.text)
+        prompt = _text_of(request, "the Anthropic backend")
+        counted = await self.count_tokens(prompt)
         window = self.window
         if window is not None and counted + request.max_tokens > window:
             raise OverLengthError(
@@ -828,7 +806,7 @@ class AnthropicBackend(_HTTPBackend):
         payload: dict[str, Any] = {
             "model": self.model,
             "max_tokens": request.max_tokens,
-            "messages": [{"role": "user", "content": request.text}],
+            "messages": [{"role": "user", "content": prompt}],
             "temperature": request.temperature,
         }
         if api_stops:
