@@ -71,6 +71,7 @@ from typing import Any, Literal, TypeAlias
 import polars as pl
 
 from depthgate.exceptions import InputError
+from depthgate.judge.frames import require_columns
 from depthgate.spec.models import Case, Claim, Suite
 
 Outcome: TypeAlias = Literal["pass", "fail", "system_fail", "missing"]
@@ -740,13 +741,7 @@ def score_records(records: pl.DataFrame, suite: Suite, layouts: pl.DataFrame) ->
     case in the same layout are scored once. Raises ``InputError`` for an unknown case, an unknown layout
     of a scored run, or a missing column.
     """
-    missing = [c for c in RECORD_COLUMNS if c not in records.columns]
-    if missing:
-        raise InputError(
-            f"records lack column(s) {missing}",
-            field=", ".join(missing),
-            fix=f"provide {list(RECORD_COLUMNS)}",
-        )
+    require_columns(records, RECORD_COLUMNS, what="records", fix=f"provide {list(RECORD_COLUMNS)}")
     evidence_of = _layout_evidence(layouts)
     oracles: dict[str, CaseOracle] = {}
     cases = {case.id: case for case in suite.cases}

@@ -34,7 +34,7 @@ import shutil
 import tempfile
 import typing
 import xml.etree.ElementTree as ET
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -49,6 +49,7 @@ from matplotlib.patches import Rectangle
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model, model_validator
 
 from depthgate.exceptions import ExitCode, InputError
+from depthgate.judge.frames import require_columns
 from depthgate.judge.health import InfraSummary, RunHealth, assess
 from depthgate.judge.stats import (
     ARMS,
@@ -325,14 +326,12 @@ def _prepare_scored(scored: pl.DataFrame) -> pl.DataFrame:
     df = scored
     if "length" not in df.columns and "target_tokens" in df.columns:
         df = df.rename({"target_tokens": "length"})
-    need = ["arm", "case_id", "length", "position", "outcome"]
-    missing = [c for c in need if c not in df.columns]
-    if missing:
-        raise InputError(
-            f"scored records lack column(s) {missing}",
-            field=", ".join(missing),
-            fix="pass the frame returned by depthgate.judge.oracle.score_records",
-        )
+    require_columns(
+        df,
+        ["arm", "case_id", "length", "position", "outcome"],
+        what="scored records",
+        fix="pass the frame returned by depthgate.judge.oracle.score_records",
+    )
     extra: list[pl.Expr] = []
     if "seed" not in df.columns:
         extra.append(pl.lit(0, dtype=pl.Int64()).alias("seed"))
@@ -591,8 +590,8 @@ def render_summary(
         + f" (exit {int(code)} {code.name})",
         "",
         f"{len(ordered)} slices (length × evidence depth): **{n_fail} failing**, {n_inc} inconclusive, "
-        f"{n_pass} passing. Non-inferiority margin M = {plan.margin:g}, one-sided α = {plan.look_alpha:g} per look; "
-        "a slice passes when the lower bound on Δ (candidate − baseline accuracy) is above −M.",
+        f"{n_pass} passing. Non-inferiority margin M = {plan.margin:g}, one-sided α = {plan.look_alpha:g} "
+        "per look; a slice passes when the lower bound on Δ (candidate − baseline accuracy) is above −M.",
     ]
     for reason in health_reasons(health):
         lines += ["", f"> **{reason.split(':', 1)[0]}**:{reason.split(':', 1)[1]}"]
@@ -806,6 +805,12 @@ class _Grid:
                 out[self.lengths.index(length), self.positions.index(position)] = float(value)
         return out
 
+    def each_cell(self) -> Iterator[tuple[int, int, SliceResult | None]]:
+        """``(row, col, slice)`` for every cell, row by row; ``None`` where the grid has no slice."""
+        for row, length in enumerate(self.lengths):
+            for col, position in enumerate(self.positions):
+                yield row, col, self.cells.get((length, position))
+
 
 def _grid(result: GateResult) -> _Grid:
     cells = {(s.length, s.position): s for s in result.slice_results}
@@ -833,11 +838,26 @@ def _axes_labels(ax: Any, grid: _Grid) -> None:
         spine.set_visible(False)
 
 
-def _inconclusive_patch(ax: Any, row: int, col: int) -> None:
+def _centred(ax: Any, row: float, col: int, text: str, **style: Any) -> None:
+    """``text`` centred on the cell at ``row``, ``col`` (a fractional row moves it up or down)."""
+    ax.text(col, row, text, ha="center", va="center", **style)
+
+
+def _inconclusive_cell(ax: Any, row: int, col: int, label: str) -> None:
+    """The cell hatched grey, ``label`` on a grey box in its middle."""
     ax.add_patch(
         Rectangle(
             (col - 0.5, row - 0.5), 1, 1, facecolor="#e6e6e6", edgecolor="#9a9a9a", hatch="///", linewidth=0
         )
+    )
+    _centred(
+        ax,
+        row,
+        col,
+        label,
+        fontsize=8,
+        color="#333333",
+        bbox={"facecolor": "#e6e6e6", "edgecolor": "none", "pad": 1.5},
     )
 
 
@@ -887,55 +907,32 @@ def render_delta_heatmap(result: GateResult) -> bytes:
     shown = np.where(tested, delta, np.nan)
     image = ax.imshow(shown, cmap="RdBu", norm=norm, aspect="auto", origin="lower")
     cmap = image.get_cmap()
-    for row, length in enumerate(grid.lengths):
-        for col, position in enumerate(grid.positions):
-            s = grid.cells.get((length, position))
-            if s is None:
-                ax.text(col, row, "no slice", ha="center", va="center", fontsize=8, color="#777777")
-                continue
-            if s.status is SliceStatus.INCONCLUSIVE or s.lower is None:
-                _inconclusive_patch(ax, row, col)
-                detail = f"\nΔ {_signed(s.delta)}" if s.delta is not None else ""
-                ax.text(
-                    col,
-                    row,
-                    f"INCONCLUSIVE\n{s.n_cases} cases{detail}",
-                    ha="center",
-                    va="center",
-                    fontsize=8,
-                    color="#333333",
-                    bbox={"facecolor": "#e6e6e6", "edgecolor": "none", "pad": 1.5},
-                )
-                continue
-            color = _text_color(cmap(norm(float(s.delta if s.delta is not None else 0.0))))
-            marks = ""
-            if s.status is SliceStatus.FAIL_REGRESSION:
-                marks += f" {MARK_REGRESSION}"
-            if non_inferiority_shown(s, plan.margin):
-                marks += f" {MARK_NI}"
-            ax.text(
-                col,
-                row + 0.12,
-                f"Δ {_signed(s.delta)}{marks}",
-                ha="center",
-                va="center",
-                fontsize=10,
-                fontweight="bold",
-                color=color,
+    for row, col, s in grid.each_cell():
+        if s is None:
+            _centred(ax, row, col, "no slice", fontsize=8, color="#777777")
+            continue
+        if s.status is SliceStatus.INCONCLUSIVE or s.lower is None:
+            detail = f"\nΔ {_signed(s.delta)}" if s.delta is not None else ""
+            _inconclusive_cell(ax, row, col, f"INCONCLUSIVE\n{s.n_cases} cases{detail}")
+            continue
+        color = _text_color(cmap(norm(float(s.delta if s.delta is not None else 0.0))))
+        marks = ""
+        if s.status is SliceStatus.FAIL_REGRESSION:
+            marks += f" {MARK_REGRESSION}"
+        if non_inferiority_shown(s, plan.margin):
+            marks += f" {MARK_NI}"
+        _centred(
+            ax, row + 0.12, col, f"Δ {_signed(s.delta)}{marks}", fontsize=10, fontweight="bold", color=color
+        )
+        _centred(ax, row - 0.2, col, f"LB {_signed(s.lower)}", fontsize=9, color=color)
+        if s.status.value.startswith("FAIL"):
+            ax.add_patch(
+                Rectangle((col - 0.46, row - 0.46), 0.92, 0.92, fill=False, edgecolor="black", linewidth=2.5)
             )
-            ax.text(
-                col, row - 0.2, f"LB {_signed(s.lower)}", ha="center", va="center", fontsize=9, color=color
-            )
-            if s.status.value.startswith("FAIL"):
-                ax.add_patch(
-                    Rectangle(
-                        (col - 0.46, row - 0.46), 0.92, 0.92, fill=False, edgecolor="black", linewidth=2.5
-                    )
-                )
     _axes_labels(ax, grid)
     ax.set_title(
-        f"Δ accuracy, candidate − baseline (LB = one-sided {100 * (1 - plan.look_alpha):g}% lower bound; fails if LB ≤ "
-        f"−{plan.margin:g})",
+        f"Δ accuracy, candidate − baseline (LB = one-sided {100 * (1 - plan.look_alpha):g}% lower bound; "
+        f"fails if LB ≤ −{plan.margin:g})",
         fontsize=10,
     )
     bar = fig.colorbar(image, ax=ax, shrink=0.9, pad=0.02)
@@ -959,40 +956,16 @@ def render_accuracy_heatmap(result: GateResult) -> bytes:
         values = grid.values(attribute)
         image = ax.imshow(values, cmap="viridis", norm=norm, aspect="auto", origin="lower")
         cmap = image.get_cmap()
-        for row, length in enumerate(grid.lengths):
-            for col, position in enumerate(grid.positions):
-                s = grid.cells.get((length, position))
-                if s is None:
-                    ax.text(col, row, "no slice", ha="center", va="center", fontsize=8, color="#777777")
-                    continue
-                value = getattr(s, attribute)
-                if s.status is SliceStatus.INCONCLUSIVE:
-                    _inconclusive_patch(ax, row, col)
-                    label = f"INCONCLUSIVE\n{s.n_cases} cases" + (
-                        f", acc {value:.2f}" if value is not None else ""
-                    )
-                    ax.text(
-                        col,
-                        row,
-                        label,
-                        ha="center",
-                        va="center",
-                        fontsize=8,
-                        color="#333333",
-                        bbox={"facecolor": "#e6e6e6", "edgecolor": "none", "pad": 1.5},
-                    )
-                    continue
-                if value is None:
-                    continue
-                ax.text(
-                    col,
-                    row,
-                    f"{value:.2f}",
-                    ha="center",
-                    va="center",
-                    fontsize=10,
-                    color=_text_color(cmap(norm(value))),
-                )
+        for row, col, s in grid.each_cell():
+            if s is None:
+                _centred(ax, row, col, "no slice", fontsize=8, color="#777777")
+                continue
+            value = getattr(s, attribute)
+            if s.status is SliceStatus.INCONCLUSIVE:
+                acc = f", acc {value:.2f}" if value is not None else ""
+                _inconclusive_cell(ax, row, col, f"INCONCLUSIVE\n{s.n_cases} cases{acc}")
+            elif value is not None:
+                _centred(ax, row, col, f"{value:.2f}", fontsize=10, color=_text_color(cmap(norm(value))))
         _axes_labels(ax, grid)
         ax.set_title(f"{arm} accuracy", fontsize=10)
     axes[0].set_xlabel("")
