@@ -222,30 +222,35 @@ def _evidence_absent(
         case, template=options.template, preamble=options.preamble, assembler=options.assembler
     )
     length = int(layout["target_tokens"])
-    position = f"evidence_absent@{layout['position']}"
     depth = layout["position"]
-    note = f"evidence-absent control of the {length}-token depth-{depth} layout {layout['layout_id']}"
+    refused = layout["status"] != "ok"
+    context, units = ("", []) if refused else _without_decisive(case, layout, frame)
+    row = _control_row(
+        kind="evidence_absent",
+        case=case,
+        frame=frame,
+        context=context,
+        units=units,
+        encoder=encoder,
+        options=options,
+        position=f"evidence_absent@{depth}",
+        note=f"evidence-absent control of the {length}-token depth-{depth} layout {layout['layout_id']}",
+    )
+    row["nominal_tokens"] = length
+    if refused:
+        row["status"] = "refused"
+        row["reason_code"] = layout["reason_code"]
+        row["reason"] = f"the source layout was refused: {layout['reason']}"
+        row["target_tokens"] = length
+    return row
+
+
+def _without_decisive(
+    case: Case, layout: Mapping[str, Any], frame: Frame
+) -> tuple[str, list[tuple[str, str, int, int]]]:
+    """The context of an ok ``layout`` with the case's decisive evidence cut out, and the units it keeps
+    as (id, kind, char_start, char_end) in the cut context."""
     text = str(layout["text"])
-    if layout["status"] != "ok":
-        row = _control_row(
-            kind="evidence_absent",
-            case=case,
-            frame=frame,
-            context="",
-            units=[],
-            encoder=encoder,
-            options=options,
-            position=position,
-            note=note,
-        )
-        return {
-            **row,
-            "status": "refused",
-            "reason_code": layout["reason_code"],
-            "reason": f"the source layout was refused: {layout['reason']}",
-            "target_tokens": length,
-            "nominal_tokens": length,
-        }
     if not (text.startswith(frame.prefix) and text.endswith(frame.suffix)):
         raise SpecError(
             "the depth-0.5 layout does not start and end with the case frame",
@@ -271,18 +276,7 @@ def _evidence_absent(
         out += context[start:end]
         cursor = end
     out += context[cursor:]
-    row = _control_row(
-        kind="evidence_absent",
-        case=case,
-        frame=frame,
-        context=out,
-        units=kept,
-        encoder=encoder,
-        options=options,
-        position=position,
-        note=note,
-    )
-    return {**row, "nominal_tokens": length}
+    return out, kept
 
 
 def _verify(frame: pl.DataFrame, tokenizer: Tokenizer) -> pl.DataFrame:
@@ -297,18 +291,7 @@ def _verify(frame: pl.DataFrame, tokenizer: Tokenizer) -> pl.DataFrame:
             "text": rows[i]["text"],
             "add_special_tokens": rows[i]["add_special_tokens"],
             "target_tokens": rows[i]["target_tokens"],
-            "spans": [
-                {
-                    "unit_id": s["evidence_id"],
-                    "kind": s["kind"],
-                    "token_start": s["token_start"],
-                    "token_end": s["token_end"],
-                    "char_start": s["char_start"],
-                    "char_end": s["char_end"],
-                    "sha256": s["sha256"],
-                }
-                for s in rows[i]["evidence_spans"]
-            ],
+            "spans": rows[i]["evidence_spans"],  # the core reads a stored evidence_id as its unit id
         }
         for i in ok
     ]
