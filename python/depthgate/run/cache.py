@@ -16,7 +16,7 @@ noise; runs that disagree with themselves are counted as nondeterministic.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -72,15 +72,9 @@ class CacheRow:
         return self.cold_stable and self.warm_stable and (self.answer_differs or self.first_token_differs)
 
     def to_dict(self) -> dict[str, Any]:
+        """The fields (tuples as lists), then the comparisons."""
         return {
-            "layout_id": self.layout_id,
-            "warmup_layout_id": self.warmup_layout_id,
-            "prefix_hit_tokens": self.prefix_hit_tokens,
-            "prompt_tokens": self.prompt_tokens,
-            "cold_texts": list(self.cold_texts),
-            "warm_texts": list(self.warm_texts),
-            "cold_first_tokens": list(self.cold_first_tokens),
-            "warm_first_tokens": list(self.warm_first_tokens),
+            **{k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()},
             "answer_differs": self.answer_differs,
             "first_token_differs": self.first_token_differs,
             "systematic": self.systematic,
