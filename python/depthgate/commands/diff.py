@@ -20,7 +20,7 @@ import argparse
 import json
 import tempfile
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -516,21 +516,10 @@ def diff_templates(
             field="chat_template",
             fix=f"the {which} version cannot serve these cases; fix it or compare against another version",
         ) from error
+    options = BuildOptions(lengths=list(lengths), positions=pos, template=old, preamble=preamble)
     with tempfile.TemporaryDirectory(prefix="depthgate-diff-") as tmp:
-        a = _build(
-            suite,
-            tok,
-            BuildOptions(lengths=list(lengths), positions=pos, template=old, preamble=preamble),
-            Path(tmp),
-            "old",
-        )
-        b = _build(
-            suite,
-            tok,
-            BuildOptions(lengths=list(lengths), positions=pos, template=new, preamble=preamble),
-            Path(tmp),
-            "new",
-        )
+        a = _build(suite, tok, options, Path(tmp), "old")
+        b = _build(suite, tok, replace(options, template=new), Path(tmp), "new")
     return DiffReport(**{**_fields(report), "layouts": _compare(a, b)})
 
 

@@ -343,6 +343,13 @@ def _gate_and_send(
         return _send(env, name, gated, backend)
 
 
+def _send_and_judge(
+    env: _Env, fault: str, layouts: pl.DataFrame, detail: str, *, template_digest: str | None = None
+) -> FaultResult:
+    """Gate and send ``layouts`` under the name of ``fault``, then judge what came back."""
+    return _judge(fault, _gate_and_send(env, fault, layouts, template_digest=template_digest), detail)
+
+
 def _judge(fault: str, scored: pl.DataFrame, detail: str) -> FaultResult:
     outcomes = tuple(str(o) for o in scored["outcome"].to_list())
     reasons = [str(r) for r in scored["system_fail_reason"].to_list()]
@@ -382,10 +389,10 @@ def _fault_tokenizer_upgrade(env: _Env, clean: pl.DataFrame) -> FaultResult:
     differ = sum(
         1 for a, b in zip(stale["token_ids"].to_list(), clean["token_ids"].to_list(), strict=True) if a != b
     )
-    scored = _gate_and_send(env, "tokenizer-upgrade", stale)
-    return _judge(
+    return _send_and_judge(
+        env,
         "tokenizer-upgrade",
-        scored,
+        stale,
         f"old tokenizer: {differ}/{stale.height} layouts tokenize differently, evidence shifted by up to "
         f"{shift} tokens",
     )
@@ -404,9 +411,8 @@ def _fault_gateway(env: _Env, clean: pl.DataFrame, reserve: int) -> FaultResult:
 
 def _fault_reorder(env: _Env, clean: pl.DataFrame) -> FaultResult:
     faulty = _frame([reorder_units(r, env.tokenizer) for r in clean.iter_rows(named=True)])
-    scored = _gate_and_send(env, "retriever-reorder", faulty)
-    return _judge(
-        "retriever-reorder", scored, "current and superseded policy versions swapped after the build"
+    return _send_and_judge(
+        env, "retriever-reorder", faulty, "current and superseded policy versions swapped after the build"
     )
 
 
@@ -418,11 +424,12 @@ def _fault_template(env: _Env) -> FaultResult:
     grow = len(env.tokenizer.encode(case_frame(case, template=v2).prefix)) - len(
         env.tokenizer.encode(case_frame(case, template=v1).prefix)
     )
-    scored = _gate_and_send(env, "template-preamble", built, template_digest=v2.digest)
-    return _judge(
+    return _send_and_judge(
+        env,
         "template-preamble",
-        scored,
+        built,
         f"v2 adds a {grow}-token safety preamble; layouts of v1 sent to a v2 system",
+        template_digest=v2.digest,
     )
 
 
@@ -432,17 +439,17 @@ def _fault_duplicate(env: _Env, clean: pl.DataFrame) -> FaultResult:
         len(a) - len(b)
         for a, b in zip(faulty["token_ids"].to_list(), clean["token_ids"].to_list(), strict=True)
     ]
-    scored = _gate_and_send(env, "serializer-duplicate", faulty)
-    return _judge("serializer-duplicate", scored, f"one distractor emitted twice (+{grew} tokens)")
+    detail = f"one distractor emitted twice (+{grew} tokens)"
+    return _send_and_judge(env, "serializer-duplicate", faulty, detail)
 
 
 def _fault_window(env: _Env) -> FaultResult:
     long = _build(env, env.tokenizer, "long", [env.long_length], window=env.catalog_window)
     served = int(env.backend.window)
-    scored = _gate_and_send(env, "window-catalog", long)
-    result = _judge(
+    result = _send_and_judge(
+        env,
         "window-catalog",
-        scored,
+        long,
         f"catalog window {env.catalog_window}, served {served}, layouts of {env.long_length} tokens",
     )
     # Backstop: a harness that trusted the catalog would send them; the backend must refuse, not truncate.
