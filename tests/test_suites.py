@@ -5,9 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import sys
 from collections import Counter
-from importlib import resources
 from pathlib import Path
 from string import Formatter
 from typing import Any
@@ -29,17 +27,13 @@ from depthgate.spec.suites import (
     NAMES_EN,
     NAMES_ZH,
     REGIONS,
+    _data_file,
     builtin_suite,
     generate_suite,
     import_incidents,
     resolve_suite,
     split_suite,
 )
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - Python 3.10 needs the tomli backport
-    import tomli as tomllib
 
 N_CASES = 320
 
@@ -222,14 +216,11 @@ def test_generated_suites_are_byte_stable(language: str) -> None:
 
 
 def test_sentence_tables_are_package_data() -> None:
-    data = resources.files("depthgate.spec") / "data"
-    names = tomllib.loads((data / "names.toml").read_text(encoding="utf-8"))
+    # _data_file reads depthgate/spec/data through importlib.resources: the installed package's files
+    names = _data_file("names.toml")
     assert len(names["names_en"]) == len(names["names_zh"]) == len(NAMES_EN) == len(NAMES_ZH)
     assert all(len(region) == 3 for region in names["regions"]) and len(REGIONS) == len(names["regions"])
-    en, zh = (
-        tomllib.loads((data / f"sentences_{language}.toml").read_text(encoding="utf-8"))
-        for language in ("en", "zh")
-    )
+    en, zh = (_data_file(f"sentences_{language}.toml") for language in ("en", "zh"))
 
     def fields(template: str | list[str]) -> set[str]:
         templates = [template] if isinstance(template, str) else template
