@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import random
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -333,17 +334,21 @@ def test_gguf_without_tokenizer_metadata(tmp_path: Path) -> None:
 # llama.cpp reference vectors: real tokenizer.json files rebuilt as vocab-only GGUFs, converted back
 
 
-def _gguf_from_tokenizer_json(
-    out: Path,
-    tokenizer_json: Path,
-    *,
-    model: str,
-    pre: str,
-    add_bos: bool,
-    bos: int,
-    eos: int,
-    unk: int | None,
-) -> Path:
+@dataclass(frozen=True)
+class VocabMeta:
+    """The GGUF tokenizer metadata of a vocab-only file beyond its tokens: ``tokenizer.ggml.model``,
+    ``.pre``, whether BOS is added, and the BOS, EOS and UNK ids."""
+
+    model: str
+    pre: str
+    add_bos: bool
+    bos: int
+    eos: int
+    unk: int | None
+
+
+def _gguf_from_tokenizer_json(out: Path, tokenizer_json: Path, meta: VocabMeta) -> Path:
+    model = meta.model
     j = json.loads(tokenizer_json.read_text(encoding="utf-8"))
     vocab: dict[str, int] = j["model"]["vocab"]
     added = j["added_tokens"]
@@ -371,15 +376,15 @@ def _gguf_from_tokenizer_json(
     return _write_gguf(
         out,
         model=model,
-        pre=pre,
+        pre=meta.pre,
         tokens=tokens,
         types=types,
         scores=scores,
         merges=None if model == "llama" else merges,
-        bos=bos,
-        eos=eos,
-        unk=unk,
-        add_bos=add_bos,
+        bos=meta.bos,
+        eos=meta.eos,
+        unk=meta.unk,
+        add_bos=meta.add_bos,
     )
 
 
@@ -398,39 +403,26 @@ def _vectors(root: Path, name: str) -> list[tuple[str, list[int]]]:
 
 
 @pytest.mark.parametrize(
-    ("name", "tokenizer_json", "model", "pre", "add_bos", "bos", "eos", "unk"),
+    ("name", "tokenizer_json", "meta"),
     [
-        ("gpt-2", "gpt2/tokenizer.json", "gpt2", "gpt-2", False, 50256, 50256, None),
-        ("llama-bpe", "llama3-from-gguf/tokenizer.json", "gpt2", "llama-bpe", True, 128000, 128001, None),
-        ("llama-spm", "llama2-tinyllama/tokenizer.json", "llama", "default", True, 1, 2, 0),
-        ("smollm", "smollm/tokenizer.json", "gpt2", "smollm", False, 0, 0, None),
+        ("gpt-2", "gpt2/tokenizer.json", VocabMeta("gpt2", "gpt-2", False, 50256, 50256, None)),
+        (
+            "llama-bpe",
+            "llama3-from-gguf/tokenizer.json",
+            VocabMeta("gpt2", "llama-bpe", True, 128000, 128001, None),
+        ),
+        ("llama-spm", "llama2-tinyllama/tokenizer.json", VocabMeta("llama", "default", True, 1, 2, 0)),
+        ("smollm", "smollm/tokenizer.json", VocabMeta("gpt2", "smollm", False, 0, 0, None)),
     ],
+    ids=["gpt-2", "llama-bpe", "llama-spm", "smollm"],
 )
 def test_reference_vectors(
-    tmp_path: Path,
-    shared_dir: Path,
-    name: str,
-    tokenizer_json: str,
-    model: str,
-    pre: str,
-    add_bos: bool,
-    bos: int,
-    eos: int,
-    unk: int | None,
+    tmp_path: Path, shared_dir: Path, name: str, tokenizer_json: str, meta: VocabMeta
 ) -> None:
     # Real tokenizer files and llama.cpp vectors, shipped in tests/fixtures/tokenizers.
     root = shared_dir / "tokenizers"
     llama_cpp = _llama_cpp()
-    path = _gguf_from_tokenizer_json(
-        tmp_path / f"{name}.gguf",
-        root / tokenizer_json,
-        model=model,
-        pre=pre,
-        add_bos=add_bos,
-        bos=bos,
-        eos=eos,
-        unk=unk,
-    )
+    path = _gguf_from_tokenizer_json(tmp_path / f"{name}.gguf", root / tokenizer_json, meta)
     tok = tokenizer_from_gguf(path, use_cache=False)
     vectors = _vectors(root, name)
     assert len(vectors) >= 40

@@ -795,25 +795,23 @@ def _mc_limit(rate: float, sims: int) -> float:
     return rate + 3 * math.sqrt(rate * (1 - rate) / sims)
 
 
-def test_size_at_the_margin_newcombe10():
-    """R = 1, n = 40, true delta = -M ('broken' DGP, seed coupling 0.8): P(pass NI) <= alpha + MC."""
-    rng = np.random.default_rng(101)
-    sims = 1500
-    passed = 0
-    for _ in range(sims):
-        yb, yc = draw_pairs(rng, 40, 1, delta=-0.10, coupling=0.8)
-        passed += slice_statistics(yb, yc, 0.10, 0.05).lower > -0.10
-    assert passed / sims <= _mc_limit(0.05, sims)
-
-
-def test_size_at_the_margin_gate_rule():
-    """R = 5, n = 40, true delta = -M, independent seeds (the spec's worst scenario at n >= 40)."""
-    rng = np.random.default_rng(202)
-    sims = 400
+@pytest.mark.parametrize(
+    ("rng_seed", "sims", "runs", "coupling", "bootstrap"),
+    [
+        # R = 1, 'broken' DGP with seed coupling 0.8: the Newcombe-10 path (default reps and seed)
+        pytest.param(101, 1500, 1, 0.8, False, id="newcombe10"),
+        # R = 5, independent seeds (the spec's worst scenario at n >= 40), 999 resamples seeded per run
+        pytest.param(202, 400, 5, 0.0, True, id="gate_rule"),
+    ],
+)
+def test_size_at_the_margin(rng_seed: int, sims: int, runs: int, coupling: float, bootstrap: bool) -> None:
+    """n = 40, true delta = -M: P(pass NI) <= alpha + MC."""
+    rng = np.random.default_rng(rng_seed)
     passed = 0
     for i in range(sims):
-        yb, yc = draw_pairs(rng, 40, 5, delta=-0.10, coupling=0.0)
-        passed += slice_statistics(yb, yc, 0.10, 0.05, reps=999, seed=i).lower > -0.10
+        yb, yc = draw_pairs(rng, 40, runs, delta=-0.10, coupling=coupling)
+        resampling: dict[str, int] = {"reps": 999, "seed": i} if bootstrap else {}
+        passed += slice_statistics(yb, yc, 0.10, 0.05, **resampling).lower > -0.10
     assert passed / sims <= _mc_limit(0.05, sims)
 
 
