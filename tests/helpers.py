@@ -1,4 +1,5 @@
-"""Pieces several test files share: a JSON stub server on 127.0.0.1 and the cut-down smoke matrix.
+"""Pieces several test files share: a JSON stub server on 127.0.0.1, the cut-down smoke matrix and the
+Monte Carlo :class:`Rate` of the calibration benches.
 
 The stub servers here are labelled stand-ins (not models): each test file gives :class:`JSONHandler` its
 own ``do_GET``/``do_POST`` and serves it with :class:`StubServer` for the length of a ``with`` block.
@@ -7,8 +8,10 @@ own ``do_GET``/``do_POST`` and serves it with :class:`StubServer` for the length
 from __future__ import annotations
 
 import json
+import math
 import socket
 import threading
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, TypeVar
@@ -83,3 +86,28 @@ def small_smoke_matrix(*, cases: int = 2, lengths: str = "[480]", preamble: str 
     start = text.index('preamble = """')
     end = text.index('"""', start + 14) + 3
     return text[:start] + preamble + text[end:]
+
+
+@dataclass(frozen=True)
+class Rate:
+    """A Monte Carlo rate: ``hits`` of ``sims``, with its binomial standard error. Printed as
+    ``rate ± se`` with four decimals; ``f"{rate:.3f}"`` takes another format for both numbers."""
+
+    hits: int
+    sims: int
+
+    @property
+    def rate(self) -> float:
+        return self.hits / self.sims
+
+    @property
+    def se(self) -> float:
+        p = max(self.rate, 0.5 / self.sims)  # a usable SE when no hit was seen
+        return math.sqrt(p * (1 - p) / self.sims)
+
+    def __format__(self, spec: str) -> str:
+        spec = spec or ".4f"
+        return f"{self.rate:{spec}} ± {self.se:{spec}}"
+
+    def __str__(self) -> str:
+        return format(self)

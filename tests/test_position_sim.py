@@ -22,10 +22,8 @@ tests/test_position_science.py.
 
 from __future__ import annotations
 
-import math
 import sys
 import time
-from dataclasses import dataclass
 
 import numpy as np
 import polars as pl
@@ -34,51 +32,15 @@ import pytest
 from depthgate.judge.noise import noise_floor
 from depthgate.judge.position import effective_length
 from depthgate.judge.power import DesignParameters, cases_for_power, power_per_slice, simulate_gate_power
+from helpers import Rate
+from test_position_science import _el_world, from_arrays
 
 ALPHA = 0.05
 ARMS = ("baseline", "candidate")
 
 
-@dataclass(frozen=True)
-class Rate:
-    hits: int
-    sims: int
-
-    @property
-    def rate(self) -> float:
-        return self.hits / self.sims
-
-    @property
-    def se(self) -> float:
-        p = max(self.rate, 0.5 / self.sims)
-        return math.sqrt(p * (1 - p) / self.sims)
-
-    def __str__(self) -> str:
-        return f"{self.rate:.3f} ± {self.se:.3f}"
-
-
 def _say(text: str) -> None:
     print(text, flush=True)
-
-
-def _frame(arrays: dict[tuple[str, int, str], np.ndarray]) -> pl.DataFrame:
-    parts = []
-    for (arm, length, position), y in arrays.items():
-        n, r = y.shape
-        parts.append(
-            pl.DataFrame(
-                {
-                    "arm": arm,
-                    "case_id": [f"c{i:04d}" for i in np.repeat(np.arange(n), r)],
-                    "length": length,
-                    "position": position,
-                    "seed": np.tile(np.arange(r), n),
-                    "outcome": np.where(y.ravel() > 0, "pass", "fail"),
-                    "safety": False,
-                }
-            )
-        )
-    return pl.concat(parts)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -181,7 +143,7 @@ def _aa(
         for s in range(slices):
             for arm in ARMS:
                 arrays[(arm, 1024 * (s + 1), "0.5")] = (rng.random((n, seeds)) < p[s][:, None]).astype(float)
-        return _frame(arrays)
+        return from_arrays(arrays)
 
     return (draw,)
 
@@ -215,7 +177,7 @@ def noise_table(
                 breaches += fresh.max_abs_delta > m + 1e-12
             rate = Rate(breaches, sims)
             out.append((f"{kind}/{param}/{source}", rate))
-            _say(f"| {kind} | {param} | {source} | {np.mean(margins):.3f} | {rate} |")
+            _say(f"| {kind} | {param} | {source} | {np.mean(margins):.3f} | {rate:.3f} |")
     return out
 
 
@@ -227,20 +189,6 @@ def test_noise_floor_margin_is_not_breached() -> None:
 
 # --------------------------------------------------------------------------------------------------
 # Effective length
-
-
-def _el_world(rng: np.random.Generator, n: int, planted: bool) -> pl.DataFrame:
-    lengths = (4096, 8192, 16384, 32768)
-    ability = rng.normal(3.0, 1.0, n)
-    arrays = {}
-    for j, length in enumerate(lengths):
-        for pos in ("0", "0.5", "1"):
-            eta = ability - 0.4 * j
-            for arm in ARMS:
-                shift = -1.5 if planted and arm == "candidate" and pos == "0.5" and length >= 16384 else 0.0
-                prob = 1 / (1 + np.exp(-(eta + shift)))
-                arrays[(arm, length, pos)] = (rng.random((n, 2)) < prob[:, None]).astype(float)
-    return _frame(arrays)
 
 
 def el_table(sims: int = 200, n: int = 60) -> tuple[list[Rate], Rate, Rate]:
@@ -264,7 +212,7 @@ def el_table(sims: int = 200, n: int = 60) -> tuple[list[Rate], Rate, Rate]:
         cover = Rate(covered, total)
         covers.append(cover)
         dist = ", ".join(f"{k:+d}: {v / total:.3f}" for k, v in sorted(spread.items()))
-        _say(f"A/A, threshold {threshold}: coverage of the paired difference interval (95 %) {cover}")
+        _say(f"A/A, threshold {threshold}: coverage of the paired difference interval (95 %) {cover:.3f}")
         _say(f"  sampling distribution of the point difference in grid steps: {dist}")
     rng = np.random.default_rng(8)
     found = other_clean = 0
@@ -273,8 +221,8 @@ def el_table(sims: int = 200, n: int = 60) -> tuple[list[Rate], Rate, Rate]:
         found += res.delta("0.5").upper < 0
         other_clean += res.delta("0").lower <= 0 <= res.delta("0").upper
     power, clean = Rate(found, sims), Rate(other_clean, sims)
-    _say(f"planted (depth 0.5 loses 1.5 logits from 16K, threshold 0.75): interval excludes 0 in {power}")
-    _say(f"planted run, untouched depth 0: interval covers 0 in {clean}")
+    _say(f"planted (depth 0.5 loses 1.5 logits from 16K, threshold 0.75): interval excludes 0 in {power:.3f}")
+    _say(f"planted run, untouched depth 0: interval covers 0 in {clean:.3f}")
     return covers, power, clean
 
 

@@ -16,11 +16,9 @@ resamples as t* = +-inf, transcribed in tests/test_stats.py), i.e. the gate befo
 
 from __future__ import annotations
 
-import math
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import numpy as np
 import pytest
@@ -28,28 +26,11 @@ from scipy import optimize
 from scipy import stats as sps
 
 from depthgate.judge.stats import GatePlan, Verdict, gate, slice_statistics, stable_seed
+from helpers import Rate
 from test_stats import draw_pairs, records_from_arrays, ref_boot_t, ref_newcombe_rs
 
 MARGIN, ALPHA, REPS = 0.10, 0.05, 999
 Draw = Callable[[np.random.Generator, int, int], tuple[np.ndarray, np.ndarray]]
-
-
-@dataclass(frozen=True)
-class Rate:
-    hits: int
-    sims: int
-
-    @property
-    def rate(self) -> float:
-        return self.hits / self.sims
-
-    @property
-    def se(self) -> float:
-        p = max(self.rate, 0.5 / self.sims)  # a usable SE when no hit was seen
-        return math.sqrt(p * (1 - p) / self.sims)
-
-    def __str__(self) -> str:
-        return f"{self.rate:.4f} ± {self.se:.4f}"
 
 
 def _say(text: str) -> None:
