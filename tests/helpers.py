@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import socket
+import subprocess
 import threading
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -65,6 +66,17 @@ class StubServer:
     def __exit__(self, *exc: object) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+def stop_process(proc: subprocess.Popen[Any], timeout: float) -> None:
+    """Terminate ``proc`` if it still runs; kill it if it has not exited ``timeout`` seconds later."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def completion(model: str, text: str, prompt_ids: list[int], **usage: int) -> dict[str, Any]:

@@ -65,7 +65,7 @@ from depthgate.run.backends.http import (
 from depthgate.run.retry import RetryPolicy
 from depthgate.run.runner import RunOptions, read_records, run_pairs
 from depthgate.spec.models import DecodeParams, System, parse_spec
-from helpers import free_port, small_smoke_matrix
+from helpers import free_port, small_smoke_matrix, stop_process
 
 # --------------------------------------------------------------------------------------------------
 # a tiny stub HTTP server (recorded shapes)
@@ -1190,12 +1190,7 @@ def llama_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaServ
             time.sleep(0.25)
         yield LlamaServer(url=url, tokenizer=tokenizer_from_gguf(gguf))
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc, timeout=20)
 
 
 PROMPT = (

@@ -334,6 +334,20 @@ def _transport() -> Any:
 # the clients
 
 
+def _completion_body(row: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``/v1/completions`` body the harness's vLLM backend sends for one layout."""
+    return {
+        "model": "stub",
+        "prompt": row["token_ids"],
+        "max_tokens": 12,
+        "temperature": 0.0,
+        "seed": 0,
+        "stream": False,
+        "stop": ["\n"],
+        "return_token_ids": True,
+    }
+
+
 def run_raw_asyncio(url: str, jobs: list[tuple[str, dict[str, Any]]], cfg: Config, out: Path) -> int:
     """The floor: ``concurrency`` keep-alive connections, hand-written HTTP/1.1, ``json`` both ways."""
     host, port = url.rsplit("//", 1)[1].split(":")
@@ -348,18 +362,7 @@ def run_raw_asyncio(url: str, jobs: list[tuple[str, dict[str, Any]]], cfg: Confi
             try:
                 while queue:
                     _, row = queue.pop()
-                    body = json.dumps(
-                        {
-                            "model": "stub",
-                            "prompt": row["token_ids"],
-                            "max_tokens": 12,
-                            "temperature": 0.0,
-                            "seed": 0,
-                            "stream": False,
-                            "stop": ["\n"],
-                            "return_token_ids": True,
-                        }
-                    ).encode()
+                    body = json.dumps(_completion_body(row)).encode()
                     writer.write(
                         b"POST /v1/completions HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
                         b"Content-Length: %d\r\n\r\n" % (host.encode(), len(body)) + body
@@ -397,17 +400,7 @@ async def _httpx_loop(url: str, jobs: list[tuple[str, dict[str, Any]]], concurre
 
     async def one(arm: str, row: Mapping[str, Any]) -> int:
         async with sem:
-            payload = {
-                "model": "stub",
-                "prompt": row["token_ids"],
-                "max_tokens": 12,
-                "temperature": 0.0,
-                "seed": 0,
-                "stream": False,
-                "stop": ["\n"],
-                "return_token_ids": True,
-            }
-            response = await clients[arm].post(f"{url}/v1/completions", json=payload)
+            response = await clients[arm].post(f"{url}/v1/completions", json=_completion_body(row))
             body = response.json()
             return int(body["usage"]["prompt_tokens"] == len(row["token_ids"]))
 
