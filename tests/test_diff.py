@@ -157,61 +157,33 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _cli(command: str, old: Path, new: Path, *options: str) -> int:
+    """``command --old old --new new *options`` parsed as the CLI parses it, then run by its handler."""
+    args = _parser().parse_args([command, "--old", str(old), "--new", str(new), *options])
+    return int(args.func(args))
+
+
 def test_cli_handlers(tok_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "tok.json"
-    args = _parser().parse_args(
-        [
-            "diff-tokenizer",
-            "--old",
-            str(tok_dir / "llama2-tinyllama" / "tokenizer.json"),
-            "--new",
-            str(tok_dir / "mistral-7b-v1" / "tokenizer.json"),
-            "--lengths",
-            "512",
-            "--positions",
-            "0,1",
-            "--cases",
-            "2",
-            "--out",
-            str(out),
-        ]
-    )
-    assert args.func(args) == ExitCode.FAIL
+    llama2, mistral = tok_dir / "llama2-tinyllama", tok_dir / "mistral-7b-v1"
+    small = ("--lengths", "512", "--cases", "2")
+    code = _cli(
+        "diff-tokenizer", llama2 / "tokenizer.json", mistral / "tokenizer.json", *small,
+        "--positions", "0,1", "--out", str(out),
+    )  # fmt: skip
+    assert code == ExitCode.FAIL
     printed = capsys.readouterr().out
     assert "evidence Δstart" in printed and str(out) in printed
     assert json.loads(out.read_text())["summary"]["layouts"] == 4
-    same = _parser().parse_args(
-        [
-            "diff-tokenizer",
-            "--old",
-            str(tok_dir / "gpt2" / "tokenizer.json"),
-            "--new",
-            str(tok_dir / "gpt2" / "tokenizer.json"),
-        ]
-    )
-    assert same.func(same) == ExitCode.PASS
+    gpt2 = tok_dir / "gpt2" / "tokenizer.json"
+    assert _cli("diff-tokenizer", gpt2, gpt2) == ExitCode.PASS
     assert "identical" in capsys.readouterr().out
-    family = tok_dir / "llama2-tinyllama"
-    args = _parser().parse_args(
-        [
-            "diff-template",
-            "--old",
-            str(family / "chat_template.jinja"),
-            "--new",
-            str(family / "chat_template.llama-2-chat.jinja"),
-            "--tokenizer",
-            str(family / "tokenizer.json"),
-            "--lengths",
-            "512",
-            "--positions",
-            "0.5",
-            "--cases",
-            "2",
-            "--out",
-            str(tmp_path / "tpl.json"),
-        ]
-    )
-    assert args.func(args) == ExitCode.FAIL
+    code = _cli(
+        "diff-template", llama2 / "chat_template.jinja", llama2 / "chat_template.llama-2-chat.jinja", *small,
+        "--tokenizer", str(llama2 / "tokenizer.json"), "--positions", "0.5",
+        "--out", str(tmp_path / "tpl.json"),
+    )  # fmt: skip
+    assert code == ExitCode.FAIL
     assert json.loads((tmp_path / "tpl.json").read_text())["kind"] == "template"
 
 
