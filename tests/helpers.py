@@ -1,5 +1,5 @@
-"""Pieces several test files share: a JSON stub server on 127.0.0.1, the cut-down smoke matrix and the
-Monte Carlo :class:`Rate` of the calibration benches.
+"""Pieces several test files share: a JSON stub server on 127.0.0.1, a real llama-cpp-python server
+process, the cut-down smoke matrix and the Monte Carlo :class:`Rate` of the calibration benches.
 
 The stub servers here are labelled stand-ins (not models): each test file gives :class:`JSONHandler` its
 own ``do_GET``/``do_POST`` and serves it with :class:`StubServer` for the length of a ``with`` block.
@@ -11,11 +11,16 @@ import json
 import math
 import socket
 import subprocess
+import sys
 import threading
+import time
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, TypeVar
+
+import httpx
+import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 SHORT_PREAMBLE = 'preamble = "Read the excerpt below and answer the question."'
@@ -77,6 +82,51 @@ def stop_process(proc: subprocess.Popen[Any], timeout: float) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+@dataclass
+class LlamaServerProcess:
+    """llama-cpp-python's own server (``python -m llama_cpp.server``) on 127.0.0.1 with the packaged
+    Gemma-3-270M GGUF served as ``gemma3-270m`` (n_ctx 2048), its output in ``log``."""
+
+    url: str
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+    @classmethod
+    def start(cls, log_dir: Path, n_threads: int) -> LlamaServerProcess:
+        from depthgate.layout.gguf_tokenizer import gemma_default_gguf
+
+        port = free_port()
+        log = log_dir / f"server-{port}.log"
+        cmd = [
+            sys.executable, "-m", "llama_cpp.server",
+            "--model", str(gemma_default_gguf()), "--model_alias", "gemma3-270m",
+            "--n_ctx", "2048", "--logits_all", "False", "--flash_attn", "True",
+            "--n_threads", str(n_threads), "--host", "127.0.0.1", "--port", str(port),
+        ]  # fmt: skip
+        with open(log, "wb") as out:
+            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+        return cls(url=f"http://127.0.0.1:{port}", proc=proc, log=log)
+
+    def wait_up(self, deadline: float, poll_s: float = 0.2) -> None:
+        """Return once ``/v1/models`` answers; fail the test (with the log's tail) if the server exits or
+        ``deadline`` (``time.monotonic()``) passes first."""
+        while True:
+            if self.proc.poll() is not None:
+                tail = self.log.read_text()[-2000:]
+                pytest.fail(f"llama-cpp-python server exited ({self.proc.returncode}): {tail}")
+            try:
+                if httpx.get(f"{self.url}/v1/models", timeout=1.0).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"llama-cpp-python server did not start: {self.log.read_text()[-2000:]}")
+            time.sleep(poll_s)
+
+    def stop(self, timeout: float = 20) -> None:
+        stop_process(self.proc, timeout)
 
 
 def completion(model: str, text: str, prompt_ids: list[int], **usage: int) -> dict[str, Any]:

@@ -26,7 +26,6 @@ import logging
 import os
 import pickle
 import socket
-import subprocess
 import sys
 import threading
 import time
@@ -65,7 +64,7 @@ from depthgate.run.backends.http import (
 from depthgate.run.retry import RetryPolicy
 from depthgate.run.runner import RunOptions, read_records, run_pairs
 from depthgate.spec.models import DecodeParams, System, parse_spec
-from helpers import free_port, small_smoke_matrix, stop_process
+from helpers import LlamaServerProcess, free_port, small_smoke_matrix
 
 # --------------------------------------------------------------------------------------------------
 # a tiny stub HTTP server (recorded shapes)
@@ -1161,36 +1160,14 @@ def llama_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaServ
     from depthgate.layout.gguf_tokenizer import gemma_default_gguf, tokenizer_from_gguf
 
     gguf = gemma_default_gguf()
-    port = free_port()
-    log_path = tmp_path_factory.mktemp("llama-server") / "server.log"
-    cmd = [
-        sys.executable, "-m", "llama_cpp.server",
-        "--model", str(gguf), "--model_alias", "gemma3-270m",
-        "--n_ctx", "2048", "--logits_all", "False", "--flash_attn", "True",
-        "--n_threads", str(max(2, min(8, os.cpu_count() or 2))),
-        "--host", "127.0.0.1", "--port", str(port),
-    ]  # fmt: skip
-    with open(log_path, "wb") as log_file:
-        proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
+    server = LlamaServerProcess.start(
+        tmp_path_factory.mktemp("llama-server"), n_threads=max(2, min(8, os.cpu_count() or 2))
+    )
     try:
-        deadline = time.monotonic() + 90
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(
-                    f"llama-cpp-python server exited ({proc.returncode}): {log_path.read_text()[-2000:]}"
-                )
-            try:
-                if httpx.get(f"{url}/v1/models", timeout=1.0).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"llama-cpp-python server did not start: {log_path.read_text()[-2000:]}")
-            time.sleep(0.25)
-        yield LlamaServer(url=url, tokenizer=tokenizer_from_gguf(gguf))
+        server.wait_up(time.monotonic() + 90, poll_s=0.25)
+        yield LlamaServer(url=server.url, tokenizer=tokenizer_from_gguf(gguf))
     finally:
-        stop_process(proc, timeout=20)
+        server.stop()
 
 
 PROMPT = (
