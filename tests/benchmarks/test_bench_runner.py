@@ -417,11 +417,11 @@ def run_httpx_loop(url: str, jobs: list[tuple[str, dict[str, Any]]], cfg: Config
 
 
 def _backends(url: str) -> dict[str, Any]:
-    from depthgate.run.backends.http import OpenAICompletionsBackend
+    from depthgate.run.backends.http import HTTPOptions, OpenAICompletionsBackend
 
     return {
         arm: OpenAICompletionsBackend(
-            "stub", base_url=url, name=f"sys-{arm}", vllm=True, transport=_transport()
+            "stub", base_url=url, name=f"sys-{arm}", vllm=True, options=HTTPOptions(transport=_transport())
         )
         for arm in ("baseline", "candidate")
     }
