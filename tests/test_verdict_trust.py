@@ -234,6 +234,9 @@ def test_a_tokenizer_upgrade_runs_to_a_report_with_controls_paired(
     with PerfectReader(port):
         code = main(["run", str(matrix), "--out", str(run)])
     assert code == ExitCode.PASS, capsys.readouterr()
+    out = capsys.readouterr().out
+    assert "worst position at 640 tokens: depth" in out  # the console names the worst position
+    assert "effective length (nolima), candidate: 0: ≥640" in out  # and the effective length per depth
     doc = _verdict(run)
     assert doc["verdict"] == "PASS" and doc["controls"]["counts"]
     manifest = json.loads((run / "manifest.json").read_text())

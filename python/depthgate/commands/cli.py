@@ -255,6 +255,25 @@ def _print_verdict(result: object, code: int, html: Path) -> None:
     print(f"verdict: {doc['verdict']}{safety} (exit {int(code)} {doc['exit_code']}{what})")
     for reason in list(doc.get("reasons", []))[:6]:
         print(f"  {reason}")
+    for worst in doc.get("worst_by_length") or []:
+        if worst.get("slice_worst_position") is not None:
+            print(
+                f"worst position at {worst['length']} tokens: depth {worst['slice_worst_position']} "
+                f"(lowest Δ lower bound {worst['slice_worst_lower']:+.3f}; position range baseline "
+                f"{worst['range_baseline']:.2f} → candidate {worst['range_candidate']:.2f})"
+            )
+    rows = ((doc.get("position") or {}).get("effective_length") or {}).get("rows") or []
+    if rows:
+
+        def estimate(row: dict[str, object]) -> str:
+            est = row["estimate"]
+            return f"≥{est}" if row.get("at_grid_top") else ("below grid" if est == 0 else str(est))
+
+        by_arm: dict[str, list[str]] = {}
+        for row in rows:
+            by_arm.setdefault(str(row["arm"]), []).append(f"{row['position']}: {estimate(row)}")
+        for arm, cells in sorted(by_arm.items()):
+            print(f"effective length ({rows[0]['rule']}), {arm}: " + ", ".join(cells))
     counts = doc.get("controls") or {}
     if counts:
         shown = ", ".join(f"{k} {v}" for k, v in sorted(counts.get("counts", {}).items()))
