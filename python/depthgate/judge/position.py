@@ -23,7 +23,6 @@ Only numpy, polars and statsmodels are used; bootstrap seeds go through
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -35,6 +34,7 @@ import polars as pl
 from statsmodels.stats.proportion import proportion_confint
 
 from depthgate.exceptions import InputError
+from depthgate.judge.frames import dataclass_frame, dataclass_row
 from depthgate.judge.stats import ARMS, BASELINE, CANDIDATE, OUTCOMES, position_sort_key, stable_seed
 
 __all__ = [
@@ -210,25 +210,6 @@ def wilson_design_interval(
     return float(low), float(high), deff
 
 
-def _row(obj: Any) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for f in dataclasses.fields(obj):
-        value = getattr(obj, f.name)
-        if isinstance(value, float) and not math.isfinite(value):
-            value = None
-        elif isinstance(value, tuple):
-            value = [list(v) if isinstance(v, tuple) else v for v in value]
-        out[f.name] = value
-    return out
-
-
-def _frame(rows: Sequence[Any], cls: type[Any]) -> pl.DataFrame:
-    names = [f.name for f in dataclasses.fields(cls)]
-    if not rows:
-        return pl.DataFrame({name: [] for name in names})
-    return pl.DataFrame([_row(r) for r in rows], infer_schema_length=None)
-
-
 # --------------------------------------------------------------------------------------------------
 # Effective length
 
@@ -265,7 +246,7 @@ class EffectiveLength:
     distribution: tuple[tuple[int, float], ...]
 
     def to_dict(self) -> dict[str, Any]:
-        return _row(self)
+        return dataclass_row(self)
 
 
 @dataclass(frozen=True)
@@ -286,7 +267,7 @@ class EffectiveLengthDelta:
     share_longer: float
 
     def to_dict(self) -> dict[str, Any]:
-        return _row(self)
+        return dataclass_row(self)
 
 
 @dataclass(frozen=True)
@@ -311,7 +292,7 @@ class AccuracyPoint:
     meets: bool
 
     def to_dict(self) -> dict[str, Any]:
-        return _row(self)
+        return dataclass_row(self)
 
 
 _EL_CONVENTION = (
@@ -344,15 +325,15 @@ class EffectiveLengthResult:
     @property
     def frame(self) -> pl.DataFrame:
         """``rows`` as a polars frame."""
-        return _frame(self.rows, EffectiveLength)
+        return dataclass_frame(self.rows, EffectiveLength)
 
     @property
     def deltas_frame(self) -> pl.DataFrame:
-        return _frame(self.deltas, EffectiveLengthDelta)
+        return dataclass_frame(self.deltas, EffectiveLengthDelta)
 
     @property
     def curve_frame(self) -> pl.DataFrame:
-        return _frame(self.curve, AccuracyPoint)
+        return dataclass_frame(self.curve, AccuracyPoint)
 
     def row(self, arm: str, position: str) -> EffectiveLength:
         for r in self.rows:

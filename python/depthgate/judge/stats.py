@@ -40,6 +40,7 @@ from statsmodels.stats.power import TTestPower
 from statsmodels.stats.proportion import proportion_confint
 
 from depthgate.exceptions import InputError, SpecError
+from depthgate.judge.frames import clean_value, dataclass_frame, dataclass_row
 from depthgate.spec.models import look_alpha as _look_alpha
 from depthgate.spec.models import plan_violations
 
@@ -598,24 +599,6 @@ def fisher_less(candidate_passes: int, baseline_passes: int, seeds: int) -> floa
 # Results
 
 
-def _clean(value: Any) -> Any:
-    if isinstance(value, enum.Enum):
-        return value.value
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, (np.floating, np.integer)):
-        return _clean(value.item())
-    if isinstance(value, Mapping):
-        return {str(k): _clean(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_clean(v) for v in value]
-    return value
-
-
-def _row(obj: Any) -> dict[str, Any]:
-    return {f.name: _clean(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
-
-
 @dataclass(frozen=True)
 class SliceResult:
     """One row of the slice table. ``lower``/``upper`` are one-sided (1 - alpha) bounds on delta."""
@@ -652,7 +635,7 @@ class SliceResult:
     bootstrap_seed: int | None
 
     def to_dict(self) -> dict[str, Any]:
-        return _row(self)
+        return dataclass_row(self)
 
 
 def non_inferiority_shown(result: SliceResult, margin: float) -> bool:
@@ -683,7 +666,7 @@ class OverallResult:
     method: str = METHOD_BOOTSTRAP
 
     def to_dict(self) -> dict[str, Any]:
-        return _row(self)
+        return dataclass_row(self)
 
 
 @dataclass(frozen=True)
@@ -698,7 +681,7 @@ class SafetySummary:
     upper_rate_candidate: float | None
 
     def to_dict(self) -> dict[str, Any]:
-        return _row(self)
+        return dataclass_row(self)
 
 
 @dataclass(frozen=True)
@@ -725,7 +708,7 @@ class LengthWorstPosition:
     slice_worst_lower: float | None
 
     def to_dict(self) -> dict[str, Any]:
-        return _row(self)
+        return dataclass_row(self)
 
 
 @dataclass(frozen=True)
@@ -742,7 +725,7 @@ class CaseWorstPosition:
     worst_positions_candidate: tuple[str, ...]
 
     def to_dict(self) -> dict[str, Any]:
-        return _row(self)
+        return dataclass_row(self)
 
 
 @dataclass(frozen=True)
@@ -756,7 +739,7 @@ class PositionShare:
     share_candidate: float
 
     def to_dict(self) -> dict[str, Any]:
-        return _row(self)
+        return dataclass_row(self)
 
 
 @dataclass(frozen=True)
@@ -775,20 +758,13 @@ class TriageCell:
     rerun_seeds: int
 
     def to_dict(self) -> dict[str, Any]:
-        return _row(self)
+        return dataclass_row(self)
 
 
 _TRIAGE_NOTE = (
     "exploratory: re-run the listed cells with fresh seeds, apply Holm over the confirmations; the worst "
     "observed cells are biased downward (winner's curse)"
 )
-
-
-def _frame(rows: Sequence[Any], cls: type[Any]) -> pl.DataFrame:
-    names = [f.name for f in dataclasses.fields(cls)]
-    if not rows:
-        return pl.DataFrame({name: [] for name in names})
-    return pl.DataFrame([_row(r) for r in rows], infer_schema_length=None)
 
 
 @dataclass(frozen=True)
@@ -810,19 +786,19 @@ class GateResult:
     @property
     def slices(self) -> pl.DataFrame:
         """The slice table as a polars frame (one row per pre-registered or observed slice)."""
-        return _frame(self.slice_results, SliceResult)
+        return dataclass_frame(self.slice_results, SliceResult)
 
     @property
     def worst_cases_frame(self) -> pl.DataFrame:
-        return _frame(self.worst_cases, CaseWorstPosition)
+        return dataclass_frame(self.worst_cases, CaseWorstPosition)
 
     @property
     def worst_shares_frame(self) -> pl.DataFrame:
-        return _frame(self.worst_shares, PositionShare)
+        return dataclass_frame(self.worst_shares, PositionShare)
 
     @property
     def triage_frame(self) -> pl.DataFrame:
-        return _frame(self.triage, TriageCell)
+        return dataclass_frame(self.triage, TriageCell)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: enums as strings, non-finite floats as None."""
@@ -830,7 +806,7 @@ class GateResult:
             "verdict": self.verdict.value,
             "safety_flag": self.safety_flag,
             "reasons": list(self.reasons),
-            "plan": _clean(self.plan.to_dict()),
+            "plan": clean_value(self.plan.to_dict()),
             "overall": None if self.overall is None else self.overall.to_dict(),
             "safety": self.safety.to_dict(),
             "slices": [s.to_dict() for s in self.slice_results],
