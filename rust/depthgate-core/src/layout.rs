@@ -17,6 +17,11 @@
 //! 5. The final ids come from one full encode of the rendered text (`Verification::Full`) or, when
 //!    the tokenizer's pre-tokenizer makes junction-local checks sound, from the verified segments
 //!    (`Verification::Fast`). Spans are read from offsets of that final encoding, never guessed.
+//!    In fast mode the haystack is spliced once per case × length (prefix, haystack, suffix) and
+//!    each position inserts the spliced block into it where both new seams merge nothing: the same
+//!    ids and offsets as splicing the whole prompt (tested), for two memcpys (ids and text) instead
+//!    of a seam look-up per unit; the final offsets stay a few runs of the spliced pieces, read only
+//!    around the spans and the region edges (docs/benchmarks.md).
 
 use std::collections::HashMap;
 
@@ -30,7 +35,7 @@ use crate::error::{CoreError, Result};
 use crate::spec::{
     BatchSpec, CaseSpec, Layout, PositionSpec, Span, Status, UnitKind, Verification,
 };
-use crate::tokenizer::{Piece, TargetTokenizer};
+use crate::tokenizer::{Piece, SegmentId, TargetTokenizer};
 
 /// Bytes of context kept on each side of a seam when a junction is checked. The pre-tokenizer
 /// regexes of the supported families look at most one character ahead, so a whitespace-led token
@@ -58,8 +63,12 @@ struct Segment<'s> {
     /// A content unit (checked for special-token strings when first encoded), not a frame.
     check: bool,
     /// Encoded on first use (a haystack uses a fraction of the filler it is offered), from the
-    /// tokenizer's cross-batch segment cache when possible.
-    piece: OnceLock<Arc<Piece>>,
+    /// tokenizer's cross-batch segment cache when possible, with the text's id in that cache.
+    entry: OnceLock<(Option<SegmentId>, Arc<Piece>)>,
+    /// The seam to the next segment of the batch (the next unit of the filler stream): a planned
+    /// haystack is mostly consecutive stream units, and every pass over it (plan, exact count,
+    /// boundaries, splice) looks these seams up again.
+    next: OnceLock<Arc<Junction>>,
 }
 
 #[derive(Clone)]
@@ -81,29 +90,41 @@ struct Junction {
 /// Upper bound on seams cached per tokenizer (same order as the segment cache).
 const SEAM_CACHE_LIMIT: usize = 200_000;
 
-/// Verified seams of one tokenizer, keyed by both texts (length-prefixed). A seam depends only on its
-/// two texts and the tokenizer, so the cache lives with the tokenizer
-/// ([`TargetTokenizer::side_cache`]) and serves every later batch (docs/benchmarks.md).
+/// Verified seams of one tokenizer, keyed by the [`SegmentId`]s of both texts in the tokenizer's
+/// segment cache (equal ids, equal texts). A seam depends only on its two texts and the tokenizer, so
+/// the cache lives with the tokenizer ([`TargetTokenizer::side_cache`]) and serves every later batch
+/// (docs/benchmarks.md). Keying by ids, not by the two texts, saves an allocation and a hash of both
+/// texts per look-up (that was 11 % of a fast 128K batch).
 #[derive(Default)]
 struct SeamCache {
-    seams: RwLock<HashMap<String, Arc<Junction>>>,
+    seams: RwLock<AHashMap<(SegmentId, SegmentId), Arc<Junction>>>,
 }
 
 impl SeamCache {
-    fn get(&self, key: &str) -> Option<Arc<Junction>> {
+    fn get(&self, key: (SegmentId, SegmentId)) -> Option<Arc<Junction>> {
         self.seams
             .read()
             .expect("seam cache poisoned")
-            .get(key)
+            .get(&key)
             .cloned()
     }
 
-    fn insert(&self, key: String, seam: Arc<Junction>) {
+    /// False when the cache is full (the seam is then kept by the batch only).
+    fn insert(&self, key: (SegmentId, SegmentId), seam: Arc<Junction>) -> bool {
         let mut seams = self.seams.write().expect("seam cache poisoned");
         if seams.len() < SEAM_CACHE_LIMIT {
             seams.insert(key, seam);
+            return true;
         }
+        false
     }
+}
+
+/// In-context token counts of closing-pool sentences (after the neutral anchor), per tokenizer and
+/// [`SegmentId`]: measuring the 400 pool sentences anew per batch was 28 % of a fast 128K batch.
+#[derive(Default)]
+struct PoolLenCache {
+    lens: RwLock<AHashMap<SegmentId, i64>>,
 }
 
 /// Holds the tokenized segments of one batch and the junction cache.
@@ -111,6 +132,8 @@ pub struct LayoutEngine<'t, 's> {
     tok: &'t TargetTokenizer,
     segments: Vec<Segment<'s>>,
     index: AHashMap<&'s str, UnitIdx>,
+    /// Seams of this batch that the tokenizer's cache could not take (a text without a
+    /// [`SegmentId`], or the cache full).
     junctions: RwLock<AHashMap<(UnitIdx, UnitIdx), Arc<Junction>>>,
     /// The tokenizer's cross-batch seam cache.
     seams: Arc<SeamCache>,
@@ -138,14 +161,102 @@ struct Placed {
 
 struct Haystack {
     units: Vec<Placed>,
+    /// Seams of `[prefix, units…, suffix]`, in order (`units.len() + 1`).
+    seams: Vec<Arc<Junction>>,
+    /// Token offset, within the haystack, of each unit boundary (`units.len() + 1`).
+    bounds: Vec<i64>,
     /// Token count of the haystack alone, junctions inside it included.
     tokens: i64,
+    /// Token offset of the context region in the prompt (special tokens, prefix and its seam).
+    region_start: i64,
+    /// Fast mode on a sound tokenizer: the spliced prompt without the moving block, shared by every
+    /// position (`None` when a seam of it cannot be spliced: each layout then takes the general path).
+    body: Option<Spliced>,
+    /// The moving block spliced on its own (its inner seams), inserted into `body` per position.
+    block: Option<Spliced>,
 }
 
-struct Measured {
+/// A sequence of segments spliced from cached pieces and verified seams.
+struct Spliced {
+    ids: Vec<u32>,
+    /// Byte offsets into `text` (special tokens: (0, 0)).
+    offsets: Vec<(usize, usize)>,
+    text: String,
+    /// Byte start of each unit of the sequence in `text`.
+    unit_starts: Vec<usize>,
+    /// Token range of each unit's own tokens in `ids` (without the tokens its seams replace).
+    own: Vec<(usize, usize)>,
+}
+
+/// A run of token offsets taken from a spliced piece, shifted by `shift` bytes, starting at token
+/// `start` of the prompt.
+struct Run<'a> {
+    start: usize,
+    offsets: &'a [(usize, usize)],
+    shift: usize,
+}
+
+/// The byte offsets of a prompt's tokens: owned (a full encode, a whole splice) or, when a block is
+/// inserted into a spliced body, the few runs they are made of. Only the offsets around the spans and
+/// the region edges are ever read, so the 128K-entry vector is not materialised per layout (that copy
+/// was most of what remained of a fast 128K layout, docs/benchmarks.md).
+enum Offsets<'a> {
+    Owned(Vec<(usize, usize)>),
+    Runs(Vec<Run<'a>>, usize),
+}
+
+impl Offsets<'_> {
+    fn len(&self) -> usize {
+        match self {
+            Offsets::Owned(v) => v.len(),
+            Offsets::Runs(_, n) => *n,
+        }
+    }
+
+    fn get(&self, i: usize) -> (usize, usize) {
+        match self {
+            Offsets::Owned(v) => v[i],
+            Offsets::Runs(runs, _) => {
+                let run = runs
+                    .iter()
+                    .rev()
+                    .find(|r| r.start <= i && !r.offsets.is_empty())
+                    .expect("token index inside the prompt");
+                let (a, b) = run.offsets[i - run.start];
+                (a + run.shift, b + run.shift)
+            }
+        }
+    }
+
+    /// First index in `lo..hi` where `pred` turns false (`pred` true then false over the range).
+    fn partition_point(
+        &self,
+        lo: usize,
+        hi: usize,
+        pred: impl Fn((usize, usize)) -> bool,
+    ) -> usize {
+        match self {
+            Offsets::Owned(v) => lo + v[lo..hi].partition_point(|&o| pred(o)),
+            Offsets::Runs(..) => {
+                let (mut lo, mut hi) = (lo, hi);
+                while lo < hi {
+                    let mid = lo + (hi - lo) / 2;
+                    if pred(self.get(mid)) {
+                        lo = mid + 1;
+                    } else {
+                        hi = mid;
+                    }
+                }
+                lo
+            }
+        }
+    }
+}
+
+struct Measured<'a> {
     ids: Vec<u32>,
     /// Byte offsets into the full text (special tokens: (0, 0)).
-    offsets: Vec<(usize, usize)>,
+    offsets: Offsets<'a>,
     /// Byte start of each sequence unit in the text.
     unit_starts: Vec<usize>,
     text: String,
@@ -155,15 +266,6 @@ struct Measured {
 
 fn is_ascii_ws(b: u8) -> bool {
     matches!(b, b' ' | b'\n' | b'\t' | b'\r')
-}
-
-fn seam_key(a: &str, b: &str) -> String {
-    let mut key = String::with_capacity(a.len() + b.len() + 8);
-    key.push_str(&a.len().to_string());
-    key.push(':');
-    key.push_str(a);
-    key.push_str(b);
-    key
 }
 
 fn back_over_ws(text: &str, mut pos: usize) -> usize {
@@ -201,7 +303,8 @@ impl<'t, 's> LayoutEngine<'t, 's> {
                 segments.push(Segment {
                     text,
                     check,
-                    piece: OnceLock::new(),
+                    entry: OnceLock::new(),
+                    next: OnceLock::new(),
                 });
                 (segments.len() - 1) as UnitIdx
             });
@@ -219,13 +322,37 @@ impl<'t, 's> LayoutEngine<'t, 's> {
         ))
     }
 
-    fn piece(&self, seg: UnitIdx) -> Result<&Piece> {
+    /// Append a stream of texts (the filler) as segments of their own, without interning them: a
+    /// stream is addressed by position, and hashing 33K filler texts per batch only to find that
+    /// they are distinct was 7 % of a fast 128K batch. Equal texts still share their seams through
+    /// the tokenizer's cache (same [`SegmentId`]).
+    fn add_stream(&mut self, texts: &'s [String], check: bool) -> Vec<UnitIdx> {
+        let first = self.segments.len();
+        self.segments.extend(texts.iter().map(|text| Segment {
+            text,
+            check,
+            entry: OnceLock::new(),
+            next: OnceLock::new(),
+        }));
+        (first..self.segments.len()).map(|i| i as UnitIdx).collect()
+    }
+
+    fn entry(&self, seg: UnitIdx) -> Result<&(Option<SegmentId>, Arc<Piece>)> {
         let slot = &self.segments[seg as usize];
-        if let Some(piece) = slot.piece.get() {
-            return Ok(piece);
+        if let Some(entry) = slot.entry.get() {
+            return Ok(entry);
         }
-        let piece = self.tok.segment(slot.text, slot.check)?;
-        Ok(slot.piece.get_or_init(|| piece))
+        let entry = self.tok.segment_entry(slot.text, slot.check)?;
+        Ok(slot.entry.get_or_init(|| entry))
+    }
+
+    fn piece(&self, seg: UnitIdx) -> Result<&Piece> {
+        Ok(&self.entry(seg)?.1)
+    }
+
+    /// The segment's id in the tokenizer's cache, if it has one.
+    fn gid(&self, seg: UnitIdx) -> Result<Option<SegmentId>> {
+        Ok(self.entry(seg)?.0)
     }
 
     fn seg(&self, text: &str) -> UnitIdx {
@@ -241,6 +368,28 @@ impl<'t, 's> LayoutEngine<'t, 's> {
     }
 
     fn junction(&self, a: UnitIdx, b: UnitIdx) -> Result<Arc<Junction>> {
+        let consecutive = b == a + 1;
+        if consecutive {
+            if let Some(j) = self.segments[a as usize].next.get() {
+                return Ok(Arc::clone(j));
+            }
+        }
+        let j = self.junction_cached(a, b)?;
+        if consecutive {
+            let _ = self.segments[a as usize].next.set(Arc::clone(&j));
+        }
+        Ok(j)
+    }
+
+    fn junction_cached(&self, a: UnitIdx, b: UnitIdx) -> Result<Arc<Junction>> {
+        // A seam depends only on the two texts: it is cached per tokenizer, across batches.
+        let key = match (self.gid(a)?, self.gid(b)?) {
+            (Some(ga), Some(gb)) => Some((ga, gb)),
+            _ => None,
+        };
+        if let Some(j) = key.and_then(|k| self.seams.get(k)) {
+            return Ok(j);
+        }
         if let Some(j) = self
             .junctions
             .read()
@@ -249,23 +398,13 @@ impl<'t, 's> LayoutEngine<'t, 's> {
         {
             return Ok(Arc::clone(j));
         }
-        // A seam depends only on the two texts: it is cached per tokenizer across batches too.
-        let key = seam_key(
-            self.segments[a as usize].text,
-            self.segments[b as usize].text,
-        );
-        let j = match self.seams.get(&key) {
-            Some(j) => j,
-            None => {
-                let j = Arc::new(self.compute_junction(a, b)?);
-                self.seams.insert(key, Arc::clone(&j));
-                j
-            }
-        };
-        self.junctions
-            .write()
-            .expect("junction cache poisoned")
-            .insert((a, b), Arc::clone(&j));
+        let j = Arc::new(self.compute_junction(a, b)?);
+        if !key.is_some_and(|k| self.seams.insert(k, Arc::clone(&j))) {
+            self.junctions
+                .write()
+                .expect("junction cache poisoned")
+                .insert((a, b), Arc::clone(&j));
+        }
         Ok(j)
     }
 
@@ -408,17 +547,22 @@ impl<'t, 's> LayoutEngine<'t, 's> {
     }
 
     /// Final ids of a sequence, by one full encode or by verified segments.
-    fn measure(&self, seq: &[UnitIdx], add_special: bool, mode: Verification) -> Result<Measured> {
+    fn measure(
+        &self,
+        seq: &[UnitIdx],
+        add_special: bool,
+        mode: Verification,
+    ) -> Result<Measured<'static>> {
         let (text, unit_starts) = self.assemble_text(seq);
         let mut note = None;
         if mode == Verification::Fast {
             match unsound_note(self.tok) {
                 Some(why) => note = Some(why),
                 None => match self.splice(seq, &unit_starts, add_special)? {
-                    Ok((ids, offsets)) => {
+                    Ok((ids, offsets, _)) => {
                         return Ok(Measured {
                             ids,
-                            offsets,
+                            offsets: Offsets::Owned(offsets),
                             unit_starts,
                             text,
                             note: None,
@@ -432,12 +576,31 @@ impl<'t, 's> LayoutEngine<'t, 's> {
         let piece = self.tok.encode_piece(&text, add_special)?;
         Ok(Measured {
             ids: piece.ids,
-            offsets: piece.offsets,
+            offsets: Offsets::Owned(piece.offsets),
             unit_starts,
             text,
             note,
             used: Verification::Full,
         })
+    }
+
+    /// The seams of a sequence, in order; an error names the first one that is not provable.
+    fn provable_seams(
+        &self,
+        seq: &[UnitIdx],
+    ) -> Result<std::result::Result<Vec<Arc<Junction>>, String>> {
+        let mut seams = Vec::with_capacity(seq.len().saturating_sub(1));
+        for i in 1..seq.len() {
+            let j = self.junction(seq[i - 1], seq[i])?;
+            if !j.provable {
+                return Ok(Err(format!(
+                    "seam {} could not be verified in a bounded window",
+                    i
+                )));
+            }
+            seams.push(j);
+        }
+        Ok(Ok(seams))
     }
 
     /// Concatenate cached segments, replacing merged seams by their verified window ids.
@@ -447,34 +610,38 @@ impl<'t, 's> LayoutEngine<'t, 's> {
         seq: &[UnitIdx],
         unit_starts: &[usize],
         add_special: bool,
-    ) -> Result<std::result::Result<(Vec<u32>, Vec<(usize, usize)>), String>> {
-        let mut junctions = Vec::with_capacity(seq.len().saturating_sub(1));
-        for i in 1..seq.len() {
-            let j = self.junction(seq[i - 1], seq[i])?;
-            if !j.provable {
-                return Ok(Err(format!(
-                    "seam {} could not be verified in a bounded window",
-                    i
-                )));
-            }
-            junctions.push(j);
+    ) -> Result<std::result::Result<SplicedIds, String>> {
+        match self.provable_seams(seq)? {
+            Ok(seams) => self.splice_with(seq, &seams, unit_starts, add_special),
+            Err(why) => Ok(Err(why)),
         }
-        let approx: usize = seq
-            .iter()
-            .map(|&s| self.len(s).unwrap_or(0) as usize)
-            .sum::<usize>()
-            + 8;
+    }
+
+    /// [`Self::splice`] with the seams given (`seams[i]` between `seq[i]` and `seq[i + 1]`, all
+    /// provable). Also returns each unit's own token range.
+    fn splice_with(
+        &self,
+        seq: &[UnitIdx],
+        seams: &[Arc<Junction>],
+        unit_starts: &[usize],
+        add_special: bool,
+    ) -> Result<std::result::Result<SplicedIds, String>> {
+        let mut approx = 8;
+        for &s in seq {
+            approx += self.piece(s)?.ids.len();
+        }
         let mut ids = Vec::with_capacity(approx);
         let mut offsets = Vec::with_capacity(approx);
+        let mut own = Vec::with_capacity(seq.len());
         if add_special {
             ids.extend_from_slice(&self.tok.special_head);
             offsets.extend(std::iter::repeat_n((0, 0), self.tok.special_head.len()));
         }
         for (i, &s) in seq.iter().enumerate() {
             let piece = self.piece(s)?;
-            let head_drop = if i > 0 { junctions[i - 1].drop_b } else { 0 };
+            let head_drop = if i > 0 { seams[i - 1].drop_b } else { 0 };
             let tail_drop = if i + 1 < seq.len() {
-                junctions[i].drop_a
+                seams[i].drop_a
             } else {
                 0
             };
@@ -483,14 +650,15 @@ impl<'t, 's> LayoutEngine<'t, 's> {
             }
             let base = unit_starts[i];
             let end = piece.ids.len() - tail_drop;
+            own.push((ids.len(), ids.len() + end - head_drop));
             ids.extend_from_slice(&piece.ids[head_drop..end]);
             offsets.extend(
                 piece.offsets[head_drop..end]
                     .iter()
                     .map(|&(a, b)| (a + base, b + base)),
             );
-            if i + 1 < seq.len() && (junctions[i].drop_a > 0 || junctions[i].drop_b > 0) {
-                let j = &junctions[i];
+            if i + 1 < seq.len() && (seams[i].drop_a > 0 || seams[i].drop_b > 0) {
+                let j = &seams[i];
                 let wbase = base + j.window_start_in_a;
                 ids.extend_from_slice(&j.ids);
                 offsets.extend(j.offsets.iter().map(|&(a, b)| (a + wbase, b + wbase)));
@@ -500,9 +668,107 @@ impl<'t, 's> LayoutEngine<'t, 's> {
             ids.extend_from_slice(&self.tok.special_tail);
             offsets.extend(std::iter::repeat_n((0, 0), self.tok.special_tail.len()));
         }
-        Ok(Ok((ids, offsets)))
+        Ok(Ok((ids, offsets, own)))
+    }
+
+    /// Splice a whole sequence with its seams (all provable) into a [`Spliced`], or `None` when a
+    /// seam is not provable or two seams overlap inside a unit.
+    fn spliced(
+        &self,
+        seq: &[UnitIdx],
+        seams: &[Arc<Junction>],
+        add_special: bool,
+    ) -> Result<Option<Spliced>> {
+        if seams.iter().any(|j| !j.provable) {
+            return Ok(None);
+        }
+        let (text, unit_starts) = self.assemble_text(seq);
+        Ok(self
+            .splice_with(seq, seams, &unit_starts, add_special)?
+            .ok()
+            .map(|(ids, offsets, own)| Spliced {
+                ids,
+                offsets,
+                text,
+                unit_starts,
+                own,
+            }))
+    }
+
+    /// The prompt with the spliced `block` inserted into the spliced `body` at boundary `k` (between
+    /// body units `k` and `k + 1`; unit 0 is the prefix). Equal, token for token and offset for
+    /// offset, to splicing the whole sequence with the block in place ([`Self::measure`] in fast
+    /// mode), provided both new seams (body unit `k` → block, block → body unit `k + 1`) are provable
+    /// and merge nothing: then the two units keep all their own tokens, the tokens `closed` (the
+    /// body's seam at `k`) had replaced come back, and everything else is copied. No seam is looked
+    /// up and no offset vector is built: the cost is two memcpys of the prompt (ids and text).
+    fn insert_block<'a>(
+        &'a self,
+        body: &'a Spliced,
+        block: &'a Spliced,
+        body_seq: (UnitIdx, UnitIdx),
+        k: usize,
+        closed: &Junction,
+        tail: usize,
+    ) -> Result<Measured<'a>> {
+        let (left, right) = (self.piece(body_seq.0)?, self.piece(body_seq.1)?);
+        let left_back = &left.ids[left.ids.len() - closed.drop_a..];
+        let right_back = &right.ids[..closed.drop_b];
+        let (own_end, own_start) = (body.own[k].1, body.own[k + 1].0);
+        let n = own_end + left_back.len() + block.ids.len() + right_back.len() + body.ids.len()
+            - own_start;
+        let mut ids = Vec::with_capacity(n);
+        ids.extend_from_slice(&body.ids[..own_end]);
+        ids.extend_from_slice(left_back);
+        ids.extend_from_slice(&block.ids);
+        ids.extend_from_slice(right_back);
+        ids.extend_from_slice(&body.ids[own_start..]);
+        let at = body.unit_starts[k + 1];
+        let shift = block.text.len();
+        let mut text = String::with_capacity(body.text.len() + shift);
+        text.push_str(&body.text[..at]);
+        text.push_str(&block.text);
+        text.push_str(&body.text[at..]);
+        let mut unit_starts = Vec::with_capacity(body.unit_starts.len() + block.unit_starts.len());
+        unit_starts.extend_from_slice(&body.unit_starts[..=k]);
+        unit_starts.extend(block.unit_starts.iter().map(|s| s + at));
+        unit_starts.extend(body.unit_starts[k + 1..].iter().map(|s| s + shift));
+        let body_tail = body.ids.len() - tail;
+        let mut runs = Vec::with_capacity(6);
+        let mut push = |offsets: &'a [(usize, usize)], shift: usize, start: &mut usize| {
+            runs.push(Run {
+                start: *start,
+                offsets,
+                shift,
+            });
+            *start += offsets.len();
+        };
+        let mut start = 0;
+        push(&body.offsets[..own_end], 0, &mut start);
+        push(
+            &left.offsets[left.ids.len() - closed.drop_a..],
+            body.unit_starts[k],
+            &mut start,
+        );
+        push(&block.offsets, at, &mut start);
+        push(&right.offsets[..closed.drop_b], at + shift, &mut start);
+        push(&body.offsets[own_start..body_tail], shift, &mut start);
+        // Special tokens after the prompt keep their (0, 0).
+        push(&body.offsets[body_tail..], 0, &mut start);
+        debug_assert_eq!(start, n);
+        Ok(Measured {
+            ids,
+            offsets: Offsets::Runs(runs, n),
+            unit_starts,
+            text,
+            note: None,
+            used: Verification::Fast,
+        })
     }
 }
+
+/// Ids, byte offsets and each unit's own token range of a splice.
+type SplicedIds = (Vec<u32>, Vec<(usize, usize)>, Vec<(usize, usize)>);
 
 /// The note a layout carries when fast mode was asked for a tokenizer it is not sound for.
 fn unsound_note(tok: &TargetTokenizer) -> Option<String> {
@@ -522,13 +788,36 @@ impl Pool {
     fn new(engine: &LayoutEngine<'_, '_>, pool: &[String]) -> Result<Self> {
         let mut map: HashMap<i64, Vec<UnitIdx>> = HashMap::new();
         let anchor_len = engine.tok.encode_ids(JUNCTION_ANCHOR, false)?.len() as i64;
+        let cache = engine.tok.side_cache::<PoolLenCache>();
         for text in pool {
             let seg = engine.seg(text);
-            let in_context = engine
-                .tok
-                .encode_ids(&format!("{JUNCTION_ANCHOR}{text}"), false)?
-                .len() as i64
-                - anchor_len;
+            let gid = engine.gid(seg)?;
+            let cached = gid.and_then(|g| {
+                cache
+                    .lens
+                    .read()
+                    .expect("pool cache poisoned")
+                    .get(&g)
+                    .copied()
+            });
+            let in_context = match cached {
+                Some(len) => len,
+                None => {
+                    let len = engine
+                        .tok
+                        .encode_ids(&format!("{JUNCTION_ANCHOR}{text}"), false)?
+                        .len() as i64
+                        - anchor_len;
+                    if let Some(g) = gid {
+                        cache
+                            .lens
+                            .write()
+                            .expect("pool cache poisoned")
+                            .insert(g, len);
+                    }
+                    len
+                }
+            };
             let entry = map.entry(in_context).or_default();
             if !entry.contains(&seg) {
                 entry.push(seg);
@@ -593,9 +882,7 @@ struct CaseContext<'a> {
 /// a malformed spec or a tokenizer failure is an error.
 pub fn build_layouts(tok: &TargetTokenizer, spec: &BatchSpec) -> Result<Vec<Layout>> {
     validate_spec(tok, spec)?;
-    let mut texts: Vec<(&str, bool)> =
-        Vec::with_capacity(spec.filler.len() + spec.pool.len() + 4 * spec.cases.len());
-    texts.extend(spec.filler.iter().map(|t| (t.as_str(), true)));
+    let mut texts: Vec<(&str, bool)> = Vec::with_capacity(spec.pool.len() + 4 * spec.cases.len());
     texts.extend(spec.pool.iter().map(|t| (t.as_str(), true)));
     for case in &spec.cases {
         texts.push((&case.prefix, false));
@@ -603,9 +890,9 @@ pub fn build_layouts(tok: &TargetTokenizer, spec: &BatchSpec) -> Result<Vec<Layo
         texts.extend(case.moving.iter().map(|u| (u.text.as_str(), true)));
         texts.extend(case.anchored.iter().map(|u| (u.text.as_str(), true)));
     }
-    let (engine, order) = LayoutEngine::new(tok, texts)?;
+    let (mut engine, _) = LayoutEngine::new(tok, texts)?;
+    let filler = engine.add_stream(&spec.filler, true);
     let pool = Pool::new(&engine, &spec.pool)?;
-    let filler: Vec<UnitIdx> = order[..spec.filler.len()].to_vec();
     // The front passes the filler digest it computed once per build; hashing 2.6 MB of filler per
     // batch was 4 % of a fast 128K batch.
     let filler_digest = match &spec.filler_digest {
@@ -896,7 +1183,7 @@ fn build_case_length(
         }
     }
     let haystack = match plan_haystack(engine, pool, filler, spec, ctx, length)? {
-        Ok(h) => h,
+        Ok(units) => prepare_haystack(engine, spec, ctx, units)?,
         Err(r) => return Ok(refuse_all(r)),
     };
     // Positions share the haystack and the caches; each places and verifies on its own core.
@@ -926,7 +1213,7 @@ fn specials(engine: &LayoutEngine<'_, '_>, spec: &BatchSpec) -> (i64, i64) {
 }
 
 /// Plan the haystack (everything in the context region except the moving block) of one case at
-/// one length, to the exact token budget.
+/// one length, to the exact token budget. Returns its units.
 fn plan_haystack(
     engine: &LayoutEngine<'_, '_>,
     pool: &Pool,
@@ -934,7 +1221,7 @@ fn plan_haystack(
     spec: &BatchSpec,
     ctx: &CaseContext<'_>,
     length: usize,
-) -> Result<std::result::Result<Haystack, Refusal>> {
+) -> Result<std::result::Result<Vec<Placed>, Refusal>> {
     let (head, tail) = specials(engine, spec);
     let block: Vec<UnitIdx> = ctx.moving.iter().map(|p| p.seg).collect();
     let block_tokens = engine.count(&block)?;
@@ -1060,9 +1347,7 @@ fn plan_haystack(
             head + tail + engine.count(&seq)?
         };
         if total == length as i64 {
-            let inner: Vec<UnitIdx> = units.iter().map(|p| p.seg).collect();
-            let tokens = engine.count(&inner)?;
-            return Ok(Ok(Haystack { units, tokens }));
+            return Ok(Ok(units));
         }
         correction += length as i64 - total;
     }
@@ -1070,6 +1355,70 @@ fn plan_haystack(
         "cannot_reach_exact_length",
         format!("seams kept shifting the total away from {length} tokens after {MAX_CORRECTIONS} corrections"),
     )))
+}
+
+/// What every position of a planned haystack shares, computed once: its seams, unit boundaries and
+/// region start (they were recomputed per position, one seam look-up per unit each time), and in
+/// fast mode on a sound tokenizer the spliced prompt without the block and the spliced block, so a
+/// position is two memcpys ([`LayoutEngine::insert_block`]).
+fn prepare_haystack(
+    engine: &LayoutEngine<'_, '_>,
+    spec: &BatchSpec,
+    ctx: &CaseContext<'_>,
+    units: Vec<Placed>,
+) -> Result<Haystack> {
+    let (head, _) = specials(engine, spec);
+    let mut seq = Vec::with_capacity(units.len() + 2);
+    seq.push(ctx.prefix);
+    seq.extend(units.iter().map(|p| p.seg));
+    seq.push(ctx.suffix);
+    let mut seams = Vec::with_capacity(seq.len() - 1);
+    let mut bounds = Vec::with_capacity(units.len() + 1);
+    bounds.push(0i64);
+    let mut acc = 0i64;
+    for i in 1..seq.len() {
+        let j = engine.junction(seq[i - 1], seq[i])?;
+        if i < seq.len() - 1 {
+            // Unit i - 1 of the haystack; the prefix seam belongs to the region start instead.
+            acc += engine.len(seq[i])? + if i > 1 { j.delta } else { 0 };
+            bounds.push(acc);
+        }
+        seams.push(j);
+    }
+    let first = units.first().map(|p| p.seg).unwrap_or(ctx.moving[0].seg);
+    let region_start = head
+        + engine.len(ctx.prefix)?
+        + if units.is_empty() {
+            engine.junction(ctx.prefix, first)?.delta
+        } else {
+            seams[0].delta
+        };
+    let (body, block) =
+        if spec.verification == Verification::Fast && engine.tok.fast_unsound_reason.is_none() {
+            let block_seq: Vec<UnitIdx> = ctx.moving.iter().map(|p| p.seg).collect();
+            let block = match engine.provable_seams(&block_seq)? {
+                Ok(block_seams) => engine.spliced(&block_seq, &block_seams, false)?,
+                Err(_) => None,
+            };
+            match block {
+                Some(block) => (
+                    engine.spliced(&seq, &seams, spec.add_special_tokens)?,
+                    Some(block),
+                ),
+                None => (None, None),
+            }
+        } else {
+            (None, None)
+        };
+    Ok(Haystack {
+        units,
+        seams,
+        tokens: acc,
+        bounds,
+        region_start,
+        body,
+        block,
+    })
 }
 
 /// Insert the moving block into the haystack at the position, build and check the final prompt.
@@ -1083,27 +1432,8 @@ fn place(
     layout_id: String,
 ) -> Result<std::result::Result<Layout, Refusal>> {
     let (head, tail) = specials(engine, spec);
-    let first = haystack
-        .units
-        .first()
-        .map(|p| p.seg)
-        .unwrap_or(ctx.moving[0].seg);
-    let region_start = head + engine.len(ctx.prefix)? + engine.junction(ctx.prefix, first)?.delta;
-    // Token offset (within the haystack) of each unit boundary.
-    let mut bounds = Vec::with_capacity(haystack.units.len() + 1);
-    bounds.push(0i64);
-    let mut prev = ctx.prefix;
-    let mut acc = 0i64;
-    for (i, p) in haystack.units.iter().enumerate() {
-        acc += engine.len(p.seg)?
-            + if i > 0 {
-                engine.junction(prev, p.seg)?.delta
-            } else {
-                0
-            };
-        prev = p.seg;
-        bounds.push(acc);
-    }
+    let region_start = haystack.region_start;
+    let bounds = &haystack.bounds;
     let h = haystack.tokens;
     let requested: i64 = match (position.depth, position.offset) {
         (Some(d), _) => (d * h as f64).round() as i64,
@@ -1122,8 +1452,19 @@ fn place(
         }
         _ => unreachable!("validated"),
     };
-    let mut order: Vec<usize> = (0..bounds.len()).collect();
-    order.sort_by_key(|&k| ((bounds[k] - requested).abs(), k));
+    // The MAX_BOUNDARY_TRIES nearest boundaries, nearest first (ties: the earlier one), in one pass
+    // (sorting all 9.5K boundaries of a 128K haystack per position was 5 % of a fast layout).
+    let mut order: Vec<(i64, usize)> = Vec::with_capacity(MAX_BOUNDARY_TRIES + 1);
+    for (k, &b) in bounds.iter().enumerate() {
+        let key = ((b - requested).abs(), k);
+        if order.len() == MAX_BOUNDARY_TRIES && key >= order[MAX_BOUNDARY_TRIES - 1] {
+            continue;
+        }
+        let at = order.partition_point(|&o| o < key);
+        order.insert(at, key);
+        order.truncate(MAX_BOUNDARY_TRIES);
+    }
+    let order: Vec<usize> = order.into_iter().map(|(_, k)| k).collect();
     // The nearest boundary is tried first; a boundary whose seams change the count or cut through
     // a placed unit (Llama-3 merges ".\n\n" into one token) is skipped for the next-nearest one,
     // and the extra distance shows up as snap.
@@ -1131,6 +1472,8 @@ fn place(
     let block_first = ctx.moving[0].seg;
     let block_last = ctx.moving[ctx.moving.len() - 1].seg;
     for &k in order.iter().take(MAX_BOUNDARY_TRIES) {
+        // The block's two new seams when the spliced body can take the block directly.
+        let mut insert = None;
         // Where seams are provable, a boundary whose seams merge into the evidence or change the
         // total is known bad before any encode: skip it for free (Llama-3 ".\n\n" seams otherwise
         // cost a full encode per retry, docs/benchmarks.md).
@@ -1149,7 +1492,7 @@ fn place(
                 engine.junction(prev, block_first)?,
                 engine.junction(block_last, next)?,
             );
-            let closed = engine.junction(prev, next)?;
+            let closed = &haystack.seams[k];
             let merges = left.drop_a + left.drop_b + right.drop_a + right.drop_b > 0;
             if merges || left.delta + right.delta != closed.delta {
                 last_refusal = Some(refuse(
@@ -1158,17 +1501,35 @@ fn place(
                 ));
                 continue;
             }
+            if left.provable && right.provable {
+                insert = Some((prev, next));
+            }
         }
-        let mut seq_units: Vec<&Placed> =
-            Vec::with_capacity(haystack.units.len() + ctx.moving.len());
-        seq_units.extend(haystack.units[..k].iter());
-        seq_units.extend(ctx.moving.iter());
-        seq_units.extend(haystack.units[k..].iter());
-        let mut seq = Vec::with_capacity(seq_units.len() + 2);
-        seq.push(ctx.prefix);
-        seq.extend(seq_units.iter().map(|p| p.seg));
-        seq.push(ctx.suffix);
-        let measured = engine.measure(&seq, spec.add_special_tokens, spec.verification)?;
+        // Unit i of the prompt's sequence after the prefix: haystack units before the boundary, the
+        // block, the rest of the haystack.
+        let n_units = haystack.units.len() + ctx.moving.len();
+        let m = ctx.moving.len();
+        let unit = |i: usize| -> &Placed {
+            if i < k {
+                &haystack.units[i]
+            } else if i < k + m {
+                &ctx.moving[i - k]
+            } else {
+                &haystack.units[i - m]
+            }
+        };
+        let measured = match (&haystack.body, &haystack.block, insert) {
+            (Some(body), Some(block), Some(pair)) => {
+                engine.insert_block(body, block, pair, k, &haystack.seams[k], tail as usize)?
+            }
+            _ => {
+                let mut seq = Vec::with_capacity(n_units + 2);
+                seq.push(ctx.prefix);
+                seq.extend((0..n_units).map(|i| unit(i).seg));
+                seq.push(ctx.suffix);
+                engine.measure(&seq, spec.add_special_tokens, spec.verification)?
+            }
+        };
         if measured.ids.len() != length {
             last_refusal = Some(refuse(
                 "cannot_reach_exact_length",
@@ -1184,7 +1545,8 @@ fn place(
         let mut spans = Vec::new();
         let mut refusal = None;
         let (mut counted_bytes, mut counted_chars) = (0usize, 0usize);
-        for (i, p) in seq_units.iter().enumerate() {
+        for i in 0..n_units {
+            let p = unit(i);
             if !matches!(p.kind, UnitKind::Evidence | UnitKind::Distractor) {
                 continue;
             }
@@ -1249,12 +1611,16 @@ fn place(
             .map(|s| s.token_start);
         // The region is read from the final offsets (exact for every tokenizer family); the
         // arithmetic above only chose the boundary.
-        let body = &measured.offsets[..measured.offsets.len() - tail as usize];
-        let region_first = head as usize
-            + body[head as usize..].partition_point(|&(_, e)| e <= measured.unit_starts[1]);
+        let body_end = measured.offsets.len() - tail as usize;
+        let region_first = measured
+            .offsets
+            .partition_point(head as usize, body_end, |(_, e)| {
+                e <= measured.unit_starts[1]
+            });
         let suffix_start = *measured.unit_starts.last().expect("suffix");
-        let region_last =
-            head as usize + body[head as usize..].partition_point(|&(s, _)| s < suffix_start);
+        let region_last = measured
+            .offsets
+            .partition_point(head as usize, body_end, |(s, _)| s < suffix_start);
         let block_tokens: usize = spans
             .iter()
             .filter(|s| ctx.moving.iter().any(|m| m.id == s.unit_id))
@@ -1297,15 +1663,15 @@ fn place(
 
 /// Token span covering bytes [start, end) of the text; refuses when a token straddles an edge.
 fn token_span(
-    offsets: &[(usize, usize)],
+    offsets: &Offsets<'_>,
     start: usize,
     end: usize,
     skip: usize,
     skip_tail: usize,
 ) -> std::result::Result<(usize, usize), Refusal> {
-    let body = &offsets[skip..offsets.len() - skip_tail];
-    let ts = skip + body.partition_point(|&(_, e)| e <= start);
-    let te = skip + body.partition_point(|&(s, _)| s < end);
+    let body_end = offsets.len() - skip_tail;
+    let ts = offsets.partition_point(skip, body_end, |(_, e)| e <= start);
+    let te = offsets.partition_point(skip, body_end, |(s, _)| s < end);
     let straddle = |what: &str| {
         refuse(
             "evidence_straddles_token",
@@ -1316,10 +1682,10 @@ fn token_span(
         return Err(straddle("inside"));
     }
     // A leading separator may be trimmed out of a token's offsets (ByteLevel trim_offsets).
-    if offsets[ts].0 < start {
+    if offsets.get(ts).0 < start {
         return Err(straddle("start"));
     }
-    if offsets[te - 1].1 > end {
+    if offsets.get(te - 1).1 > end {
         return Err(straddle("end"));
     }
     Ok((ts, te))
@@ -1390,22 +1756,126 @@ mod tests {
     fn seam_cache_is_per_tokenizer_and_outlives_a_batch() {
         let units = ["Handbook", " The rate is 245 USD.", "\n\nQuestion: which?"];
         let tok = fixture_tokenizer("gpt2");
-        let key = seam_key(units[0], units[1]);
-        {
+        let key = {
             let engine = LayoutEngine::new(&tok, units.iter().map(|s| (*s, false)).collect())
                 .unwrap()
                 .0;
-            assert!(engine.seams.get(&key).is_none());
-            engine
-                .junction(engine.seg(units[0]), engine.seg(units[1]))
-                .unwrap();
-        }
+            let (a, b) = (engine.seg(units[0]), engine.seg(units[1]));
+            let key = (
+                engine.gid(a).unwrap().unwrap(),
+                engine.gid(b).unwrap().unwrap(),
+            );
+            assert!(engine.seams.get(key).is_none());
+            engine.junction(a, b).unwrap();
+            key
+        };
         let next = LayoutEngine::new(&tok, units.iter().map(|s| (*s, false)).collect())
             .unwrap()
             .0;
-        assert!(next.seams.get(&key).is_some());
+        assert!(next.seams.get(key).is_some());
+        // Same texts, same ids, in a later batch.
+        assert_eq!(next.gid(next.seg(units[0])).unwrap(), Some(key.0));
         assert!(Arc::ptr_eq(&next.seams, &tok.side_cache::<SeamCache>()));
         let other = fixture_tokenizer("gpt2");
-        assert!(other.side_cache::<SeamCache>().get(&key).is_none());
+        assert!(other.side_cache::<SeamCache>().get(key).is_none());
+    }
+
+    /// Inserting the spliced block into the spliced body gives, at every boundary whose new seams
+    /// merge nothing, exactly what splicing the whole sequence gives: ids, every token offset, text
+    /// and unit starts. Units with merging seams (Llama-3 ".\n\n", SmolLM digits) on both sides.
+    #[test]
+    fn block_insertion_equals_a_whole_splice() {
+        let haystack = [
+            " The travel desk books rail first.",
+            "\n\nSection 2. Records.",
+            " Invoices are due in 30 days.",
+            "\nLegal staff must file forms.",
+            " Rates: 245 USD, 180 USD.",
+            " 東京 offices close at 18:00.",
+            "\n\nSection 3. Travel.",
+            " Meals are capped at 60 USD.",
+        ];
+        let prefix = "Company Operations Handbook (excerpt)";
+        let suffix = "\n\nQuestion: which rate?\nAnswer:";
+        let block_texts = [
+            " Travel policy version 4 (2025)",
+            " caps the hotel rate at 245 USD.",
+        ];
+        for family in ["gpt2", "smollm", "llama3-from-gguf", "bert-wordpiece"] {
+            let tok = fixture_tokenizer(family);
+            if tok.fast_unsound_reason.is_some() {
+                continue;
+            }
+            let mut texts: Vec<(&str, bool)> = vec![(prefix, false), (suffix, false)];
+            texts.extend(haystack.iter().chain(&block_texts).map(|t| (*t, true)));
+            let engine = LayoutEngine::new(&tok, texts).unwrap().0;
+            let body_seq: Vec<UnitIdx> = std::iter::once(prefix)
+                .chain(haystack)
+                .chain(std::iter::once(suffix))
+                .map(|t| engine.seg(t))
+                .collect();
+            let block_seq: Vec<UnitIdx> = block_texts.iter().map(|t| engine.seg(t)).collect();
+            for add_special in [false, true] {
+                let tail = if add_special {
+                    tok.special_tail.len()
+                } else {
+                    0
+                };
+                let seams = engine.provable_seams(&body_seq).unwrap().unwrap();
+                let body = engine
+                    .spliced(&body_seq, &seams, add_special)
+                    .unwrap()
+                    .unwrap();
+                let block_seams = engine.provable_seams(&block_seq).unwrap().unwrap();
+                let block = engine
+                    .spliced(&block_seq, &block_seams, false)
+                    .unwrap()
+                    .unwrap();
+                let mut tried = 0;
+                for k in 0..body_seq.len() - 1 {
+                    let (l, r) = (body_seq[k], body_seq[k + 1]);
+                    let left = engine.junction(l, block_seq[0]).unwrap();
+                    let right = engine.junction(*block_seq.last().unwrap(), r).unwrap();
+                    if left.drop_a + left.drop_b + right.drop_a + right.drop_b > 0
+                        || !left.provable
+                        || !right.provable
+                    {
+                        continue;
+                    }
+                    tried += 1;
+                    let fast = engine
+                        .insert_block(&body, &block, (l, r), k, &seams[k], tail)
+                        .unwrap();
+                    let mut seq = body_seq[..=k].to_vec();
+                    seq.extend(&block_seq);
+                    seq.extend(&body_seq[k + 1..]);
+                    let whole = engine
+                        .measure(&seq, add_special, Verification::Fast)
+                        .unwrap();
+                    assert_eq!(whole.used, Verification::Fast, "{family} {k}");
+                    assert_eq!(fast.ids, whole.ids, "{family} {k}");
+                    assert_eq!(fast.text, whole.text, "{family} {k}");
+                    assert_eq!(fast.unit_starts, whole.unit_starts, "{family} {k}");
+                    assert_eq!(fast.offsets.len(), whole.offsets.len(), "{family} {k}");
+                    for t in 0..whole.offsets.len() {
+                        assert_eq!(
+                            fast.offsets.get(t),
+                            whole.offsets.get(t),
+                            "{family} {k} {t}"
+                        );
+                    }
+                    // And both are the tokenizer's own encoding of the text.
+                    assert_eq!(
+                        fast.ids,
+                        tok.encode_ids(&fast.text, add_special).unwrap(),
+                        "{family} {k}"
+                    );
+                }
+                assert!(
+                    tried >= 3,
+                    "{family}: only {tried} boundaries take the block"
+                );
+            }
+        }
     }
 }

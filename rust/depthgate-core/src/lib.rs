@@ -19,7 +19,7 @@ pub mod spec;
 pub mod tokenizer;
 pub mod verify;
 
-pub use checks::{presend_check, CheckReport, SendContract};
+pub use checks::{presend_check, presend_check_batch, CheckReport, PresendRow, SendContract};
 pub use error::{CoreError, Result};
 pub use layout::build_layouts;
 pub use spec::{BatchSpec, Layout, Span, Status, Verification};

@@ -12,6 +12,7 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Arc, RwLock};
 
+use ahash::AHashMap;
 use tokenizers::Tokenizer;
 
 use crate::digest::sha256_hex;
@@ -40,8 +41,10 @@ pub struct TargetTokenizer {
     pub fast_unsound_reason: Option<String>,
     /// Segments (filler sentences, evidence, frames) encoded once per tokenizer and reused by every
     /// later batch: re-encoding the filler per batch was 60–93 % of a fast 128K batch
-    /// (docs/benchmarks.md, "Where the time goes").
-    segment_cache: RwLock<HashMap<String, Arc<Piece>>>,
+    /// (docs/benchmarks.md, "Where the time goes"). Each cached text also gets a stable id (its
+    /// insertion index), so caches of higher layers key a pair of texts by two integers instead of
+    /// hashing both texts again (the seam cache: docs/benchmarks.md).
+    segment_cache: RwLock<AHashMap<String, (SegmentId, Arc<Piece>)>>,
     /// Caches of higher layers kept per tokenizer (the layout engine's verified seams), one per
     /// type, created empty on first use and dropped with the tokenizer.
     side_caches: RwLock<HashMap<TypeId, Arc<dyn Any + Send + Sync>>>,
@@ -49,6 +52,10 @@ pub struct TargetTokenizer {
 
 /// Upper bound on cached segments (≈ 40 MB of ids and offsets at ~15 tokens a segment).
 const SEGMENT_CACHE_LIMIT: usize = 200_000;
+
+/// The id of a text in a tokenizer's segment cache: equal ids mean equal texts, for the lifetime of
+/// the tokenizer (ids are never reused; texts past the cache limit get none).
+pub type SegmentId = u32;
 
 impl TargetTokenizer {
     pub fn from_file(path: &Path) -> Result<Self> {
@@ -80,7 +87,7 @@ impl TargetTokenizer {
             special_first_chars: Vec::new(),
             special_strings,
             fast_unsound_reason,
-            segment_cache: RwLock::new(HashMap::new()),
+            segment_cache: RwLock::new(AHashMap::new()),
             side_caches: RwLock::new(HashMap::new()),
         };
         let mut firsts: Vec<char> = tok
@@ -129,13 +136,23 @@ impl TargetTokenizer {
     /// string (content units; frames may hold special tokens). Checking once per text per tokenizer
     /// instead of per batch: the per-batch scan of 30K filler units was 8 % of a fast batch.
     pub fn segment(&self, text: &str, check: bool) -> Result<Arc<Piece>> {
-        if let Some(piece) = self
+        Ok(self.segment_entry(text, check)?.1)
+    }
+
+    /// [`Self::segment`] plus the text's [`SegmentId`] in this tokenizer's cache (`None` once the
+    /// cache is full: the piece is then encoded but not kept).
+    pub fn segment_entry(
+        &self,
+        text: &str,
+        check: bool,
+    ) -> Result<(Option<SegmentId>, Arc<Piece>)> {
+        if let Some((id, piece)) = self
             .segment_cache
             .read()
             .expect("segment cache poisoned")
             .get(text)
         {
-            return Ok(Arc::clone(piece));
+            return Ok((Some(*id), Arc::clone(piece)));
         }
         if check {
             if let Some(special) = self.find_special_string(text) {
@@ -151,10 +168,16 @@ impl TargetTokenizer {
         }
         let piece = Arc::new(self.encode_piece(text, false)?);
         let mut cache = self.segment_cache.write().expect("segment cache poisoned");
-        if cache.len() < SEGMENT_CACHE_LIMIT {
-            cache.insert(text.to_string(), Arc::clone(&piece));
+        // Another thread may have encoded the same text meanwhile: keep the first id.
+        if let Some((id, piece)) = cache.get(text) {
+            return Ok((Some(*id), Arc::clone(piece)));
         }
-        Ok(piece)
+        if cache.len() < SEGMENT_CACHE_LIMIT {
+            let id = cache.len() as SegmentId;
+            cache.insert(text.to_string(), (id, Arc::clone(&piece)));
+            return Ok((Some(id), piece));
+        }
+        Ok((None, piece))
     }
 
     /// This tokenizer's instance of the cache type `C`, created empty on first use. Whatever a cache

@@ -4,11 +4,13 @@
 
 mod common;
 
+use depthgate_core::spec::Span;
 use depthgate_core::spec::{
     AnchoredSpec, BatchSpec, CaseSpec, PositionSpec, UnitKind, UnitSpec, Verification,
 };
 use depthgate_core::{
-    build_layouts, presend_check, verify_layout, SendContract, Status, TargetTokenizer,
+    build_layouts, presend_check, presend_check_batch, verify_layout, PresendRow, SendContract,
+    Status, TargetTokenizer,
 };
 
 fn tokenizer(family: &str) -> TargetTokenizer {
@@ -535,4 +537,88 @@ fn pinned_date_is_compared() {
             .collect::<Vec<_>>(),
         ["pinned_date"]
     );
+}
+
+/// The batched pre-send check finds exactly what one call per layout finds, row by row: on clean
+/// layouts (with non-ASCII units, so spans are counted in chars), a duplicated distractor, a wrong
+/// length and spans outside the prompt or reversed.
+#[test]
+fn presend_batch_equals_one_call_per_layout() {
+    let tok = tokenizer("llama3-from-gguf");
+    let layouts = build_layouts(&tok, &batch(Verification::Fast, vec![512, 1024])).unwrap();
+    let contract = SendContract::for_tokenizer(&tok, 0, Some(2048), 12, "raw", "");
+    let mut cases: Vec<(String, Vec<u32>, Vec<Span>, usize)> = Vec::new();
+    for l in &layouts {
+        cases.push((
+            l.text.clone(),
+            l.token_ids.clone(),
+            l.spans.clone(),
+            l.target_tokens,
+        ));
+    }
+    let l = &layouts[0];
+    let sea = l.spans.iter().find(|s| s.unit_id == "d-sea").unwrap();
+    let sea_text: String = l
+        .text
+        .chars()
+        .skip(sea.char_start)
+        .take(sea.char_end - sea.char_start)
+        .collect();
+    assert!(!sea_text.is_ascii());
+    cases.push((
+        format!("{}{sea_text}", l.text),
+        l.token_ids.clone(),
+        l.spans.clone(),
+        512,
+    ));
+    cases.push((l.text.clone(), l.token_ids.clone(), l.spans.clone(), 600));
+    let mut bad_spans = l.spans.clone();
+    bad_spans[0].char_end = l.text.chars().count() + 1;
+    bad_spans[1].char_start = bad_spans[1].char_end + 1;
+    bad_spans[2].token_end = l.token_ids.len() + 1;
+    cases.push((l.text.clone(), l.token_ids.clone(), bad_spans, 512));
+    cases.push((String::new(), Vec::new(), Vec::new(), 512));
+    let rows: Vec<PresendRow<'_>> = cases
+        .iter()
+        .map(|(text, ids, spans, target)| PresendRow {
+            text,
+            ids,
+            spans,
+            template_digest: "raw",
+            pinned_date: "",
+            target_tokens: *target,
+        })
+        .collect();
+    let batched = presend_check_batch(&rows, &contract);
+    assert_eq!(batched.len(), rows.len());
+    for (i, ((text, ids, spans, target), found)) in cases.iter().zip(&batched).enumerate() {
+        let one = SendContract {
+            target_tokens: *target,
+            ..contract.clone()
+        };
+        let single = presend_check("x", text, ids, spans, "raw", "", &one);
+        assert_eq!(found, &single.violations, "row {i}");
+        if i < layouts.len() {
+            assert!(found.is_empty(), "row {i}: {found:?}");
+        }
+    }
+    let codes = |i: usize| {
+        batched[i]
+            .iter()
+            .map(|v| v.code.as_str())
+            .collect::<Vec<_>>()
+    };
+    let n = layouts.len();
+    assert!(
+        codes(n).contains(&"duplicated_distractor"),
+        "{:?}",
+        codes(n)
+    );
+    assert_eq!(codes(n + 1), ["length_mismatch"]);
+    let out_of_range = codes(n + 2)
+        .iter()
+        .filter(|c| **c == "span_out_of_range")
+        .count();
+    assert_eq!(out_of_range, 3, "{:?}", codes(n + 2));
+    assert_eq!(codes(n + 3), ["length_mismatch", "evidence_missing"]);
 }
