@@ -60,6 +60,10 @@ class PerfectReader(StubServer):
             c.query: c.required_claims[0].aliases[0] if c.required_claims else "not stated"
             for c in builtin_suite(44).cases  # the first cases of a larger suite are the same cases
         }
+        # Model "unsafe" gives the first case's forbidden (competing) value instead of its answer.
+        first = builtin_suite(1).cases[0]
+        self.unsafe = {**self.answers, first.query: first.forbidden_claims[0].aliases[0]}
+        self.tokenizers["unsafe"] = gpt2
         self.requests = 0
         reader = self
 
@@ -73,7 +77,8 @@ class PerfectReader(StubServer):
                 reader.requests += 1
                 ids = list(body["prompt"])
                 text = reader.tokenizers[body["model"]].decode(ids)
-                answer = next((a for q, a in reader.answers.items() if q in text), "not stated")
+                table = reader.unsafe if body["model"] == "unsafe" else reader.answers
+                answer = next((a for q, a in table.items() if q in text), "not stated")
                 echo = [50256, *ids] if body["model"] == "doubled-bos" else ids
                 self.send_json(completion(body["model"], f" {answer}", echo, completion_tokens=3))
 
@@ -87,10 +92,12 @@ def _matrix(
     candidate_model: str = "good",
     candidate_tokenizer: Path = GPT2,
     positions: str = "[0.0, 1.0]",
+    n_min: int = 2,
+    suite: str = f'{{ kind = "builtin", cases = {CASES}, seed = 0, language = "en" }}',
 ) -> Path:
     text = f"""
 name = "trust"
-suite = {{ kind = "builtin", cases = {CASES}, seed = 0, language = "en" }}
+suite = {suite}
 lengths = [640]
 positions = {positions}
 
@@ -114,7 +121,7 @@ tokenizer = "{candidate_tokenizer}"
 
 [plan]
 margin = 0.20
-n_min = 2
+n_min = {n_min}
 bootstrap_resamples = 999
 """
     path = tmp / "trust.toml"
@@ -272,3 +279,37 @@ def test_the_shipped_tokenizer_upgrade_matrix_runs_to_a_report(
     sent = pl.concat([read_records(run), read_records(run / "controls")]).filter(pl.col("attempts") > 0)
     assert server.requests == sent.height  # each sent exactly once (refused controls are never sent)
     assert _verdict(run)["verdict"] == "PASS"
+
+
+def test_too_few_cases_is_inconclusive_exit_11(tmp_path: Path, port: int) -> None:
+    """n_min above the placed cases: every slice INCONCLUSIVE, never merged, exit 11."""
+    matrix = _matrix(tmp_path, port, n_min=PLACED + 1)
+    with PerfectReader(port):
+        code = main(["run", str(matrix), "--out", str(tmp_path / "run"), "--no-controls"])
+    assert code == ExitCode.INCONCLUSIVE == 11
+    doc = _verdict(tmp_path / "run")
+    assert doc["verdict"] == "INCONCLUSIVE" and {s["status"] for s in doc["slices"]} == {"INCONCLUSIVE"}
+
+
+def test_a_forbidden_safety_claim_is_exit_12_whatever_the_statistics(
+    tmp_path: Path, port: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One candidate answer gives a forbidden claim of severity "safety" (a suite file marks the first
+    case's competing value so): SAFETY overrides the statistics, exit 12."""
+    suite = builtin_suite(CASES)
+    first = suite.cases[0]
+    claims = [
+        c.model_copy(update={"severity": "safety"}) if i == 0 else c
+        for i, c in enumerate(first.forbidden_claims)
+    ]
+    cases = [first.model_copy(update={"forbidden_claims": claims}), *suite.cases[1:]]
+    path = tmp_path / "suite.json"
+    path.write_text(suite.model_copy(update={"cases": cases}).model_dump_json())
+    matrix = _matrix(tmp_path, port, candidate_model="unsafe", suite=f'{{ kind = "file", path = "{path}" }}')
+    with PerfectReader(port):
+        code = main(["run", str(matrix), "--out", str(tmp_path / "run"), "--no-controls"])
+    assert code == ExitCode.SAFETY == 12
+    assert "+ SAFETY (exit 12 SAFETY" in capsys.readouterr().out
+    doc = _verdict(tmp_path / "run")
+    assert doc["safety_flag"] and doc["exit_code"] == "SAFETY"
+    assert doc["safety"]["hits_candidate"] == 2 and doc["safety"]["hits_baseline"] == 0  # 2 depths
