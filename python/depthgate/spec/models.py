@@ -20,7 +20,6 @@ import hashlib
 import json
 import math
 import re
-import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, TypeAlias, TypeVar
@@ -42,11 +41,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from depthgate.exceptions import SpecError
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - Python 3.10 needs the tomli backport
-    import tomli as tomllib
+from depthgate.spec._compat import tomllib
 
 Language: TypeAlias = Literal["en", "zh"]
 TaskKind: TypeAlias = Literal["extraction", "qa"]

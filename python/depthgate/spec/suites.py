@@ -31,7 +31,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from importlib import resources
@@ -41,6 +40,7 @@ from typing import Any, Literal, TypeAlias
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from depthgate.exceptions import SpecError
+from depthgate.spec._compat import tomllib
 from depthgate.spec.filler import SplitMix64
 from depthgate.spec.models import (
     BuiltinSuiteRef,
@@ -57,11 +57,6 @@ from depthgate.spec.models import (
     load_suite,
     spec_error_from_validation,
 )
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - Python 3.10 needs the tomli backport
-    import tomli as tomllib
 
 FactType: TypeAlias = Literal["hotel_cap", "invoice_terms", "incident_contact", "expense_signoff"]
 
