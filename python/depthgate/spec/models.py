@@ -265,9 +265,11 @@ class Case(_Frozen):
 
     def _check_texts(self) -> None:
         case = self.id
+        docs: list[tuple[str, EvidenceDoc | Distractor]] = [
+            (f"evidence[{i}]", d) for i, d in enumerate(self.evidence)
+        ] + [(f"distractors[{i}]", d) for i, d in enumerate(self.distractors)]
         seen: dict[str, str] = {}
-        for index, doc in enumerate(self.evidence):
-            field = f"evidence[{index}]"
+        for field, doc in docs:
             _check_id(doc.id, field=f"{field}.id", case=case)
             if doc.id in seen:
                 raise _violation(
@@ -277,35 +279,21 @@ class Case(_Frozen):
                     fix="give every evidence document and distractor its own id",
                 )
             seen[doc.id] = field
-            if not doc.version.strip():
+            if isinstance(doc, EvidenceDoc) and not doc.version.strip():
                 raise _violation(
                     "is empty", field=f"{field}.version", case=case, fix="give a version, e.g. '1'"
                 )
             _check_unit(doc.text, field=f"{field}.text", case=case)
-        for index, distractor in enumerate(self.distractors):
-            field = f"distractors[{index}]"
-            _check_id(distractor.id, field=f"{field}.id", case=case)
-            if distractor.id in seen:
-                raise _violation(
-                    f"duplicate id {distractor.id!r} (also {seen[distractor.id]})",
-                    field=f"{field}.id",
-                    case=case,
-                    fix="give every evidence document and distractor its own id",
-                )
-            seen[distractor.id] = field
-            _check_unit(distractor.text, field=f"{field}.text", case=case)
         texts: dict[str, str] = {}
-        for field, text in [(f"evidence[{i}].text", d.text) for i, d in enumerate(self.evidence)] + [
-            (f"distractors[{i}].text", d.text) for i, d in enumerate(self.distractors)
-        ]:
-            if text in texts:
+        for field, doc in docs:
+            if doc.text in texts:
                 raise _violation(
-                    f"same text as {texts[text]}",
-                    field=field,
+                    f"same text as {texts[doc.text]}",
+                    field=f"{field}.text",
                     case=case,
                     fix="remove the duplicate; a repeated block is a duplicated distractor (DESIGN.md §4)",
                 )
-            texts[text] = field
+            texts[doc.text] = f"{field}.text"
 
     def _check_claims(self) -> None:
         case = self.id
