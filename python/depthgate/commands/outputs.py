@@ -56,18 +56,26 @@ def _existing_ancestor(path: Path) -> Path:
     return Path(".")
 
 
+def _cannot_write(
+    exc: OSError, path: Path, option: str, *, folder: Path | None = None, wanted: str = "a path"
+) -> InputError:
+    """The refusal for an OSError met while writing ``path`` (given by ``option``), optionally ``folder``."""
+    where = "" if folder is None else f" in {folder}"
+    return InputError(
+        f"cannot write{where} ({exc.strerror or exc})",
+        file=str(path),
+        field=option,
+        fix=f"give {option} {wanted} in a folder you can write to",
+    )
+
+
 def _probe_writable(folder: Path, path: Path, option: str) -> None:
     """Create and remove a temp file in ``folder``: permission bits say nothing for root, and read-only or
     virtual file systems only answer an actual write."""
     try:
         fd, name = tempfile.mkstemp(prefix=".depthgate-probe-", dir=folder)
     except OSError as exc:
-        raise InputError(
-            f"cannot write in {folder} ({exc.strerror or exc})",
-            file=str(path),
-            field=option,
-            fix=f"give {option} a path in a folder you can write to",
-        ) from None
+        raise _cannot_write(exc, path, option, folder=folder) from None
     os.close(fd)
     with contextlib.suppress(OSError):
         os.unlink(name)
@@ -131,12 +139,7 @@ def write_text_atomic(path: str | os.PathLike[str], text: str, *, option: str = 
             target.parent.mkdir(parents=True, exist_ok=True)
             fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
         except OSError as exc:
-            raise InputError(
-                f"cannot write ({exc.strerror or exc})",
-                file=str(target),
-                field=option,
-                fix=f"give {option} a path in a folder you can write to",
-            ) from None
+            raise _cannot_write(exc, target, option) from None
         try:
             with os.fdopen(fd, "w", encoding="utf-8", newline="") as fh:
                 fh.write(text)
@@ -145,12 +148,7 @@ def write_text_atomic(path: str | os.PathLike[str], text: str, *, option: str = 
             with contextlib.suppress(OSError):
                 os.unlink(name)
             if isinstance(exc, OSError):
-                raise InputError(
-                    f"cannot write ({exc.strerror or exc})",
-                    file=str(target),
-                    field=option,
-                    fix=f"give {option} a file path in a folder you can write to",
-                ) from None
+                raise _cannot_write(exc, target, option, wanted="a file path") from None
             raise
     return target
 
