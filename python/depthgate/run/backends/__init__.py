@@ -10,7 +10,7 @@ import dataclasses
 import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypedDict
 
 from depthgate.exceptions import InputError
 from depthgate.run.backends.base import Backend, EmbeddedBackendAdapter, api_key_from_env
@@ -24,6 +24,14 @@ if TYPE_CHECKING:
     from depthgate.spec.models import Runtime, System
 
 __all__ = ["make_backend", "make_cache_control_backends", "probe_backend"]
+
+
+class _HTTPShared(TypedDict):
+    """What every HTTP backend of one arm is given alike (the API key and URL differ)."""
+
+    name: str
+    window: int | None
+    options: HTTPOptions
 
 
 def _tokenizer_for(system: System, base_dir: Path | None) -> Tokenizer | None:
@@ -185,16 +193,18 @@ def make_backend(
 
     from depthgate.run.backends import http as http_backends
 
-    options = _http_options(runtime, http_options)
+    shared: _HTTPShared = {
+        "name": system.name,
+        "window": system.window,
+        "options": _http_options(runtime, http_options),
+    }
     if kind == "anthropic":
         key = api_key_from_env(api_key_env or _DEFAULT_KEY_ENV["anthropic"], what="Anthropic")
         return http_backends.AnthropicBackend(
             system.model,
             base_url=system.endpoint or http_backends.ANTHROPIC_URL,
             api_key=key,
-            name=system.name,
-            window=system.window,
-            options=options,
+            **shared,
         )
     if kind == "openai" and (api or "chat") == "chat":
         env = api_key_env or _DEFAULT_KEY_ENV["openai"]
@@ -203,10 +213,8 @@ def make_backend(
             system.model,
             base_url=system.endpoint or http_backends.OPENAI_URL,
             api_key=key,
-            name=system.name,
-            window=system.window,
             local_count=_local_counter(system, base, tokenizer),
-            options=options,
+            **shared,
         )
     # OpenAI-compatible /v1/completions: vllm-server, llamacpp with an endpoint, openai with api="completions"
     fmt = prompt_format or "token_ids"
@@ -221,11 +229,9 @@ def make_backend(
             system.model,
             base_url=endpoint,
             api_key=key,
-            name=system.name,
-            window=system.window,
             prompt_format=fmt,
             vllm=kind == "vllm-server",
-            options=options,
+            **shared,
         )
 
     if system.endpoints is not None:
