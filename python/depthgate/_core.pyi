@@ -5,7 +5,15 @@ from typing import Any, final
 
 import numpy as np
 
-__all__ = ["ASSEMBLER_VERSION", "Tokenizer", "build_layouts", "presend_check", "verify_layouts"]
+__all__ = [
+    "ASSEMBLER_VERSION",
+    "Tokenizer",
+    "build_layout_columns",
+    "build_layouts",
+    "presend_check",
+    "presend_check_batch",
+    "verify_layouts",
+]
 
 ASSEMBLER_VERSION: str
 
@@ -30,6 +38,9 @@ class Tokenizer:
 def build_layouts(
     tokenizer: Tokenizer, spec_json: str
 ) -> tuple[np.ndarray[Any, np.dtype[np.uint32]], np.ndarray[Any, np.dtype[np.uint64]], str]: ...
+def build_layout_columns(
+    tokenizer: Tokenizer, spec_json: str
+) -> tuple[np.ndarray[Any, np.dtype[np.uint32]], np.ndarray[Any, np.dtype[np.uint64]], list[str], str]: ...
 def verify_layouts(
     tokenizer: Tokenizer,
     layouts_json: str,
@@ -45,3 +56,18 @@ def presend_check(
     layout_pinned_date: str,
     contract_json: str,
 ) -> str: ...
+def presend_check_batch(
+    texts: list[str],
+    ids_flat: np.ndarray[Any, np.dtype[np.uint32]],
+    id_offsets: np.ndarray[Any, np.dtype[np.uint64]],
+    target_tokens: np.ndarray[Any, np.dtype[np.int64]],
+    template_digests: list[str],
+    pinned_dates: list[str | None],
+    span_offsets: np.ndarray[Any, np.dtype[np.uint64]],
+    span_ids: list[str],
+    span_kinds: list[str],
+    span_tokens: tuple[np.ndarray[Any, np.dtype[np.int64]], np.ndarray[Any, np.dtype[np.int64]]],
+    span_chars: tuple[np.ndarray[Any, np.dtype[np.int64]], np.ndarray[Any, np.dtype[np.int64]]],
+    span_sha256: list[str],
+    contract_json: str,
+) -> list[list[tuple[str, str]]]: ...

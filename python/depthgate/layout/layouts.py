@@ -50,9 +50,14 @@ ASSEMBLER_VERSION: str = _core.ASSEMBLER_VERSION
 
 Verification = Literal["full", "fast"]
 
-# Rows per parquet part while streaming. Chosen so one part of 128K-token layouts stays near
-# 64 MB of ids + text (each layout ≈ 0.5 MB of ids and ≈ 0.5 MB of text).
+# Cases per core call. Chosen so one chunk of 128K-token layouts stays near 64 MB of ids + text
+# (each layout ≈ 0.5 MB of ids and ≈ 0.5 MB of text).
 _CASES_PER_CHUNK = 8
+
+# Built layouts held in memory before they are spilled to disk (see :class:`_LayoutSink`): a build
+# up to this size is written to parquet once, a larger one in one more pass over its spilled parts.
+# Memory stays bounded by this budget plus one chunk, whatever the size of the matrix.
+_SINK_BUDGET_BYTES = 512 * 1024 * 1024
 
 _SPAN_STRUCT = pl.Struct(
     {
@@ -271,6 +276,47 @@ def _chunks(cases: Sequence[Case], size: int) -> Iterator[Sequence[Case]]:
         yield cases[start : start + size]
 
 
+class _LayoutSink:
+    """Streams built chunks into one parquet file with bounded memory.
+
+    Chunks are held in memory up to ``budget`` bytes; a build that fits is written to parquet once.
+    Past the budget the held chunks are spilled to an uncompressed Arrow IPC part (a plain copy to
+    write, memory-mapped to read back), and :meth:`finish` writes every part into the parquet file in
+    one streaming pass. Writing each chunk as a compressed parquet part and then decoding and
+    re-encoding all of them into the final file was half of a fast 128K build (docs/benchmarks.md).
+    """
+
+    def __init__(self, tmp_dir: Path, budget: int | None = None) -> None:
+        self._tmp_dir = tmp_dir
+        self._budget = _SINK_BUDGET_BYTES if budget is None else budget
+        self._held: list[pl.DataFrame] = []
+        self._held_bytes: int = 0
+        self._parts: list[Path] = []
+
+    def add(self, frame: pl.DataFrame) -> None:
+        self._held.append(frame)
+        self._held_bytes += int(frame.estimated_size())
+        if self._held_bytes > self._budget:
+            self._spill()
+
+    def _spill(self) -> None:
+        part = self._tmp_dir / f"part-{len(self._parts):06d}.arrow"
+        pl.concat(self._held, rechunk=False).write_ipc(part, compression="uncompressed")
+        self._parts.append(part)
+        self._held, self._held_bytes = [], 0
+
+    def finish(self, path: Path) -> None:
+        """Write everything added so far to the parquet file ``path``."""
+        if not self._parts:
+            frames = self._held or [pl.DataFrame(schema=LAYOUT_SCHEMA)]
+            pl.concat(frames, rechunk=False).write_parquet(path)
+            self._held, self._held_bytes = [], 0
+            return
+        if self._held:
+            self._spill()
+        pl.scan_ipc(self._parts).sink_parquet(path)
+
+
 def build_layouts(
     suite: Suite | Sequence[Case],
     tokenizer: Tokenizer,
@@ -305,13 +351,18 @@ def build_layouts(
         }
         # Hashed once per build, not once per batch in the core.
         digests = {lang: _fields_digest([*units, *pool]) for lang, (units, pool, _) in filler.items()}
-        part = 0
+        # The filler and pool as JSON, encoded once per build and spliced into every chunk's spec.
+        filler_json = {
+            lang: f'"filler": {json.dumps(units)}, "pool": {json.dumps(pool)}'
+            for lang, (units, pool, _) in filler.items()
+        }
+        sink = _LayoutSink(tmp_dir)
         for chunk_index, chunk in enumerate(_chunks(cases, _CASES_PER_CHUNK)):
             by_lang: dict[str, list[Case]] = {}
             for case in chunk:
                 by_lang.setdefault(case.language, []).append(case)
             for lang, lang_cases in sorted(by_lang.items()):
-                units, pool, stride = filler[lang]
+                stride = filler[lang][2]
                 frames = [
                     case_frame(
                         c, template=options.template, preamble=options.preamble, assembler=options.assembler
@@ -332,17 +383,17 @@ def build_layouts(
                     "verification": options.verification,
                     "window": options.window,
                     "max_output_tokens": options.max_output_tokens,
-                    "filler": units,
-                    "pool": pool,
                     "filler_digest": digests[lang],
                     "cases": specs,
                     "lengths": list(options.lengths),
                     "positions": [p.to_spec() for p in options.positions],
                 }
-                ids, offsets, meta_json = _core.build_layouts(tokenizer._core, json.dumps(batch))
+                spec_json = f"{json.dumps(batch)[:-1]}, {filler_json[lang]}}}"
+                ids, offsets, texts, meta_json = _core.build_layout_columns(tokenizer._core, spec_json)
                 frame = _to_frame(
                     ids,
                     offsets,
+                    texts,
                     json.loads(meta_json),
                     tokenizer,
                     frame0,
@@ -350,11 +401,10 @@ def build_layouts(
                     {s["case_id"]: s["case_digest"] for s in specs},
                     assembler=assembler_version(options.assembler),
                 )
-                frame.write_parquet(tmp_dir / f"part-{part:06d}.parquet")
-                part += 1
+                sink.add(frame)
                 summaries.append(frame.drop("token_ids", "text"))
         staged = tmp_dir / "layouts.parquet"
-        pl.scan_parquet(sorted(tmp_dir.glob("part-*.parquet"))).sink_parquet(staged)
+        sink.finish(staged)
         os.replace(staged, out_path)
     finally:
         shutil.rmtree(tmp_dir, ignore_errors=True)
@@ -364,6 +414,7 @@ def build_layouts(
 def _to_frame(
     ids: np.ndarray[Any, np.dtype[np.uint32]],
     offsets: np.ndarray[Any, np.dtype[np.uint64]],
+    texts: list[str],
     meta: list[dict[str, Any]],
     tokenizer: Tokenizer,
     frame: Frame,
@@ -381,7 +432,6 @@ def _to_frame(
         data["target_tokens"].append(m["target_tokens"])
         data["position"].append(m["position"])
         data["total_tokens"].append(m["total_tokens"])
-        data["text"].append(m["text"])
         data["add_special_tokens"].append(m["add_special_tokens"])
         data["evidence_spans"].append(
             [
@@ -416,13 +466,14 @@ def _to_frame(
         data["assembler_version"].append(assembler)
         data["case_digest"].append(case_digests[m["case_id"]])
     data["token_ids"] = list(rows)
+    data["text"] = texts
     return pl.DataFrame(data, schema=LAYOUT_SCHEMA)
 
 
 def build_batch(tokenizer: Tokenizer, batch: dict[str, Any], *, system: str = "default") -> pl.DataFrame:
     """Build one raw batch spec (the JSON the core takes) into a frame with ids — for tests and tools
     that assemble their own units. ``build_layouts`` is the product path."""
-    ids, offsets, meta_json = _core.build_layouts(tokenizer._core, json.dumps(batch))
+    ids, offsets, texts, meta_json = _core.build_layout_columns(tokenizer._core, json.dumps(batch))
     frame = Frame(
         prefix="",
         suffix="",
@@ -434,6 +485,7 @@ def build_batch(tokenizer: Tokenizer, batch: dict[str, Any], *, system: str = "d
     return _to_frame(
         ids,
         offsets,
+        texts,
         json.loads(meta_json),
         tokenizer,
         frame,

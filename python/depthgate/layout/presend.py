@@ -152,84 +152,73 @@ def guard_layouts(
     frames: dict[str, Frame | TemplateError] = {}
     if bos_id is None:
         bos_id = tokenizer.bos_id
-    rows = list(frame.iter_rows(named=True))
-    found: list[list[tuple[str, str]]] = [[] for _ in rows]
-    ok_index = [i for i, r in enumerate(rows) if r["status"] == "ok"]
-    texts = _unit_texts(cases) if cases else {}
-    for i in ok_index:
-        row = rows[i]
-        if row.get("tokenizer_digest") not in (None, tokenizer.digest):
-            found[i].append(
-                (
-                    "verify_stale_tokenizer",
-                    "built under another tokenizer (digest differs); rebuild the layout",
-                )
-            )
-        contract = {
-            "target_tokens": row["target_tokens"],
+    contract = json.dumps(
+        {
+            "target_tokens": 0,  # each layout's own, from its column
             "window": window,
             "max_output_tokens": max_output_tokens,
             "template_digest": expected_digest,
             "pinned_date": pinned_date,
             "bos_id": bos_id,
         }
-        report = json.loads(
-            _core.presend_check(
-                row["layout_id"],
-                row["text"],
-                np.asarray(row["token_ids"], dtype=np.uint32),
-                json.dumps(_spans_json(row)),
-                row["template_digest"],
-                row.get("pinned_date") or "",
-                json.dumps(contract),
-            )
-        )
-        found[i].extend((f"presend_{v['code']}", str(v["detail"])) for v in report["violations"])
-        if check_frames and cases is not None and row["case_id"] in cases:
-            case_id = str(row["case_id"])
-            if case_id not in frames:
-                try:
-                    frames[case_id] = case_frame(
-                        cases[case_id], template=template, preamble=preamble, assembler=assembler
+    )
+    statuses = frame["status"].to_list()
+    found: list[list[tuple[str, str]]] = [[] for _ in statuses]
+    ok_index = [i for i, status in enumerate(statuses) if status == "ok"]
+    texts = _unit_texts(cases) if cases else {}
+    for start in range(0, len(ok_index), _BLOCK_ROWS):
+        index = ok_index[start : start + _BLOCK_ROWS]
+        block = _Block.take(frame, index, all_rows=len(ok_index) == frame.height)
+        for j, i in enumerate(index):
+            if block.tokenizer_digests[j] not in (None, tokenizer.digest):
+                found[i].append(
+                    (
+                        "verify_stale_tokenizer",
+                        "built under another tokenizer (digest differs); rebuild the layout",
                     )
-                except TemplateError as exc:
-                    frames[case_id] = exc
-            mismatch = _frame_violation(row, frames[case_id])
-            if mismatch is not None:
-                found[i].append(mismatch)
-        codes = {c for c, _ in found[i]}
-        if (
-            texts
-            and codes & {"presend_evidence_missing", "presend_evidence_not_once"}
-            and _reordered(row, texts)
-        ):
-            found[i].append(("presend_units_reordered", "the documents are all present but in another order"))
-    if verify and ok_index:
-        stored = [
-            {
-                "layout_id": rows[i]["layout_id"],
-                "text": rows[i]["text"],
-                "add_special_tokens": rows[i]["add_special_tokens"],
-                "target_tokens": rows[i]["target_tokens"],
-                "spans": _spans_json(rows[i]),
-            }
-            for i in ok_index
-        ]
-        flat = [np.asarray(rows[i]["token_ids"], dtype=np.uint32) for i in ok_index]
-        offsets = np.cumsum(np.array([0] + [len(x) for x in flat], dtype=np.uint64))
-        result = json.loads(
-            _core.verify_layouts(tokenizer._core, json.dumps(stored), np.concatenate(flat), offsets)
-        )
-        for i, violations in zip(ok_index, result, strict=True):
-            found[i].extend((f"verify_{v['code']}", str(v["detail"])) for v in violations)
+                )
+            found[i].extend(block.problems.get(j, []))
+        # One Rust call for the block's pre-send checks (rows with missing fields are left out).
+        reports = block.presend(contract)
+        for j, violations in reports.items():
+            i = index[j]
+            found[i].extend((f"presend_{code}", detail) for code, detail in violations)
+            if check_frames and cases is not None and block.case_ids[j] in cases:
+                case_id = str(block.case_ids[j])
+                if case_id not in frames:
+                    try:
+                        frames[case_id] = case_frame(
+                            cases[case_id], template=template, preamble=preamble, assembler=assembler
+                        )
+                    except TemplateError as exc:
+                        frames[case_id] = exc
+                mismatch = _frame_violation({"text": block.texts[j]}, frames[case_id])
+                if mismatch is not None:
+                    found[i].append(mismatch)
+            codes = {code for code, _ in found[i]}
+            if (
+                texts
+                and codes & {"presend_evidence_missing", "presend_evidence_not_once"}
+                and _reordered({"text": block.texts[j], "evidence_spans": block.spans_of(j)}, texts)
+            ):
+                found[i].append(
+                    ("presend_units_reordered", "the documents are all present but in another order")
+                )
+        if verify:
+            for j, verified in block.verify(tokenizer).items():
+                found[index[j]].extend((f"verify_{v['code']}", str(v["detail"])) for v in verified)
     status: list[str] = []
     code_col: list[str | None] = []
     reason_col: list[str | None] = []
-    for row, violations in zip(rows, found, strict=True):
-        if row["status"] != "ok" or not violations:
-            status.append(row["status"])
-            code_col.append(row["reason_code"])
-            reason_col.append(row["reason"])
+    old_codes = frame["reason_code"].to_list()
+    old_reasons = frame["reason"].to_list()
+    for row_status, old_code, old_reason, violations in zip(
+        statuses, old_codes, old_reasons, found, strict=True
+    ):
+        if row_status != "ok" or not violations:
+            status.append(row_status)
+            code_col.append(old_code)
+            reason_col.append(old_reason)
             continue
         ordered = sorted(violations, key=lambda v: _rank(v[0]))
         grouped: dict[str, list[str]] = {}
@@ -248,3 +237,185 @@ def guard_layouts(
         pl.Series("reason_code", code_col, dtype=pl.String),
         pl.Series("reason", reason_col, dtype=pl.String),
     )
+
+
+# Layouts per pre-send call: one Rust call per block of rows, so the Python lists a call needs (the
+# prompts, the span columns) stay bounded however many layouts a run sends.
+_BLOCK_ROWS = 4096
+
+# The columns a layout needs to be checked at all; a null one is a violation, not a crash. (Null spans
+# are no spans: the checks then report the missing evidence.)
+_REQUIRED = ("text", "token_ids", "target_tokens", "template_digest")
+_SPAN_FIELDS = ("evidence_id", "kind", "token_start", "token_end", "char_start", "char_end", "sha256")
+
+
+def _explode(column: pl.Series) -> pl.Series:
+    """A list column's values, row after row (empty and null lists contribute nothing)."""
+    try:
+        return column.explode(empty_as_null=False, keep_nulls=False)
+    except TypeError:  # polars without these options: leave the empty and null lists out first
+        return column.filter(column.list.len() > 0).explode()
+
+
+def _offsets(lengths: np.ndarray[Any, np.dtype[np.int64]]) -> np.ndarray[Any, np.dtype[np.uint64]]:
+    out = np.zeros(len(lengths) + 1, dtype=np.uint64)
+    np.cumsum(lengths, out=out[1:])
+    return out
+
+
+class _Block:
+    """One block of ``ok`` layouts as the column buffers the Rust checks take: the prompts, the flat
+    token ids with row offsets, the flat span columns with row offsets. Built column-wise from the
+    frame: no row becomes a Python dict and no id list a Python list (that conversion, and a Rust call
+    per layout, were the whole cost of the old gate, docs/benchmarks.md)."""
+
+    def __init__(self, rows: pl.DataFrame) -> None:
+        n = rows.height
+        self.rows = rows
+        self.texts: list[str] = rows["text"].to_list()
+        self.case_ids: list[Any] = rows["case_id"].to_list() if "case_id" in rows.columns else [None] * n
+        self.tokenizer_digests: list[Any] = (
+            rows["tokenizer_digest"].to_list() if "tokenizer_digest" in rows.columns else [None] * n
+        )
+        self.problems: dict[int, list[tuple[str, str]]] = {}
+        missing = np.zeros(n, dtype=bool)
+        for name in _REQUIRED:
+            nulls = rows[name].is_null().to_numpy()
+            for j in np.flatnonzero(nulls):
+                self.problems.setdefault(int(j), []).append(
+                    (
+                        "presend_field_missing",
+                        f"{name} is null; the layout was tampered with or truncated: rebuild it",
+                    )
+                )
+            missing |= nulls
+        ids = rows["token_ids"]
+        flat = _explode(ids)
+        if flat.dtype != pl.UInt32:
+            flat = flat.cast(pl.UInt32, strict=False)  # out of range → null, flagged below
+        if flat.null_count():
+            bad = ids.list.eval(pl.element().cast(pl.UInt32, strict=False).is_null().any()).fill_null(False)
+            for j in np.flatnonzero(bad.to_numpy() & ~missing):
+                self.problems.setdefault(int(j), []).append(
+                    (
+                        "presend_ids_out_of_range",
+                        "token_ids hold a null id or one outside 0..2^32-1: rebuild the layout",
+                    )
+                )
+            missing |= bad.to_numpy()
+        self.checked = np.flatnonzero(~missing)
+        self._all = bool(self.checked.size == n)
+        self._lengths = ids.list.len().fill_null(0).cast(pl.Int64).to_numpy()
+        self.ids = (flat.fill_null(0) if flat.null_count() else flat).to_numpy()
+        self.id_offsets = _offsets(self._lengths)
+        spans = rows["evidence_spans"]
+        span_lengths = spans.list.len().fill_null(0).cast(pl.Int64).to_numpy()
+        self.span_offsets = _offsets(span_lengths)
+        exploded = _explode(spans)
+        if isinstance(exploded.dtype, pl.Struct):
+            fields = exploded.struct.unnest()
+        else:  # no row has a span (the column's inner type is Null)
+            fields = pl.DataFrame(
+                {name: pl.Series(name, [], dtype=pl.Int64) for name in _SPAN_FIELDS}
+            ).with_columns(pl.col("evidence_id", "kind", "sha256").cast(pl.String))
+        self.span_strings = {
+            name: fields[name].cast(pl.String).fill_null("").to_list()
+            for name in ("evidence_id", "kind", "sha256")
+        }
+        self.span_numbers = {
+            name: fields[name].cast(pl.Int64).fill_null(-1).to_numpy()
+            for name in ("token_start", "token_end", "char_start", "char_end")
+        }
+
+    @classmethod
+    def take(cls, frame: pl.DataFrame, index: list[int], *, all_rows: bool) -> _Block:
+        if all_rows and len(index) == frame.height:
+            return cls(frame)
+        if all_rows:
+            return cls(frame.slice(index[0], len(index)))
+        return cls(frame[index])
+
+    def spans_of(self, j: int) -> list[dict[str, Any]]:
+        return list(self.rows["evidence_spans"].slice(j, 1).to_list()[0] or [])
+
+    def _subset(self) -> tuple[list[int], np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+        """The checked rows, their ids and row offsets (all rows: no copy)."""
+        rows = [int(j) for j in self.checked]
+        if self._all:
+            return rows, self.ids, self.id_offsets
+        parts = [self.ids[self.id_offsets[j] : self.id_offsets[j + 1]] for j in rows]
+        flat = np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint32)
+        return rows, flat, _offsets(np.array([len(p) for p in parts], dtype=np.int64))
+
+    def presend(self, contract: str) -> dict[int, list[tuple[str, str]]]:
+        """Rust pre-send checks of the checked rows, in one call: row → violations (code, detail)."""
+        rows, ids, id_offsets = self._subset()
+        if not rows:
+            return {}
+        targets = self.rows["target_tokens"].cast(pl.Int64).fill_null(-1).to_numpy()
+        digests = self.rows["template_digest"].to_list()
+        n = self.rows.height
+        dates = self.rows["pinned_date"].to_list() if "pinned_date" in self.rows.columns else [None] * n
+        s = self.span_offsets
+        if self._all:
+            span_offsets = s
+            span_index = None
+        else:
+            span_index = np.concatenate(
+                [np.arange(s[j], s[j + 1], dtype=np.int64) for j in rows] + [np.zeros(0, dtype=np.int64)]
+            )
+            span_offsets = _offsets(np.array([s[j + 1] - s[j] for j in rows], dtype=np.int64))
+
+        def strings(name: str) -> list[str]:
+            values = self.span_strings[name]
+            return values if span_index is None else [values[k] for k in span_index]
+
+        def numbers(name: str) -> np.ndarray[Any, np.dtype[np.int64]]:
+            values = self.span_numbers[name]
+            return np.ascontiguousarray(values if span_index is None else values[span_index])
+
+        def pick(values: list[Any]) -> list[Any]:
+            return values if self._all else [values[j] for j in rows]
+
+        reports = _core.presend_check_batch(
+            pick(self.texts),
+            np.ascontiguousarray(ids, dtype=np.uint32),
+            id_offsets,
+            np.ascontiguousarray(targets if self._all else targets[rows], dtype=np.int64),
+            pick(digests),
+            pick(dates),
+            span_offsets,
+            strings("evidence_id"),
+            strings("kind"),
+            (numbers("token_start"), numbers("token_end")),
+            (numbers("char_start"), numbers("char_end")),
+            strings("sha256"),
+            contract,
+        )
+        return dict(zip(rows, reports, strict=True))
+
+    def verify(self, tokenizer: Tokenizer) -> dict[int, list[dict[str, Any]]]:
+        """Full re-encode of the checked rows (ids == encode(text), spans on the final offsets)."""
+        rows, ids, id_offsets = self._subset()
+        if not rows:
+            return {}
+        spans = self.rows["evidence_spans"].to_list()
+        add_special = self.rows["add_special_tokens"].to_list()
+        targets = self.rows["target_tokens"].to_list()
+        ids_of = self.rows["layout_id"].to_list()
+        stored = [
+            {
+                "layout_id": ids_of[j],
+                "text": self.texts[j],
+                "add_special_tokens": add_special[j],
+                "target_tokens": targets[j],
+                "spans": list(spans[j] or []),  # the core reads a stored evidence_id as its unit id
+            }
+            for j in rows
+        ]
+        result = json.loads(
+            _core.verify_layouts(
+                tokenizer._core, json.dumps(stored), np.ascontiguousarray(ids, dtype=np.uint32), id_offsets
+            )
+        )
+        return dict(zip(rows, result, strict=True))
