@@ -45,6 +45,7 @@ __all__ = [
     "Secret",
     "TransientBackendError",
     "api_key_from_env",
+    "check_fits_window",
     "endpoint_url",
 ]
 
@@ -114,6 +115,23 @@ class OverLengthError(DepthgateError):
         self.window = window
         self.summary = summary or "prompt longer than the backend's window"
         self.endpoint = endpoint
+
+
+def check_fits_window(
+    n_prompt: int | None, max_tokens: int, window: int | None, *, said: str, summary: str
+) -> None:
+    """Refuse a request before it is sent when its ``n_prompt`` tokens plus ``max_tokens`` exceed ``window``
+    (nothing to check when either is unknown): :class:`OverLengthError` with ``said`` (a template over
+    ``{n}``, ``{max_tokens}`` and ``{window}``) followed by "; not sent"."""
+    if window is None or n_prompt is None or n_prompt + max_tokens <= window:
+        return
+    raise OverLengthError(
+        said.format(n=n_prompt, max_tokens=max_tokens, window=window) + "; not sent",
+        n_prompt_tokens=n_prompt,
+        window=window,
+        summary=summary,
+        fix="shorten the layout or lower max_tokens",
+    )
 
 
 class BackendRequestError(InputError):

@@ -56,6 +56,7 @@ from depthgate.run.backends.base import (
     Response,
     Secret,
     TransientBackendError,
+    check_fits_window,
 )
 
 __all__ = [
@@ -572,16 +573,14 @@ class OpenAICompletionsBackend(_OpenAIShaped):
         else:
             prompt = _text_of(request, "this backend")
         n_local = len(request.token_ids) if request.token_ids is not None else None
-        window = self.window
-        if window is not None and n_local is not None and n_local + request.max_tokens > window:
-            raise OverLengthError(
-                f"prompt of {n_local} tokens plus max_tokens {request.max_tokens} exceeds the served window "
-                f"of {window} tokens; not sent",
-                n_prompt_tokens=n_local,
-                window=window,
-                summary="prompt + max_tokens exceeds the served window",
-                fix="shorten the layout or lower max_tokens",
-            )
+        check_fits_window(
+            n_local,
+            request.max_tokens,
+            self.window,
+            said="prompt of {n} tokens plus max_tokens {max_tokens} exceeds the served window of "
+            "{window} tokens",
+            summary="prompt + max_tokens exceeds the served window",
+        )
         payload: dict[str, Any] = {
             "model": self.model,
             "prompt": prompt,
@@ -792,16 +791,14 @@ class AnthropicBackend(_HTTPBackend):
     async def _generate(self, request: Request) -> Response:
         prompt = _text_of(request, "the Anthropic backend")
         counted = await self.count_tokens(prompt)
-        window = self.window
-        if window is not None and counted + request.max_tokens > window:
-            raise OverLengthError(
-                f"Anthropic counts {counted} prompt tokens; plus max_tokens {request.max_tokens} is over "
-                f"the window of {window} tokens; not sent",
-                n_prompt_tokens=counted,
-                window=window,
-                summary="count_tokens + max_tokens exceeds the window",
-                fix="shorten the layout or lower max_tokens",
-            )
+        check_fits_window(
+            counted,
+            request.max_tokens,
+            self.window,
+            said="Anthropic counts {n} prompt tokens; plus max_tokens {max_tokens} is over the window of "
+            "{window} tokens",
+            summary="count_tokens + max_tokens exceeds the window",
+        )
         api_stops = [s for s in request.stop if s.strip()]
         payload: dict[str, Any] = {
             "model": self.model,

@@ -26,6 +26,7 @@ from depthgate.run.backends.base import (
     Request,
     Response,
     TransientBackendError,
+    check_fits_window,
 )
 
 __all__ = ["VLLMOfflineBackend", "import_vllm"]
@@ -124,15 +125,13 @@ class VLLMOfflineBackend:
                 "vLLM offline needs token ids", field="token_ids", fix="send the layout ids"
             )
         ids = [int(t) for t in request.token_ids]
-        if self._window is not None and len(ids) + request.max_tokens > self._window:
-            raise OverLengthError(
-                f"prompt of {len(ids)} tokens plus max_tokens {request.max_tokens} exceeds max_model_len "
-                f"{self._window}; not sent",
-                n_prompt_tokens=len(ids),
-                window=self._window,
-                summary="prompt + max_tokens exceeds max_model_len",
-                fix="shorten the layout or lower max_tokens",
-            )
+        check_fits_window(
+            len(ids),
+            request.max_tokens,
+            self._window,
+            said="prompt of {n} tokens plus max_tokens {max_tokens} exceeds max_model_len {window}",
+            summary="prompt + max_tokens exceeds max_model_len",
+        )
         loop = asyncio.get_running_loop()
         failure: Exception | None = None
         try:
