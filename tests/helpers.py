@@ -128,6 +128,10 @@ class LlamaServerProcess:
     def stop(self, timeout: float = 20) -> None:
         stop_process(self.proc, timeout)
 
+    def completions(self) -> int:
+        """How many ``/v1/completions`` requests the server has answered with 200 (from its log)."""
+        return self.log.read_text(errors="replace").count('"POST /v1/completions HTTP/1.1" 200')
+
 
 def completion(model: str, text: str, prompt_ids: list[int], **usage: int) -> dict[str, Any]:
     """A vLLM ``/v1/completions`` answer: one stopped choice echoing ``prompt_ids``, ``prompt_tokens``

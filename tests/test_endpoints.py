@@ -18,18 +18,15 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
-import socket
-import subprocess
 import sys
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, ClassVar
 
-import httpx
 import polars as pl
 import pytest
 from tokenizers import Tokenizer
@@ -49,16 +46,11 @@ from depthgate.run.runner import RunOptions, read_records, run_pairs
 from depthgate.spec.models import DecodeParams, System, parse_spec
 from depthgate.spec.suites import builtin_suite
 from fixtures_paths import tokenizers_dir
+from helpers import JSONHandler, LlamaServerProcess, completion, free_port, small_smoke_matrix
 
 GPT2 = tokenizers_dir() / "gpt2" / "tokenizer.json"
 ARMS = ("baseline", "candidate")
 KEY = ("arm", "layout_id", "seed")
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 # --------------------------------------------------------------------------------------------------
@@ -444,30 +436,17 @@ class Stub:
         self.lock = threading.Lock()
         stub = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def _send(self, payload: Any) -> None:
-                data = json.dumps(payload).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
+        class Handler(JSONHandler):
             def _drop(self) -> None:
                 self.close_connection = True
 
             def do_GET(self) -> None:
                 if stub.dead:
                     return self._drop()
-                self._send({"object": "list", "data": [{"id": stub.model, "max_model_len": stub.window}]})
+                self.send_json({"object": "list", "data": [{"id": stub.model, "max_model_len": stub.window}]})
 
             def do_POST(self) -> None:
-                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
+                body = self.read_json()
                 with stub.lock:
                     if stub.dead:
                         return self._drop()
@@ -488,20 +467,7 @@ class Stub:
                         if stub.dead:
                             return self._drop()
                         stub.completions += 1
-                    self._send(
-                        {
-                            "model": body["model"],
-                            "choices": [
-                                {
-                                    "index": 0,
-                                    "text": f" {answer}",
-                                    "finish_reason": "stop",
-                                    "prompt_token_ids": ids,
-                                }
-                            ],
-                            "usage": {"prompt_tokens": len(ids), "completion_tokens": 3},
-                        }
-                    )
+                    self.send_json(completion(body["model"], f" {answer}", ids, completion_tokens=3))
                 finally:
                     with stub.lock:
                         stub.inflight = max(0, stub.inflight - 1)
@@ -685,7 +651,7 @@ def test_all_endpoints_dead_is_infra_exit_30_and_the_rerun_resumes(
     jobs and ends with the verdict."""
     cases = 20
     planned = 2 * _placed(cases) * 2
-    ports = [_free_port(), _free_port()]
+    ports = [free_port(), free_port()]
     urls = [f"http://127.0.0.1:{p}" for p in ports]
     matrix, run = _matrix(tmp_path, urls, cases=cases), tmp_path / "run"
     code = main(["run", str(matrix), "--out", str(run), "--no-controls"])
@@ -715,81 +681,25 @@ def test_all_endpoints_dead_is_infra_exit_30_and_the_rerun_resumes(
 # two real llama-cpp-python servers (the embedded Gemma-3-270M), one killed mid-run
 
 
-@dataclass
-class RealServer:
-    url: str
-    proc: subprocess.Popen[bytes]
-    log: Path
-
-    def completions(self) -> int:
-        return self.log.read_text(errors="replace").count('"POST /v1/completions HTTP/1.1" 200')
-
-
-def _start_server(log_dir: Path, n_threads: int = 1) -> RealServer:
-    from depthgate.layout.gguf_tokenizer import gemma_default_gguf
-
-    port = _free_port()
-    log = log_dir / f"server-{port}.log"
-    cmd = [
-        sys.executable, "-m", "llama_cpp.server",
-        "--model", str(gemma_default_gguf()), "--model_alias", "gemma3-270m",
-        "--n_ctx", "2048", "--logits_all", "False", "--flash_attn", "True",
-        "--n_threads", str(n_threads), "--host", "127.0.0.1", "--port", str(port),
-    ]  # fmt: skip
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
-    return RealServer(url=f"http://127.0.0.1:{port}", proc=proc, log=log)
-
-
-def _wait_up(server: RealServer, deadline: float) -> None:
-    while True:
-        if server.proc.poll() is not None:
-            pytest.fail(f"llama-cpp-python server exited: {server.log.read_text()[-2000:]}")
-        try:
-            if httpx.get(f"{server.url}/v1/models", timeout=1.0).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        if time.monotonic() > deadline:
-            pytest.fail(f"llama-cpp-python server did not start: {server.log.read_text()[-2000:]}")
-        time.sleep(0.2)
-
-
-def _stop(server: RealServer) -> None:
-    if server.proc.poll() is None:
-        server.proc.terminate()
-        try:
-            server.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            server.proc.kill()
-            server.proc.wait()
-
-
 @pytest.fixture
-def two_real_servers(tmp_path: Path) -> Iterator[list[RealServer]]:
+def two_real_servers(tmp_path: Path) -> Iterator[list[LlamaServerProcess]]:
     pytest.importorskip("llama_cpp.server.app", reason="llama-cpp-python[server] is not installed")
-    servers = [_start_server(tmp_path), _start_server(tmp_path)]
+    servers = [
+        LlamaServerProcess.start(tmp_path, n_threads=1),
+        LlamaServerProcess.start(tmp_path, n_threads=1),
+    ]
     try:
         deadline = time.monotonic() + 120
         for server in servers:
-            _wait_up(server, deadline)
+            server.wait_up(deadline)
         yield servers
     finally:
         for server in servers:
-            _stop(server)
+            server.stop()
 
 
 def _real_matrix(tmp: Path, urls: list[str], *, cases: int = 3, lengths: str = "[480]") -> Path:
-    repo = Path(__file__).resolve().parent.parent
-    text = (repo / "matrices" / "smoke.toml").read_text(encoding="utf-8")
-    text = text.replace("cases = 8", f"cases = {cases}").replace("lengths = [1024]", f"lengths = {lengths}")
-    text = text.replace("positions = [0.0, 0.25, 0.5, 0.75, 1.0]", "positions = [0.0, 1.0]")
-    text = text.replace("n_min = 8", "n_min = 2").replace(
-        "bootstrap_resamples = 999", "bootstrap_resamples = 199"
-    )
-    start = text.index('preamble = """')
-    end = text.index('"""', start + 14) + 3
-    text = text[:start] + 'preamble = "Read the excerpt below and answer the question."' + text[end:]
+    text = small_smoke_matrix(cases=cases, lengths=lengths)
     text = text.replace("window = 2048\n", f"window = 2048\nendpoints = {json.dumps(urls)}\n")
     runtime = '\n[{arm}.runtime]\nprompt_format = "text"\nconcurrency = 1\n'
     text = text.replace("\n[candidate]", runtime.format(arm="baseline") + "\n[candidate]")
@@ -801,7 +711,7 @@ def _real_matrix(tmp: Path, urls: list[str], *, cases: int = 3, lengths: str = "
 
 @pytest.mark.smoke_model
 def test_two_real_servers_one_killed_mid_run_same_verdict(
-    two_real_servers: list[RealServer], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    two_real_servers: list[LlamaServerProcess], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Two llama-cpp-python servers (embedded Gemma-3-270M, text prompts, counts verified) serve both
     arms. An undisturbed run, then the same matrix into a new folder while the first server to answer
@@ -821,7 +731,7 @@ def test_two_real_servers_one_killed_mid_run_same_verdict(
     assert sum(before) == planned  # each job sent once
     capsys.readouterr()
 
-    victims: list[RealServer] = []
+    victims: list[LlamaServerProcess] = []
 
     def killer() -> None:
         deadline = time.monotonic() + 300
