@@ -197,6 +197,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         controls=not args.no_controls,
         shard=args.shard,
         aa=args.aa,
+        engine=args.engine,
+        ray_actors=args.ray_actors,
     )
     if args.shard is not None:
         state = "complete" if code == ExitCode.PASS else "incomplete: rerun this shard, it resumes"
@@ -342,6 +344,14 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="A/A: run the baseline against a repeat of itself and report the noise floor",
     )
+    r.add_argument(
+        "--engine",
+        default="asyncio",
+        choices=["asyncio", "ray"],
+        help="asyncio (this process) or ray (Ray Data actors; pip install 'depthgate[ray]'; RAY_ADDRESS "
+        "to use a running cluster)",
+    )
+    r.add_argument("--ray-actors", type=int, help="--engine ray: actors in the pool (default 2)")
     r.set_defaults(func=_cmd_run, outputs=(("out", "run_dir"),))
 
     pl_ = sub.add_parser("plan", help="per-slice power of a matrix's plan (and the cases it needs)")

@@ -235,6 +235,8 @@ def run_matrix(
     controls: bool = True,
     shard: tuple[int, int] | None = None,
     aa: bool = False,
+    engine: str = "asyncio",
+    ray_actors: int | None = None,
 ) -> tuple[GateResult | None, ExitCode, Path]:
     """Build → pre-send check → run (paired, resumable) → score → gate → report.
 
@@ -243,11 +245,13 @@ def run_matrix(
     shard and no verdict: ``depthgate merge`` joins the N folders, then ``gate`` judges the whole.
     Returns ``(None, PASS or INFRA, out)`` for a shard. ``aa``: the baseline against a repeat of itself
     (:func:`depthgate.commands.plan.aa_matrix`); the gate then adds the A/A noise floor to the reports.
+    ``engine = "ray"``: the requests run on Ray Data (:mod:`depthgate.run.ray_engine`), same jobs, same
+    record sink; ``ray_actors`` sizes its actor pool.
     """
     from depthgate.layout.presend import guard_layouts
     from depthgate.run.backends import make_backend, probe_backend
     from depthgate.run.controls import build_controls, read_controls
-    from depthgate.run.runner import RunOptions, compact, run_pairs
+    from depthgate.run.runner import RunOptions, compact
     from depthgate.spec.suites import resolve_suite
 
     matrix_path = Path(matrix_path)
@@ -257,6 +261,7 @@ def run_matrix(
 
         matrix = aa_matrix(matrix)
     suite = resolve_suite(matrix.suite, base_dir=matrix_path.parent)
+    run_jobs = _engine(engine, matrix, matrix_path.parent, ray_actors)  # refused before anything is built
     out = Path(out_dir)
     arms = [
         _arm_setup(arm, sys_, matrix_path.parent)
@@ -295,7 +300,12 @@ def run_matrix(
             if not layout_path.is_file():
                 build_layouts(suite, a.tokenizer, options_for(a), layout_path)
             # The arm's runtime block configures the backend; its relative paths are the matrix file's.
-            backend = make_backend(a.system, tokenizer=None, base_dir=matrix_path.parent)
+            if engine == "ray":  # no engine in the driver: the actors hold them
+                from depthgate.run.ray_engine import driver_backend
+
+                backend = driver_backend(a.system, base_dir=matrix_path.parent)
+            else:
+                backend = make_backend(a.system, tokenizer=None, base_dir=matrix_path.parent)
             backends[a.arm] = backend
             # Every endpoint probed before the first request (served model, window; replicas that
             # disagree are refused, exit 20), so the pre-send gate below checks the served window.
@@ -351,7 +361,7 @@ def run_matrix(
         if shard is not None:
             _freeze_shard(out, shard)
         sending = True
-        summary = run_pairs(jobs, backends, out, options, sources)
+        summary = run_jobs(jobs, backends, out, options, sources)
         if summary.circuit_open is not None:
             # The endpoint is down: stop here, report INFRA with what was recorded; a rerun resumes.
             print(
@@ -363,7 +373,7 @@ def run_matrix(
             control_jobs = []
         if control_jobs:
             controls_options = dataclasses.replace(options, run_id=manifest["run_id"] + "-controls")
-            run_pairs(control_jobs, backends, out / CONTROLS_DIR, controls_options, control_sources)
+            run_jobs(control_jobs, backends, out / CONTROLS_DIR, controls_options, control_sources)
         _print_endpoint_stats(backends)
         for a in arms:
             if a.system.runtime.cache_control:
@@ -397,6 +407,29 @@ def run_matrix(
 
 
 SHARD_FILE = "shard.json"
+
+
+def _engine(engine: str, matrix: Matrix, base: Path, ray_actors: int | None) -> Callable[..., Any]:
+    """The function that runs the jobs: the asyncio runner, or Ray Data (refused before anything is
+    built when Ray is not installed, exit 20, or when an arm sets what the Ray engine does not run)."""
+    from depthgate.run.runner import run_pairs
+
+    if engine == "asyncio":
+        if ray_actors is not None:
+            raise InputError(
+                "--ray-actors is an option of --engine ray", field="--ray-actors", fix="add --engine ray"
+            )
+        return run_pairs
+    if engine != "ray":
+        raise InputError(f"unknown engine {engine!r}", field="--engine", fix="use asyncio or ray")
+    from depthgate.run.ray_engine import RayOptions, import_ray, refuse_unsupported, run_pairs_ray
+
+    import_ray()
+    systems = dict(zip(ARMS, (matrix.baseline, matrix.candidate), strict=True))
+    refuse_unsupported(systems)
+    return functools.partial(
+        run_pairs_ray, systems=systems, base_dir=base, ray_options=RayOptions.from_env(actors=ray_actors)
+    )
 
 
 def _guarded_rows(

@@ -1,0 +1,215 @@
+"""``depthgate run --engine ray`` (issue #12 item 4): Ray Data over the same jobs, backends and record sink.
+
+Real parts: Ray 2.60 started locally by the CLI (2 CPUs, actors at ``num_cpus=0.5``), the embedded
+Gemma-3-270M (llama.cpp in process, one engine per actor), the real CLI in a subprocess for the kill.
+Greedy decoding, so both engines must give the same outputs and the same verdict.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import pytest
+
+from depthgate.commands.cli import main
+from depthgate.exceptions import ExitCode
+from depthgate.run import runner
+from depthgate.run.runner import FINAL_STATUSES, RECORD_KEY, read_records
+from helpers import small_smoke_matrix
+
+pytest.importorskip("ray", reason="the ray extra is not installed (pip install 'depthgate[ray]')")
+
+REPO = Path(__file__).resolve().parents[1]
+# What must be identical between engines (test_shards.py compares the same keys; timestamps differ).
+SAME = ("slices", "digests", "plan", "overall", "worst_by_length", "worst_cases", "worst_shares", "verdict")
+VERDICTS = (ExitCode.PASS, ExitCode.FAIL, ExitCode.INCONCLUSIVE)
+SHORT = 'preamble = "Read the excerpt below and answer the question."'
+
+
+def _matrix(folder: Path, cases: int = 2) -> Path:
+    path = folder / "small.toml"
+    path.write_text(small_smoke_matrix(cases=cases, lengths="[480]", preamble=SHORT), encoding="utf-8")
+    return path
+
+
+def _verdict(run: Path) -> dict[str, Any]:
+    return dict(json.loads((run / "report" / "verdict.json").read_text(encoding="utf-8")))
+
+
+def _outputs(run: Path) -> dict[tuple[str, str, int], tuple[str, str | None, str | None]]:
+    records = read_records(run)
+    return {
+        (a, lid, int(s)): (st, text, reason)
+        for a, lid, s, st, text, reason in records.select(
+            *RECORD_KEY, "status", "output_text", "system_fail_reason"
+        ).iter_rows()
+    }
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Path, int]]:
+    """One undisturbed asyncio run of the small matrix (4 cases × 2 depths × 1 length × 2 arms, with
+    controls): the matrix, its run folder and its exit code."""
+    folder = tmp_path_factory.mktemp("ray-reference")
+    matrix = _matrix(folder, cases=4)
+    out = folder / "asyncio"
+    code = main(["run", str(matrix), "--out", str(out)])
+    assert code in VERDICTS
+    yield matrix, out, code
+
+
+def test_missing_ray_is_refused_naming_the_extra(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Without Ray installed (``import ray`` fails as it does then) the run is refused before anything
+    is built or sent: exit 20, the extra named, no run folder left."""
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` raises ImportError
+    out = tmp_path / "run"
+    assert main(["run", str(_matrix(tmp_path)), "--out", str(out), "--engine", "ray"]) == ExitCode.BAD_INPUT
+    err = capsys.readouterr().err
+    assert "depthgate[ray]" in err and "--engine" in err
+    assert not out.exists()
+
+
+def test_unsupported_settings_are_refused_by_name(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    matrix = _matrix(tmp_path)
+    text = matrix.read_text(encoding="utf-8")
+    cached = tmp_path / "cached.toml"
+    # The baseline's table gets a runtime block asking for the prefix-cache control.
+    cached.write_text(
+        text.replace('name = "gemma-base"', 'name = "gemma-base"\nruntime = { cache_control = true }'),
+        encoding="utf-8",
+    )
+    out = tmp_path / "run"
+    assert main(["run", str(cached), "--out", str(out), "--engine", "ray"]) == ExitCode.BAD_INPUT
+    assert "baseline.runtime.cache_control" in capsys.readouterr().err
+    assert not out.exists()
+    # --ray-actors belongs to the Ray engine.
+    assert main(["run", str(matrix), "--out", str(out), "--ray-actors", "2"]) == ExitCode.BAD_INPUT
+    assert "--ray-actors" in capsys.readouterr().err
+    assert not out.exists()
+
+
+@pytest.mark.smoke_model
+def test_ray_engine_gives_the_asyncio_verdict(tmp_path: Path, reference: tuple[Path, Path, int]) -> None:
+    """The same matrix under --engine ray: the same records (status, output, reason per job key), the
+    same verdict (slices with their bounds, digests, plan, worst cases, controls)."""
+    matrix, asyncio_run, asyncio_code = reference
+    out = tmp_path / "ray"
+    assert main(["run", str(matrix), "--out", str(out), "--engine", "ray"]) == asyncio_code
+    ray_out, ref_out = _outputs(out), _outputs(asyncio_run)
+    assert len(ref_out) == 4 * 2 * 2
+    assert ray_out == ref_out
+    assert _outputs(out / "controls") == _outputs(asyncio_run / "controls")
+    mine, theirs = _verdict(out), _verdict(asyncio_run)
+    for key in SAME:
+        assert mine[key] == theirs[key], key
+    assert mine["controls"]["counts"] == theirs["controls"]["counts"]
+    # Only the driver writes: the records carry the run's id and the arms' system names, as asyncio's.
+    records = read_records(out)
+    assert set(records["system"].to_list()) == {"gemma-base", "gemma-preamble"}
+    assert set(records["endpoint"].to_list()) == {"in-process:gemma-base", "in-process:gemma-preamble"}
+
+
+def _descendants(pid: int) -> set[int]:
+    """Every live process below ``pid`` (from /proc: the Ray processes the CLI started)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry.name))
+    found: set[int] = set()
+    stack = [pid]
+    while stack:
+        for child in children.get(stack.pop(), []):
+            if child not in found:
+                found.add(child)
+                stack.append(child)
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.smoke_model
+@pytest.mark.parametrize("resume_engine", ["asyncio"])
+def test_killed_ray_run_resumes_with_nothing_lost_or_doubled(
+    tmp_path: Path, reference: tuple[Path, Path, int], resume_engine: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGKILL the CLI of a Ray run once it has written records, before it finished; `depthgate run`
+    on the same folder (the asyncio engine) sends only the rest: one final record per job, none lost,
+    none doubled, the undisturbed run's verdict. The Ray processes die with their driver."""
+    matrix, asyncio_run, asyncio_code = reference
+    out = tmp_path / "ray-killed"
+    env = {**os.environ, "DEPTHGATE_RAY_BATCH_ROWS": "1", "PYTHONPATH": str(REPO / "python")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "depthgate", "run", str(matrix), "--out", str(out), "--engine", "ray"],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    records_dir = out / "records"
+    deadline = time.monotonic() + 300
+    ray_pids: set[int] = set()
+    try:
+        while time.monotonic() < deadline and proc.poll() is None:
+            ray_pids |= _descendants(proc.pid)
+            if records_dir.is_dir() and any(records_dir.glob("part-*.parquet")):
+                break
+            time.sleep(0.05)
+        assert proc.poll() is None, f"the run ended before it could be killed: {proc.stderr.read()!r}"  # type: ignore[union-attr]
+        ray_pids |= _descendants(proc.pid)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        assert proc.stderr is not None
+        proc.stderr.close()
+    before = read_records(out, dedup=False)
+    total = 4 * 2 * 2
+    assert 0 < before.filter(pl.col("status").is_in(FINAL_STATUSES)).height < total  # killed mid-way
+
+    # Ray's processes share the driver's fate (none is left holding a CPU or the run folder).
+    gone = time.monotonic() + 60
+    while time.monotonic() < gone and any(_alive(p) for p in ray_pids):
+        time.sleep(0.5)
+    assert not [p for p in ray_pids if _alive(p)], "Ray processes outlived the killed driver"
+
+    # The run compacts its shards into one deduplicated records.parquet at the end; the raw records are
+    # read just before that (the real compact then runs), so a job sent twice would show here.
+    raw_seen: dict[Path, pl.DataFrame] = {}
+
+    def compact_after_reading(folder: Path) -> Path:
+        raw_seen[Path(folder)] = read_records(folder, dedup=False)
+        return real_compact(folder)
+
+    real_compact = runner.compact
+    monkeypatch.setattr(runner, "compact", compact_after_reading)
+    assert main(["run", str(matrix), "--out", str(out), "--engine", resume_engine]) == asyncio_code
+    raw = raw_seen[out].filter(pl.col("status").is_in(FINAL_STATUSES))
+    per_key = raw.group_by(list(RECORD_KEY)).len()
+    assert per_key.height == total and per_key["len"].max() == 1  # none lost, none doubled
+    assert _outputs(out) == _outputs(asyncio_run)
+    mine, theirs = _verdict(out), _verdict(asyncio_run)
+    for key in SAME:
+        assert mine[key] == theirs[key], key
