@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
 import logging
 import os
@@ -35,12 +36,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 import pytest
 
 from depthgate.exceptions import ExitCode, InfraError, InputError, SpecError
+from depthgate.run.backends import http as http_backends
 from depthgate.run.backends import make_backend
 from depthgate.run.backends.base import (
     Backend,
@@ -479,6 +481,95 @@ def test_unreachable_endpoint_is_a_clear_infra_error_naming_the_url() -> None:
         run(_once(backend, _req([1, 2, 3])))
     assert isinstance(info.value, TransientBackendError)
     assert f"cannot reach {url}/v1/models" in str(info.value)
+
+
+# --- the two HTTP clients (issue #14): aiohttp ships, httpx stays an option; both classify alike ----
+
+
+@pytest.mark.parametrize("client", ["aiohttp", "httpx"])
+def test_both_clients_send_and_classify_alike(stub: Stub, client: Literal["aiohttp", "httpx"]) -> None:
+    """An answer (echoed ids compared, cache hits read), an over-length 400, a 503 with Retry-After, a
+    read timeout and a refused connection: the same results, errors and messages from either client."""
+    options = HTTPOptions(client=client, timeout_s=0.3)
+
+    def backend(url: str = stub.url) -> OpenAICompletionsBackend:
+        return OpenAICompletionsBackend("tiny", base_url=url, vllm=True, options=options)
+
+    stub.routes[("GET", "/v1/models")] = lambda b, h: (200, VLLM_MODELS, {})
+    stub.routes[("POST", "/v1/completions")] = _vllm_completion
+    ok = run(_once(backend(), _req([5, 6, 7], text="é")))
+    assert ok.server_prompt_ids_match is True and ok.prompt_tokens_server == 3
+    assert ok.prefix_cache_hit_tokens == 128 and ok.text == " 4821"
+    assert stub.seen[-1].body["prompt"] == [5, 6, 7] and stub.seen[-1].body["return_token_ids"] is True
+    assert stub.seen[-1].headers["content-type"] == "application/json"
+    stub.routes[("POST", "/v1/completions")] = lambda b, h: (400, OVERLENGTH_BODIES[0], {})
+    with pytest.raises(OverLengthError, match="refused the prompt as too long"):
+        run(_once(backend(), _req([1] * 100)))
+    stub.routes[("POST", "/v1/completions")] = lambda b, h: (503, {"error": "busy"}, {"Retry-After": "7"})
+    with pytest.raises(TransientBackendError, match=r"answered HTTP 503 \(busy\)") as busy:
+        run(_once(backend(), _req([1, 2])))
+    assert busy.value.status == 503 and busy.value.retry_after == 7.0
+    stub.routes[("POST", "/v1/completions")] = _vllm_completion
+    stub.delay_s = 1.0
+    with pytest.raises(
+        TransientBackendError, match=r"timed out \(ReadTimeout, limit 0.3 s read, 10 s connect\)"
+    ):
+        run(_once(backend(), _req([1, 2])))
+    stub.delay_s = 0.0
+    url = f"http://127.0.0.1:{free_port()}"
+    with pytest.raises(TransientBackendError, match=f"cannot reach {url}/v1/models") as down:
+        run(_once(backend(url), _req([1, 2])))
+    assert down.value.__context__ is None and down.value.__cause__ is None  # no client request kept
+
+
+def test_a_client_is_closed_when_the_event_loop_it_was_opened_in_ends(
+    stub: Stub, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``depthgate run`` sends in one ``asyncio.run`` and closes its backends in another: the client
+    opened in the first is closed when that loop ends (else aiohttp logs an unclosed session, and its
+    sockets stay open until garbage collection)."""
+    _completions_routes(stub)
+    caplog.set_level(logging.ERROR, logger="asyncio")
+    backend = OpenAICompletionsBackend("m", base_url=stub.url)
+    assert run(backend.generate(_req([1, 2]))).prompt_tokens_server == 2
+    first = backend._http
+    assert isinstance(first, http_backends._AiohttpSession) and first._session.closed
+    assert run(backend.generate(_req([1, 2, 3]))).prompt_tokens_server == 3  # a new loop, a new client
+    assert backend._http is not first
+    run(backend.aclose())
+    assert backend._http is None
+    del first
+    gc.collect()
+    assert "Unclosed" not in caplog.text
+
+
+def test_json_codec_takes_what_orjson_refuses_through_the_stdlib() -> None:
+    """orjson encodes and decodes the requests; a text with a lone surrogate (orjson refuses to encode
+    it) and answers with NaN or integers beyond 64 bits (orjson refuses to decode them) go through the
+    stdlib ``json`` instead of failing."""
+    body = {"prompt": [1, 2, 255_999], "text": "é\n\u2028", "t": 0.0}
+    assert json.loads(http_backends._dumps(body)) == body
+    assert json.loads(http_backends._dumps({"text": "a\ud800b"})) == {"text": "a\ud800b"}
+    assert http_backends._loads(b'{"n": 18446744073709551616}') == {"n": 2**64}
+    nan = http_backends._loads(b'{"x": NaN}')["x"]
+    assert nan != nan
+    with pytest.raises(ValueError):
+        http_backends._loads(b"<html>busy</html>")
+
+
+def test_the_proxy_is_the_environments_unless_no_proxy_covers_the_host(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for name in ("http_proxy", "https_proxy", "all_proxy", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+        monkeypatch.delenv(name.upper(), raising=False)
+    assert http_backends._environment_proxy("https://api.openai.com") is None
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.example:3128")
+    monkeypatch.setenv("NO_PROXY", "internal.example,127.0.0.1")
+    assert http_backends._environment_proxy("https://api.openai.com/v1") == "http://proxy.example:3128"
+    assert http_backends._environment_proxy("https://internal.example/v1") is None
+    assert http_backends._environment_proxy("http://127.0.0.1:8000") is None
+    assert http_backends._environment_proxy("http://10.0.0.5:8000") is None  # no HTTP_PROXY for http
 
 
 # --- recorded OpenAI chat shapes (research/api_facts.md §4.1) ------------------------------------

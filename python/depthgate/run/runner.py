@@ -33,11 +33,11 @@ import sys
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import IO, Any, Protocol
+from typing import IO, Any, ParamSpec, Protocol, TypeVar
 
 import polars as pl
 
@@ -52,6 +52,7 @@ from depthgate.run.backends.base import (
     endpoint_url,
 )
 from depthgate.run.retry import CircuitBreaker, RetryPolicy
+from depthgate.spec.files import named_failure
 from depthgate.spec.models import DecodeParams
 
 __all__ = [
@@ -115,6 +116,8 @@ RECORD_SCHEMA: dict[str, pl.DataType] = {
 }
 
 Key = tuple[str, str, int]
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -302,20 +305,19 @@ def _atomic_write_parquet(frame: pl.DataFrame, target: Path) -> None:
 
 
 def _frame(rows: Sequence[Mapping[str, Any]]) -> pl.DataFrame:
-    return pl.DataFrame(
-        [[row.get(col) for col in RECORD_SCHEMA] for row in rows], schema=RECORD_SCHEMA, orient="row"
-    )
+    # Column by column: polars builds each typed column from one list (row orientation converted every
+    # value through a row buffer first).
+    return pl.DataFrame({col: [row.get(col) for row in rows] for col in RECORD_SCHEMA}, schema=RECORD_SCHEMA)
 
 
 def _read_one(path: Path) -> pl.DataFrame:
-    try:
+    with named_failure(
+        InfraError,
+        "cannot read a record file",
+        file=path,
+        fix="move the file aside if it is not a depthgate record shard, then resume",
+    ):
         frame = pl.read_parquet(path)
-    except Exception as exc:
-        raise InfraError(
-            f"cannot read a record file ({type(exc).__name__}: {exc})",
-            file=str(path),
-            fix="move the file aside if it is not a depthgate record shard, then resume",
-        ) from exc
     return frame.select(
         [
             pl.col(c).cast(t) if c in frame.columns else pl.lit(None, dtype=t).alias(c)
@@ -552,6 +554,15 @@ def endpoint_of(backend: Backend) -> str:
     return endpoint_url(str(url))  # never user:password@
 
 
+#: The :class:`Response` fields recorded as they are, under their own name.
+_RESPONSE_COLUMNS = (
+    "finish_reason",
+    "completion_tokens",
+    "prefix_cache_hit_tokens",
+    "system_fingerprint",
+    "endpoint",
+)
+
 #: A job moves at most this many times to another endpoint without counting a try (a pool re-routes a
 #: job off a failed endpoint only while an endpoint it has not failed on is healthy: at most one move
 #: per endpoint).
@@ -629,6 +640,12 @@ class _Run:
         #: Called with the endpoint of every transient failure (the progress line counts them).
         self.on_transient: Callable[[str], None] | None = None
         self.jitter = random.Random()
+        # Per arm, what every record of it repeats: the system name and the endpoint (computed once, not
+        # per record: endpoint_of parses and rebuilds the URL), the stop strings as a tuple.
+        self._system = {arm: str(getattr(b, "name", arm)) for arm, b in backends.items()}
+        self._endpoint = {arm: endpoint_of(b) for arm, b in backends.items()}
+        self._pooled = {arm: bool(getattr(b, "endpoints", None)) for arm, b in backends.items()}
+        self._stop = tuple(options.decode.stop)
 
     def token_ids(self, job: Job) -> list[int]:
         """The job's prompt ids: from its row, or read from its arm's layout source (one layout, now)."""
@@ -641,14 +658,18 @@ class _Run:
             return job.layout.get("text")
         return self.sources[job.arm].text(job.layout_id)
 
-    def record(self, job: Job, status: str, *, endpoint: str | None = None, **fields: Any) -> dict[str, Any]:
+    def record(
+        self, job: Job, status: str, *, endpoint: str | None = None, failed: Sequence[str] = (), **fields: Any
+    ) -> dict[str, Any]:
+        """The job's record: its keys and slice, ``status``, and ``fields`` (record columns); ``failed``:
+        the endpoints where an attempt failed transiently, in order."""
         layout = job.layout
         rec: dict[str, Any] = {
             "run_id": self.run_id,
             "manifest_digest": self.manifest_digest,
             "arm": job.arm,
-            "system": getattr(self.backends[job.arm], "name", job.arm),
-            "endpoint": endpoint or endpoint_of(self.backends[job.arm]),
+            "system": self._system[job.arm],
+            "endpoint": endpoint or self._endpoint[job.arm],
             "layout_id": job.layout_id,
             "case_id": str(layout["case_id"]),
             "target_tokens": int(layout["target_tokens"]),
@@ -657,6 +678,7 @@ class _Run:
             "status": status,
             "prompt_tokens_local": _local_tokens(layout),
             "completed_at": datetime.now(timezone.utc),
+            "failed_endpoints": " ".join(failed) or None,
         }
         rec.update(fields)
         return rec
@@ -694,19 +716,15 @@ class _Run:
         return self.record(
             job,
             "ok" if reason is None else "system_fail",
+            failed=failed,
             system_fail_reason=reason,
             output_text=resp.text,
-            finish_reason=resp.finish_reason,
             prompt_tokens_server=server,
             prompt_tokens_expected=expected,
             prompt_tokens_delta=delta,
-            completion_tokens=completion,
             latency_s=latency,
             attempts=attempts,
-            prefix_cache_hit_tokens=resp.prefix_cache_hit_tokens,
-            system_fingerprint=resp.system_fingerprint,
-            endpoint=resp.endpoint,
-            failed_endpoints=" ".join(failed) or None,
+            **{column: getattr(resp, column) for column in _RESPONSE_COLUMNS},
         )
 
     async def execute(self, job: Job) -> dict[str, Any]:
@@ -726,10 +744,10 @@ class _Run:
             text=self.text(job),
             max_tokens=self.decode.max_tokens,
             temperature=self.decode.temperature,
-            stop=tuple(self.decode.stop),
+            stop=self._stop,
             affinity=f"{layout['case_id']}@{layout['target_tokens']}",
         )
-        pooled = bool(getattr(backend, "endpoints", None))
+        pooled = self._pooled[job.arm]
         attempts = 0
         tries = 0  # attempts the retry policy counts (failovers are not)
         failovers = 0
@@ -750,15 +768,15 @@ class _Run:
                     attempts=attempts + 1,
                     error=exc.summary,
                     endpoint=getattr(exc, "endpoint", None),
-                    failed_endpoints=" ".join(failed) or None,
+                    failed=failed,
                 )
             except TransientBackendError as exc:
                 attempts += 1
                 last = exc
                 if exc.endpoint is not None or not pooled:
-                    failed.append(exc.endpoint or endpoint_of(backend))
+                    failed.append(exc.endpoint or self._endpoint[job.arm])
                 if self.on_transient is not None:  # failovers too: a dead replica shows in the progress
-                    self.on_transient(exc.endpoint or endpoint_of(backend))
+                    self.on_transient(exc.endpoint or self._endpoint[job.arm])
                 if exc.failover and failovers < _MAX_FAILOVERS:
                     failovers += 1
                     log.info(
@@ -800,7 +818,7 @@ class _Run:
             attempts=attempts,
             error=str(summary)[:300],
             endpoint=failed[-1] if failed else None,
-            failed_endpoints=" ".join(failed) or None,
+            failed=failed,
         )
 
 
@@ -811,7 +829,21 @@ async def arun_pairs(
     options: RunOptions,
     sources: Mapping[str, LayoutSource] | None = None,
 ) -> RunSummary:
-    """Async form of :func:`run_pairs` (the caller owns the event loop and the backends)."""
+    """Run every (arm, layout) job with every seed against its arm's backend; append records to
+    ``out_dir/records/``; resume where an earlier call with the same run id stopped.
+
+    ``jobs`` are ``(arm, layout row)`` pairs; a row has at least ``layout_id``, ``case_id``,
+    ``target_tokens``, ``position``, ``token_ids``, ``text`` and ``status`` (rows with a status other
+    than ``"ok"`` are recorded as ``system_fail`` with their ``reason_code``, not sent). ``backends``:
+    one backend per arm (the caller closes them). ``sources``: per arm, where the ids and text of rows
+    without ``token_ids`` are read at send time (:class:`depthgate.run.store.LayoutStore`), so the
+    jobs hold only small columns and memory stays O(jobs in flight). A transient failure is retried by
+    ``options.retry``; one still failing is recorded as ``infra_error`` (re-run on resume). After
+    ``options.retry.breaker_after`` consecutive transient failures on one arm the run stops sending
+    (:attr:`RunSummary.circuit_open` names the arm); nothing sent is lost and the rerun resumes.
+
+    :func:`arun_pairs` runs in the caller's event loop; :func:`run_pairs` runs it in one of its own.
+    """
     started = time.monotonic()
     run_id, concurrency = options.run_id, options.concurrency
     seed_list = [int(s) for s in (options.decode.seeds if options.seeds is None else options.seeds)]
@@ -954,24 +986,16 @@ def _check_same_run(existing: pl.DataFrame, run_id: str, manifest_digest: str, o
         )
 
 
-def run_pairs(
-    jobs: Iterable[tuple[str, Mapping[str, Any]]],
-    backends: Mapping[str, Backend],
-    out_dir: str | os.PathLike[str],
-    options: RunOptions,
-    sources: Mapping[str, LayoutSource] | None = None,
-) -> RunSummary:
-    """Run every (arm, layout) job with every seed against its arm's backend; append records to
-    ``out_dir/records/``; resume where an earlier call with the same run id stopped.
+def _blocking(coroutine_function: Callable[_P, Coroutine[Any, Any, _R]], name: str) -> Callable[_P, _R]:
+    """``coroutine_function`` as a call that runs it to the end in an event loop of its own."""
 
-    ``jobs`` are ``(arm, layout row)`` pairs; a row has at least ``layout_id``, ``case_id``,
-    ``target_tokens``, ``position``, ``token_ids``, ``text`` and ``status`` (rows with a status other
-    than ``"ok"`` are recorded as ``system_fail`` with their ``reason_code``, not sent). ``backends``:
-    one backend per arm (the caller closes them). ``sources``: per arm, where the ids and text of rows
-    without ``token_ids`` are read at send time (:class:`depthgate.run.store.LayoutStore`), so the
-    jobs hold only small columns and memory stays O(jobs in flight). A transient failure is retried by
-    ``options.retry``; one still failing is recorded as ``infra_error`` (re-run on resume). After
-    ``options.retry.breaker_after`` consecutive transient failures on one arm the run stops sending
-    (:attr:`RunSummary.circuit_open` names the arm); nothing sent is lost and the rerun resumes.
-    """
-    return asyncio.run(arun_pairs(jobs, backends, out_dir, options, sources))
+    def blocking(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        return asyncio.run(coroutine_function(*args, **kwargs))
+
+    blocking.__name__ = blocking.__qualname__ = name
+    blocking.__doc__ = coroutine_function.__doc__
+    return blocking
+
+
+#: :func:`arun_pairs` in its own event loop (``asyncio.run``).
+run_pairs = _blocking(arun_pairs, "run_pairs")

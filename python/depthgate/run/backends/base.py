@@ -27,7 +27,7 @@ import os
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, TypedDict, TypeVar, Unpack, runtime_checkable
 from urllib.parse import urlsplit, urlunsplit
 
 from depthgate.exceptions import BackendError, DepthgateError, ExitCode, InfraError, InputError
@@ -39,11 +39,13 @@ __all__ = [
     "Backend",
     "BackendRequestError",
     "EmbeddedBackendAdapter",
+    "OneThreadEngine",
     "OverLengthError",
     "Request",
     "Response",
     "Secret",
     "TransientBackendError",
+    "Where",
     "api_key_from_env",
     "check_fits_window",
     "endpoint_url",
@@ -53,6 +55,15 @@ T = TypeVar("T")
 
 # --------------------------------------------------------------------------------------------------
 # errors
+
+
+class Where(TypedDict, total=False):
+    """Where a :class:`~depthgate.exceptions.DepthgateError` points: the file, the field and the fix
+    (the keyword arguments every error below passes on as they are)."""
+
+    file: str | None
+    field: str | None
+    fix: str | None
 
 
 class TransientBackendError(BackendError):
@@ -77,11 +88,9 @@ class TransientBackendError(BackendError):
         status: int | None = None,
         endpoint: str | None = None,
         failover: bool = False,
-        file: str | None = None,
-        field: str | None = None,
-        fix: str | None = None,
+        **where: Unpack[Where],
     ) -> None:
-        super().__init__(message, file=file, field=field, fix=fix)
+        super().__init__(message, **where)
         self.summary = summary or message
         self.retry_after = retry_after
         self.status = status
@@ -106,11 +115,9 @@ class OverLengthError(DepthgateError):
         window: int | None = None,
         summary: str | None = None,
         endpoint: str | None = None,
-        file: str | None = None,
-        field: str | None = None,
-        fix: str | None = None,
+        **where: Unpack[Where],
     ) -> None:
-        super().__init__(message, file=file, field=field, fix=fix)
+        super().__init__(message, **where)
         self.n_prompt_tokens = n_prompt_tokens
         self.window = window
         self.summary = summary or "prompt longer than the backend's window"
@@ -139,16 +146,9 @@ class BackendRequestError(InputError):
     an unknown model, a parameter the backend does not support). ``summary`` holds no server text."""
 
     def __init__(
-        self,
-        message: str,
-        *,
-        status: int | None = None,
-        summary: str | None = None,
-        file: str | None = None,
-        field: str | None = None,
-        fix: str | None = None,
+        self, message: str, *, status: int | None = None, summary: str | None = None, **where: Unpack[Where]
     ) -> None:
-        super().__init__(message, file=file, field=field, fix=fix)
+        super().__init__(message, **where)
         self.status = status
         self.summary = summary or message
 
@@ -303,7 +303,22 @@ class Backend(Protocol):
 _OVERLENGTH_WORDS = re.compile(r"exceeds the context window", re.IGNORECASE)
 
 
-class EmbeddedBackendAdapter:
+class OneThreadEngine:
+    """An engine that is synchronous underneath (llama.cpp, vLLM offline) behind the async protocol: its
+    calls run one at a time on one dedicated worker thread (the engine holds one context; the event loop
+    stays free for the rest of the run)."""
+
+    def __init__(self, thread_name: str) -> None:
+        self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix=thread_name)
+
+    async def _in_thread(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+    def _stop_thread(self) -> None:
+        self._executor.shutdown(wait=False)
+
+
+class EmbeddedBackendAdapter(OneThreadEngine):
     """:class:`~depthgate.run.backends.llamacpp.EmbeddedLlamaBackend` behind the async protocol.
 
     llama.cpp is synchronous and holds one context, so calls run one at a time on a single dedicated
@@ -315,12 +330,10 @@ class EmbeddedBackendAdapter:
     count_tolerance = 0.0
 
     def __init__(self, backend: EmbeddedLlamaBackend, *, name: str = "llamacpp", owns: bool = True) -> None:
+        super().__init__("depthgate-llamacpp")
         self._backend: EmbeddedLlamaBackend | None = backend
         self.name = name
         self._owns = owns
-        self._executor = concurrent.futures.ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix="depthgate-llamacpp"
-        )
 
     def __repr__(self) -> str:
         return f"EmbeddedBackendAdapter(name={self.name!r}, window={self.window})"
@@ -334,10 +347,6 @@ class EmbeddedBackendAdapter:
         if self._backend is None:
             raise BackendError("the embedded backend is closed", fix="create a new backend")
         return self._backend
-
-    async def _in_thread(self, fn: Callable[[], T]) -> T:
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, fn)
 
     async def generate(self, request: Request) -> Response:
         backend = self.backend
@@ -389,8 +398,8 @@ class EmbeddedBackendAdapter:
     async def aclose(self) -> None:
         backend, self._backend = self._backend, None
         if backend is not None and self._owns:
-            await asyncio.get_running_loop().run_in_executor(self._executor, backend.close)
-        self._executor.shutdown(wait=False)
+            await self._in_thread(backend.close)
+        self._stop_thread()
 
 
 def redact_all(text: str, secrets: Sequence[Secret | None]) -> str:

@@ -1,7 +1,13 @@
 """HTTP backends: OpenAI-compatible ``/v1/completions`` (vLLM server, llama-server, any compatible server),
-OpenAI chat completions and the Anthropic Messages API. Async (httpx), bounded timeouts, one attempt per
-call: 429/5xx/timeouts/refused connections raise :class:`TransientBackendError` (with ``Retry-After``)
-and the runner retries them with the run's one policy (:mod:`depthgate.run.retry`).
+OpenAI chat completions and the Anthropic Messages API. Async (aiohttp; httpx as an option), bounded
+timeouts, one attempt per call: 429/5xx/timeouts/refused connections raise :class:`TransientBackendError`
+(with ``Retry-After``) and the runner retries them with the run's one policy (:mod:`depthgate.run.retry`).
+
+Transport and JSON were chosen by measurement (docs/benchmarks-runner-gate.md, 1K-token prompts, 64 in
+flight against a stub on 127.0.0.1): httpx costs ≈ 1.9–4.6 ms of harness CPU per request, most of it
+in httpcore's connection pool, which does O(connections²) work per request; aiohttp's pool and C HTTP
+parser cost a fraction of that. JSON goes through orjson both ways: a 128K-id prompt encodes and its
+echo decodes several times faster than with the stdlib ``json``.
 
 Facts these follow are in research/api_facts.md: vLLM takes ``prompt: [ids]`` verbatim and echoes them
 with ``return_token_ids``; ``/v1/models`` carries ``max_model_len`` (vLLM only); over-length is an HTTP
@@ -16,7 +22,7 @@ unknown ``model`` is served silently by the one loaded model (so the served ids 
 
 API keys come from the environment only, are held in a :class:`~depthgate.run.backends.base.Secret`, sent
 per request, and redacted from every message built here; no exception raised here keeps a reference to
-an httpx request (which holds the headers). A key is attached only over ``https`` or to a loopback host
+a client request (which holds the headers). A key is attached only over ``https`` or to a loopback host
 (127.0.0.0/8, ::1, ``localhost``); plain ``http`` to any other host is refused at construction unless
 :attr:`HTTPOptions.allow_insecure_key` is set (a matrix edited in a pull request must not be able to
 send a CI secret to a host of its choosing in the clear).
@@ -40,13 +46,15 @@ import logging
 import math
 import re
 import time
-from collections.abc import Callable, Mapping, Sequence
+import urllib.request
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Generic, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypedDict, TypeVar, Unpack
 from urllib.parse import urlsplit
 
-import httpx
+import aiohttp
+import orjson
 
 from depthgate.exceptions import BackendError, InputError
 from depthgate.run.backends.base import (
@@ -58,6 +66,9 @@ from depthgate.run.backends.base import (
     TransientBackendError,
     check_fits_window,
 )
+
+if TYPE_CHECKING:
+    import httpx
 
 __all__ = [
     "ANTHROPIC_URL",
@@ -90,9 +101,11 @@ class HTTPOptions:
 
     ``timeout_s`` (read) and ``connect_timeout_s`` bound one request; ``count_tolerance`` is the relative
     difference allowed between the server's prompt count and the count it must have (``None``: 0, exact;
-    the difference is recorded either way); ``max_connections`` caps the httpx pool; ``concurrency`` caps
-    this backend's requests in flight (``None``: only the run's own limit); ``allow_insecure_key`` lets an
-    API key go over plain ``http`` to a non-loopback host; ``transport`` replaces the network (tests).
+    the difference is recorded either way); ``max_connections`` caps the connection pool; ``concurrency``
+    caps this backend's requests in flight (``None``: only the run's own limit); ``allow_insecure_key``
+    lets an API key go over plain ``http`` to a non-loopback host. ``client``: the HTTP client, aiohttp
+    (the default) or httpx (the earlier client, kept to measure against and for ``transport``);
+    ``transport``: an httpx transport that replaces the network (tests; implies httpx).
     """
 
     timeout_s: float = 300.0
@@ -101,6 +114,7 @@ class HTTPOptions:
     max_connections: int = 256
     concurrency: int | None = None
     allow_insecure_key: bool = False
+    client: Literal["aiohttp", "httpx"] = "aiohttp"
     transport: httpx.AsyncBaseTransport | None = None
 
     def __post_init__(self) -> None:
@@ -112,6 +126,8 @@ class HTTPOptions:
             raise ValueError("max_connections must be ≥ 1")
         if self.concurrency is not None and self.concurrency < 1:
             raise ValueError("concurrency must be ≥ 1")
+        if self.client not in ("aiohttp", "httpx"):
+            raise ValueError(f"client must be 'aiohttp' or 'httpx', got {self.client!r}")
 
 
 def is_loopback_host(host: str | None) -> bool:
@@ -234,6 +250,152 @@ def _apply_stops(text: str, stops: Sequence[str]) -> tuple[str, bool]:
 
 
 # --------------------------------------------------------------------------------------------------
+# JSON and the two HTTP clients
+
+
+def _dumps(payload: Mapping[str, Any]) -> bytes:
+    """``payload`` as JSON bytes: orjson (a 128K-id prompt in ≈ 1 ms, the stdlib ``json`` ≈ 10×
+    that, docs/benchmarks-runner-gate.md); the stdlib for what orjson refuses (a lone surrogate in a
+    text), which escapes it."""
+    try:
+        return orjson.dumps(payload)
+    except TypeError:
+        return json.dumps(payload).encode()
+
+
+def _loads(raw: bytes) -> Any:
+    """JSON bytes decoded: orjson, or the stdlib for what only it accepts (``NaN``, integers beyond 64
+    bits). Raises :class:`ValueError` when ``raw`` is not JSON."""
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return json.loads(raw)
+
+
+@dataclass(frozen=True)
+class _Answer:
+    """An HTTP answer, read whole: no client object (which holds the request and its headers) kept."""
+
+    status: int
+    reason: str
+    retry_after: str | None
+    content: bytes
+
+
+@dataclass(frozen=True)
+class _Failure:
+    """A request that got no answer: ``timeout`` or ``unreachable``; ``name`` the failure's kind (httpx's
+    exception names: ``ConnectTimeout``, ``ReadTimeout``, ``ConnectError`` …), ``detail`` its text."""
+
+    kind: Literal["timeout", "unreachable"]
+    name: str
+    detail: str = ""
+
+
+def _environment_proxy(url: str) -> str | None:
+    """The proxy the environment names for ``url`` (``HTTPS_PROXY``, ``HTTP_PROXY`` or ``ALL_PROXY`` by its
+    scheme), unless ``NO_PROXY`` covers its host; ``None`` for none."""
+    parts = urlsplit(url)
+    if parts.hostname and urllib.request.proxy_bypass(parts.hostname):
+        return None
+    proxies = urllib.request.getproxies_environment()
+    return proxies.get(parts.scheme.lower()) or proxies.get("all") or None
+
+
+class _AiohttpSession:
+    """aiohttp: one pool of ``max_connections``; ``timeout_s`` bounds every read (and the wait for a
+    pooled connection, as httpx's pool timeout did), ``connect_timeout_s`` the TCP/TLS connect."""
+
+    def __init__(self, options: HTTPOptions, base_url: str) -> None:
+        self._proxy = _environment_proxy(base_url)
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=options.max_connections, limit_per_host=0),
+            timeout=aiohttp.ClientTimeout(
+                total=None,
+                connect=max(options.timeout_s, options.connect_timeout_s),
+                sock_connect=options.connect_timeout_s,
+                sock_read=options.timeout_s,
+            ),
+            # Not trust_env: aiohttp would then look up the proxy variables and read ~/.netrc on every
+            # request; the proxy is looked up once per client instead (httpx read it once too).
+            trust_env=False,
+        )
+
+    async def send(
+        self, method: str, url: str, body: bytes | None, headers: Mapping[str, str]
+    ) -> _Answer | _Failure:
+        try:
+            async with self._session.request(
+                method, url, data=body, headers=headers, allow_redirects=False, proxy=self._proxy
+            ) as response:
+                content = await response.read()
+                return _Answer(
+                    response.status, response.reason or "", response.headers.get("Retry-After"), content
+                )
+        except aiohttp.ConnectionTimeoutError:
+            return _Failure("timeout", "ConnectTimeout")
+        except TimeoutError:  # aiohttp's SocketTimeoutError (sock_read) is one
+            return _Failure("timeout", "ReadTimeout")
+        except (aiohttp.ClientError, OSError) as exc:
+            return _Failure("unreachable", type(exc).__name__, str(exc))
+
+    async def aclose(self) -> None:
+        await self._session.close()
+
+
+class _HttpxSession:
+    """httpx, as before aiohttp (``HTTPOptions.client = "httpx"``, or a ``transport`` for tests)."""
+
+    def __init__(self, options: HTTPOptions) -> None:
+        import httpx
+
+        self._httpx = httpx
+        self._client = httpx.AsyncClient(
+            timeout=httpx.Timeout(options.timeout_s, connect=options.connect_timeout_s),
+            limits=httpx.Limits(
+                max_connections=options.max_connections, max_keepalive_connections=options.max_connections
+            ),
+            transport=options.transport,
+            follow_redirects=False,
+        )
+
+    async def send(
+        self, method: str, url: str, body: bytes | None, headers: Mapping[str, str]
+    ) -> _Answer | _Failure:
+        httpx = self._httpx
+        try:
+            response = await self._client.request(method, url, content=body, headers=headers)
+        except httpx.TimeoutException as exc:
+            return _Failure("timeout", type(exc).__name__)
+        except httpx.TransportError as exc:
+            return _Failure("unreachable", type(exc).__name__, str(exc))
+        return _Answer(
+            response.status_code,
+            response.reason_phrase,
+            response.headers.get("retry-after"),
+            response.content,
+        )
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+
+_Session = _AiohttpSession | _HttpxSession
+
+
+async def _closed_at_loop_end(session: _Session) -> AsyncGenerator[None, None]:
+    """Yields once; its ``finally`` closes ``session``. An event loop finalizes every unfinished async
+    generator when ``asyncio.run`` ends (PEP 525, ``loop.shutdown_asyncgens``), so a client is closed in
+    the loop it was opened in even when its backend is closed later from another loop (``depthgate run``
+    sends in one ``asyncio.run`` and closes the backends in others; aiohttp then reports an unclosed
+    session and leaves its sockets open)."""
+    try:
+        yield
+    finally:
+        await session.aclose()
+
+
+# --------------------------------------------------------------------------------------------------
 # shared HTTP machinery
 
 
@@ -253,8 +415,17 @@ class _PerLoop(Generic[_T]):
         return self._value
 
 
+class _Common(TypedDict, total=False):
+    """What every HTTP backend takes besides its model and URL (see :class:`_HTTPBackend`)."""
+
+    api_key: Secret | None
+    name: str | None
+    window: int | None
+    options: HTTPOptions | None
+
+
 class _HTTPBackend:
-    """JSON-over-HTTP client shared by the backends below (one httpx client per event loop).
+    """JSON-over-HTTP client shared by the backends below (one HTTP client per event loop).
 
     :meth:`generate` holds one of :attr:`HTTPOptions.concurrency` slots (when set) around the subclass's
     ``_generate``, so one arm's requests in flight are capped whatever the run's concurrency.
@@ -267,10 +438,10 @@ class _HTTPBackend:
         model: str,
         *,
         base_url: str,
-        api_key: Secret | None,
-        name: str | None,
-        window: int | None,
-        options: HTTPOptions | None,
+        api_key: Secret | None = None,
+        name: str | None = None,
+        window: int | None = None,
+        options: HTTPOptions | None = None,
     ) -> None:
         options = options or HTTPOptions()
         name = name or model  # a backend is named after its model unless the arm names it
@@ -292,8 +463,9 @@ class _HTTPBackend:
         self.connect_timeout_s = options.connect_timeout_s
         self.count_tolerance = 0.0 if options.count_tolerance is None else options.count_tolerance
         self.concurrency = options.concurrency
-        self._http: httpx.AsyncClient | None = None
+        self._http: _Session | None = None
         self._http_loop: asyncio.AbstractEventLoop | None = None
+        self._http_guard: AsyncGenerator[None, None] | None = None
         self._slots = (
             None if self.concurrency is None else _PerLoop(partial(asyncio.Semaphore, self.concurrency))
         )
@@ -327,30 +499,29 @@ class _HTTPBackend:
     def _redact(self, text: str) -> str:
         return self._api_key.redact(text) if self._api_key is not None else text
 
-    def _client(self) -> httpx.AsyncClient:
+    async def _session(self) -> _Session:
+        """This event loop's HTTP client (made on first use in each loop)."""
         loop = asyncio.get_running_loop()
         if self._http is None or self._http_loop is not loop:
-            self._http = httpx.AsyncClient(
-                timeout=httpx.Timeout(self.timeout_s, connect=self.connect_timeout_s),
-                limits=httpx.Limits(
-                    max_connections=self.options.max_connections,
-                    max_keepalive_connections=self.options.max_connections,
-                ),
-                transport=self.options.transport,
-                follow_redirects=False,
+            use_httpx = self.options.client == "httpx" or self.options.transport is not None
+            session: _Session = (
+                _HttpxSession(self.options) if use_httpx else _AiohttpSession(self.options, self.base_url)
             )
-            self._http_loop = loop
+            guard = _closed_at_loop_end(session)
+            self._http, self._http_loop, self._http_guard = session, loop, guard
+            await guard.__anext__()
         return self._http
 
     async def aclose(self) -> None:
-        client, self._http = self._http, None
+        guard, self._http_guard = self._http_guard, None
         loop, self._http_loop = self._http_loop, None
-        if client is not None and loop is asyncio.get_running_loop():
-            await client.aclose()
+        self._http = None
+        if guard is not None and loop is asyncio.get_running_loop():
+            await guard.aclose()  # its ``finally`` closes the client
 
-    def _message(self, body: Any, raw: str) -> str:
+    def _message(self, body: Any, raw: bytes) -> str:
         fields = _error_fields(body) if body is not None else {}
-        message = str(fields.get("message") or raw or "").strip()
+        message = str(fields.get("message") or raw.decode("utf-8", "replace") or "").strip()
         return self._redact(message)[:_MAX_MESSAGE]
 
     async def _call(
@@ -361,44 +532,38 @@ class _HTTPBackend:
         :class:`BackendRequestError` for a refusal."""
         url = f"{self.base_url}{path}"
         where = f"{method} {url}"
-        # The failure is raised outside the ``except`` block so that no exception keeps an httpx
-        # request (which holds the API key in its headers) as its ``__context__``.
-        failure: TransientBackendError | None = None
-        try:
-            response = await self._client().request(
-                method, url, json=payload if method == "POST" else None, headers=self._headers()
-            )
-        except httpx.TimeoutException as exc:
-            failure = TransientBackendError(
-                f"{where} timed out ({type(exc).__name__}, limit {self.timeout_s:g} s read, "
-                f"{self.connect_timeout_s:g} s connect)",
-                summary=f"timeout: {where}",
-                fix="check the server's load, or raise timeout_s",
-            )
-        except httpx.TransportError as exc:
-            failure = TransientBackendError(
-                f"cannot reach {url} ({type(exc).__name__}: {self._redact(str(exc))[:200]})",
+        body = _dumps(payload) if payload is not None and method == "POST" else None
+        # The clients return failures instead of raising them, so that no exception raised here keeps a
+        # client request (which holds the API key in its headers) as its ``__context__``.
+        answer = await (await self._session()).send(method, url, body, self._headers())
+        if isinstance(answer, _Failure):
+            if answer.kind == "timeout":
+                raise TransientBackendError(
+                    f"{where} timed out ({answer.name}, limit {self.timeout_s:g} s read, "
+                    f"{self.connect_timeout_s:g} s connect)",
+                    summary=f"timeout: {where}",
+                    fix="check the server's load, or raise timeout_s",
+                )
+            raise TransientBackendError(
+                f"cannot reach {url} ({answer.name}: {self._redact(answer.detail)[:200]})",
                 summary=f"unreachable: {where}",
                 fix="check that the server is running and the endpoint URL is right",
             )
-        if failure is not None:
-            raise failure
-        status = response.status_code
-        raw = response.text
+        status, raw = answer.status, answer.content
         try:
-            body = response.json() if raw else None
+            decoded = _loads(raw) if raw else None
         except ValueError:
-            body = None
+            decoded = None
         if 200 <= status < 300:
-            if body is None:
+            if decoded is None:
                 raise TransientBackendError(
                     f"{where} returned HTTP {status} without a JSON body",
                     summary=f"HTTP {status} non-JSON: {where}",
                     status=status,
                 )
-            return body
-        message = self._message(body, raw)
-        if is_overlength_error(status, body):
+            return decoded
+        message = self._message(decoded, raw)
+        if is_overlength_error(status, decoded):
             raise OverLengthError(
                 f"{where} refused the prompt as too long (HTTP {status}: {message})",
                 summary=f"HTTP {status} over-length: {where}",
@@ -408,9 +573,9 @@ class _HTTPBackend:
             raise self._validation_refusal(status, where, message, payload)
         if status in _RETRY_STATUS or status >= 500:
             raise TransientBackendError(
-                f"{where} answered HTTP {status} ({message or response.reason_phrase})",
+                f"{where} answered HTTP {status} ({message or answer.reason})",
                 summary=f"HTTP {status}: {where}",
-                retry_after=_retry_after_seconds(response.headers.get("retry-after")),
+                retry_after=_retry_after_seconds(answer.retry_after),
                 status=status,
                 fix="the run records it as infra_error and re-runs it on resume",
             )
@@ -492,15 +657,12 @@ class OpenAICompletionsBackend(_OpenAIShaped):
         model: str,
         *,
         base_url: str,
-        api_key: Secret | None = None,
-        name: str | None = None,
-        window: int | None = None,
         prompt_format: Literal["token_ids", "text"] = "token_ids",
         vllm: bool = False,
         check_served_model: bool = True,
-        options: HTTPOptions | None = None,
+        **common: Unpack[_Common],
     ) -> None:
-        super().__init__(model, base_url=base_url, api_key=api_key, name=name, window=window, options=options)
+        super().__init__(model, base_url=base_url, **common)
         if prompt_format not in ("token_ids", "text"):
             raise ValueError(f"prompt_format must be 'token_ids' or 'text', got {prompt_format!r}")
         self.prompt_format = prompt_format
@@ -645,14 +807,11 @@ class OpenAIChatBackend(_OpenAIShaped):
         model: str,
         *,
         base_url: str = OPENAI_URL,
-        api_key: Secret | None = None,
-        name: str | None = None,
-        window: int | None = None,
         max_tokens_field: Literal["max_tokens", "max_completion_tokens"] = "max_tokens",
         local_count: Callable[[str], int] | None = None,
-        options: HTTPOptions | None = None,
+        **common: Unpack[_Common],
     ) -> None:
-        super().__init__(model, base_url=base_url, api_key=api_key, name=name, window=window, options=options)
+        super().__init__(model, base_url=base_url, **common)
         self.max_tokens_field = max_tokens_field
         self.local_count = local_count
         self._overhead: int | None = None
@@ -760,13 +919,10 @@ class AnthropicBackend(_HTTPBackend):
         model: str,
         *,
         base_url: str = ANTHROPIC_URL,
-        api_key: Secret | None = None,
-        name: str | None = None,
-        window: int | None = None,
         anthropic_version: str = ANTHROPIC_VERSION,
-        options: HTTPOptions | None = None,
+        **common: Unpack[_Common],
     ) -> None:
-        super().__init__(model, base_url=base_url, api_key=api_key, name=name, window=window, options=options)
+        super().__init__(model, base_url=base_url, **common)
         self.anthropic_version = anthropic_version
 
     def _headers(self) -> dict[str, str]:

@@ -12,8 +12,6 @@ many GPUs use vLLM's server (:class:`~depthgate.run.backends.http.OpenAICompleti
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import contextlib
 import re
 from collections.abc import Mapping
@@ -22,6 +20,7 @@ from typing import Any
 from depthgate.exceptions import InfraError
 from depthgate.run.backends.base import (
     BackendRequestError,
+    OneThreadEngine,
     OverLengthError,
     Request,
     Response,
@@ -62,7 +61,7 @@ def _is_validation_error(exc: BaseException) -> bool:
     return any(cls.__name__ in ("VLLMValidationError", "VLLMClientError") for cls in type(exc).__mro__)
 
 
-class VLLMOfflineBackend:
+class VLLMOfflineBackend(OneThreadEngine):
     """vLLM in process, fed token ids. ``engine_kwargs`` go to ``vllm.LLM`` (e.g. ``dtype``,
     ``enable_prefix_caching``, ``tensor_parallel_size``); ``window`` becomes ``max_model_len``."""
 
@@ -79,6 +78,7 @@ class VLLMOfflineBackend:
         llm: Any = None,
     ) -> None:
         llm_cls, self._sampling_params, self._tokens_prompt = import_vllm()
+        super().__init__("depthgate-vllm")
         self.name = name or model
         self.model = model
         kwargs = dict(engine_kwargs or {})
@@ -97,9 +97,6 @@ class VLLMOfflineBackend:
         self._window = window
         with contextlib.suppress(AttributeError, TypeError, ValueError):
             self._window = int(llm.llm_engine.model_config.max_model_len)
-        self._executor = concurrent.futures.ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix="depthgate-vllm"
-        )
 
     def __repr__(self) -> str:
         return f"VLLMOfflineBackend(name={self.name!r}, model={self.model!r}, window={self._window})"
@@ -132,10 +129,9 @@ class VLLMOfflineBackend:
             said="prompt of {n} tokens plus max_tokens {max_tokens} exceeds max_model_len {window}",
             summary="prompt + max_tokens exceeds max_model_len",
         )
-        loop = asyncio.get_running_loop()
         failure: Exception | None = None
         try:
-            outputs = await loop.run_in_executor(self._executor, self._generate_sync, request, ids)
+            outputs = await self._in_thread(self._generate_sync, request, ids)
         except Exception as exc:
             text = str(exc)
             if _is_validation_error(exc) and _OVERLENGTH.search(text):
@@ -175,4 +171,4 @@ class VLLMOfflineBackend:
 
     async def aclose(self) -> None:
         self._llm = None
-        self._executor.shutdown(wait=False)
+        self._stop_thread()
