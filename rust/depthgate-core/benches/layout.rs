@@ -117,12 +117,9 @@ pub mod methods {
             filler: fix.filler[..n].to_vec(),
             pool: fix.pool.clone(),
             // As the Python front does: the filler digest is computed once per build, not per batch.
-            filler_digest: Some(depthgate_core::digest::sha256_fields(
-                &fix.filler[..n]
-                    .iter()
-                    .chain(fix.pool.iter())
-                    .map(String::as_str)
-                    .collect::<Vec<_>>(),
+            filler_digest: Some(depthgate_core::layout::filler_digest(
+                &fix.filler[..n],
+                &fix.pool,
             )),
             cases: vec![CaseSpec {
                 case_id: "hotel-china".into(),

@@ -9,6 +9,8 @@
 //! <fast|full> <batches>` only builds depthgate batches, for `perf record`.
 #![allow(clippy::print_stdout)]
 
+mod common;
+
 #[path = "../benches/layout.rs"]
 #[allow(dead_code, unused_imports)]
 mod bench;
@@ -19,16 +21,11 @@ use bench::methods::*;
 use depthgate_core::{BatchSpec, Layout, Status, TargetTokenizer, Verification};
 use rayon::prelude::*;
 
-/// Mean seconds per run: one warm-up, then runs until `min_time` has passed (at least one).
-fn time_it<T>(min_time: Duration, mut f: impl FnMut() -> T) -> (f64, T) {
-    let mut out = f();
-    let start = Instant::now();
-    let mut runs = 0u32;
-    while runs == 0 || (start.elapsed() < min_time && runs < 50) {
-        out = f();
-        runs += 1;
-    }
-    (start.elapsed().as_secs_f64() / f64::from(runs), out)
+/// Runs per timing at the most.
+const MAX_RUNS: u32 = 50;
+
+fn time_it<T>(min_time: Duration, f: impl FnMut() -> T) -> (f64, T) {
+    common::time_it(min_time, MAX_RUNS, f)
 }
 
 struct Row {

@@ -18,6 +18,8 @@
 //! number of violations is printed (must be 0).
 #![allow(clippy::print_stdout)]
 
+mod common;
+
 #[path = "../benches/layout.rs"]
 #[allow(dead_code, unused_imports)]
 mod bench;
@@ -31,16 +33,11 @@ use depthgate_core::{
     TargetTokenizer, Verification,
 };
 
-/// Mean seconds per run: one warm-up, then runs until `min_time` has passed (at least one).
-fn time_it<T>(min_time: Duration, mut f: impl FnMut() -> T) -> (f64, T) {
-    let mut out = f();
-    let start = Instant::now();
-    let mut runs = 0u32;
-    while runs == 0 || (start.elapsed() < min_time && runs < 10_000) {
-        out = f();
-        runs += 1;
-    }
-    (start.elapsed().as_secs_f64() / f64::from(runs), out)
+/// Runs per timing at the most.
+const MAX_RUNS: u32 = 10_000;
+
+fn time_it<T>(min_time: Duration, f: impl FnMut() -> T) -> (f64, T) {
+    common::time_it(min_time, MAX_RUNS, f)
 }
 
 fn loadavg() -> String {
@@ -57,13 +54,9 @@ fn chunk_spec(fix: &Fixture, length: usize, cases: usize, mode: Verification) ->
     let span = stride * cases % 4096 + stride;
     let n = (length / 4 + span + 64).min(fix.filler.len());
     spec.filler = fix.filler[..n].to_vec();
-    spec.filler_digest = Some(depthgate_core::digest::sha256_fields(
-        &spec
-            .filler
-            .iter()
-            .chain(spec.pool.iter())
-            .map(String::as_str)
-            .collect::<Vec<_>>(),
+    spec.filler_digest = Some(depthgate_core::layout::filler_digest(
+        &spec.filler,
+        &spec.pool,
     ));
     let case = spec.cases[0].clone();
     spec.cases = (0..cases)

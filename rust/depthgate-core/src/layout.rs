@@ -868,6 +868,19 @@ impl Pool {
     }
 }
 
+/// The digest a layout id carries for its filler stream and distractor pool: sha256 over the filler
+/// units, then the pool units (`digest::sha256_fields`). `BatchSpec::filler_digest` is this value,
+/// computed once per build by the caller.
+pub fn filler_digest(filler: &[String], pool: &[String]) -> String {
+    sha256_fields(
+        &filler
+            .iter()
+            .chain(pool)
+            .map(String::as_str)
+            .collect::<Vec<_>>(),
+    )
+}
+
 struct CaseContext<'a> {
     case: &'a CaseSpec,
     prefix: UnitIdx,
@@ -897,14 +910,7 @@ pub fn build_layouts(tok: &TargetTokenizer, spec: &BatchSpec) -> Result<Vec<Layo
     // batch was 4 % of a fast 128K batch.
     let filler_digest = match &spec.filler_digest {
         Some(d) => d.clone(),
-        None => sha256_fields(
-            &spec
-                .filler
-                .iter()
-                .chain(spec.pool.iter())
-                .map(String::as_str)
-                .collect::<Vec<_>>(),
-        ),
+        None => filler_digest(&spec.filler, &spec.pool),
     };
 
     let contexts: Vec<CaseContext<'_>> = spec

@@ -9,9 +9,22 @@ use depthgate_core::spec::{
     AnchoredSpec, BatchSpec, CaseSpec, PositionSpec, UnitKind, UnitSpec, Verification,
 };
 use depthgate_core::{
-    build_layouts, presend_check, presend_check_batch, verify_layout, PresendRow, SendContract,
-    Status, TargetTokenizer,
+    build_layouts, presend_check, presend_check_batch, verify_layout, Layout, PresendRow,
+    SendContract, Status, TargetTokenizer, Violation,
 };
+
+/// `verify_layout` on a built layout as it was built (its own special-token flag and target length).
+fn reverify(tok: &TargetTokenizer, l: &Layout) -> Vec<Violation> {
+    verify_layout(
+        tok,
+        &l.text,
+        &l.token_ids,
+        l.add_special_tokens,
+        Some(l.target_tokens),
+        &l.spans,
+    )
+    .unwrap()
+}
 
 fn tokenizer(family: &str) -> TargetTokenizer {
     let (json, label) = common::tokenizer_json(family);
@@ -156,15 +169,7 @@ fn every_family_meets_the_contract_in_full_mode() {
                 l.reason
             );
             assert_eq!(l.total_tokens, l.target_tokens, "{family}");
-            let violations = verify_layout(
-                &tok,
-                &l.text,
-                &l.token_ids,
-                true,
-                Some(l.target_tokens),
-                &l.spans,
-            )
-            .unwrap();
+            let violations = reverify(&tok, l);
             assert!(
                 violations.is_empty(),
                 "{family} {} {}: {violations:?}",
@@ -420,15 +425,7 @@ fn adversarial_variants_fall_back_to_full_with_the_reason() {
                 continue;
             }
             ok += 1;
-            let violations = verify_layout(
-                &tok,
-                &l.text,
-                &l.token_ids,
-                l.add_special_tokens,
-                Some(l.target_tokens),
-                &l.spans,
-            )
-            .unwrap();
+            let violations = reverify(&tok, l);
             assert!(
                 violations.is_empty(),
                 "{name} {}: {violations:?}",
@@ -459,15 +456,7 @@ fn a_modified_tokenizer_file_is_judged_by_its_content() {
     let layouts = build_layouts(&fewer_merges, &batch(Verification::Fast, vec![1024])).unwrap();
     assert!(layouts.iter().any(|l| l.verification == Verification::Fast));
     for l in layouts.iter().filter(|l| l.status == Status::Ok) {
-        let violations = verify_layout(
-            &fewer_merges,
-            &l.text,
-            &l.token_ids,
-            true,
-            Some(l.target_tokens),
-            &l.spans,
-        )
-        .unwrap();
+        let violations = reverify(&fewer_merges, l);
         assert!(violations.is_empty(), "{}: {violations:?}", l.position);
     }
 }
