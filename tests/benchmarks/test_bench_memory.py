@@ -1,129 +1,380 @@
-"""Benchmark: peak RSS of `depthgate run` (build + pre-send + run + gate) as the matrix grows.
+"""Benchmark: peak RSS of `depthgate run` (build + pre-send + run + gate), per phase, as the matrix grows.
 
 Opt-in (``-m bench``). Each size runs `depthgate run` in a **fresh child process** (this file as a
-script) against a fast local **stub** server on 127.0.0.1 (vLLM-shaped ``/v1/completions``, token-id
-prompts, answers at once; labelled as such: it measures the harness, not a model) and reports the
-child's ``VmHWM``. Memory must stay O(batch + in flight): the peak should not grow with the number of
-layouts × tokens the way the old run path did (≈ 59 bytes per held token).
+script) against a fast local **stub** server in its own process on 127.0.0.1 (vLLM-shaped
+``/v1/completions`` and ``/v1/models``, token-id prompts; it answers at once with a fixed completion
+and ``usage.prompt_tokens`` = the number of ids it received, counted in the request body; labelled as
+such everywhere: it measures the harness, not a model).
+
+The child resets its peak RSS (``/proc/self/clear_refs`` = 5) at the start of each phase and reads
+``VmHWM`` at its end, so each phase's own peak is known: ``build`` (both arms' layouts.parquet),
+``presend`` (the pre-send gate over every layout, in batches), ``store`` (the arm's on-disk layout
+store), ``controls`` (when on), ``run`` (every request) and ``gate`` (score, gate, report). The
+overall peak is the largest of them. Memory must stay O(batch + in flight): the peak must not grow
+with layouts × tokens (the old run path held ≈ 59 bytes per token, the old build ≈ 20–27).
 
     .venv/bin/python -m pytest -m bench -s -p no:cacheprovider tests/benchmarks/test_bench_memory.py
-    .venv/bin/python tests/benchmarks/test_bench_memory.py --cases 40 --length 32768   # one size
+    # one size (any flags), printed as one JSON line:
+    .venv/bin/python tests/benchmarks/test_bench_memory.py --cases 40 --length 32768 [--controls]
+    # the 10,000-layout 128K matrix (1,000 cases with evidence × 5 depths × 2 arms):
+    .venv/bin/python tests/benchmarks/test_bench_memory.py --cases 1000 --length 131072 --concurrency 64
+
+Knobs for the pytest form: ``DEPTHGATE_BENCH_MEM_LENGTH`` (16384), ``DEPTHGATE_BENCH_MEM_CASES``
+(``8,32,96``), ``DEPTHGATE_BENCH_OUT`` (also write the rows there as JSON). ``DEPTHGATE_BENCH_STRICT=1``
+asserts a flat slope (< 2 bytes per token between the smallest and the largest size) and a peak
+< 4 GB; without it nothing is asserted.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
+import os
+import resource
 import subprocess
 import sys
 import tempfile
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+import textwrap
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
+GPT2 = REPO / "tests" / "fixtures" / "tokenizers" / "gpt2" / "tokenizer.json.gz"
+PEAK_TARGET_MB = 4096
+
+# The stub, in its own process so its memory and CPU are not the harness's. It never parses the
+# 128K-id prompt as JSON: it counts the ids between the brackets of ``"prompt"`` (≈ 1 ms a request).
+STUB = textwrap.dedent(
+    r"""
+    import asyncio, json, sys, time
+
+    STATE = {"requests": 0, "prompt_tokens": 0}
+    MODELS = json.dumps({"object": "list", "data": [{"id": "stub", "object": "model",
+                                                     "max_model_len": 1 << 20}]}).encode()
 
 
-class _Echo(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
+    def reply(body, status="200 OK"):
+        head = f"HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+        return head.encode("latin-1") + body
 
-    def log_message(self, *args: Any) -> None:
-        pass
 
-    def _send(self, payload: Any) -> None:
-        data = json.dumps(payload).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+    def count_prompt(body):
+        at = body.find(b'"prompt"')
+        start = body.find(b"[", at)
+        end = body.find(b"]", start)
+        if at < 0 or start < 0 or end < 0:
+            prompt = json.loads(body)["prompt"]
+            return len(prompt) if isinstance(prompt, list) else len(str(prompt).split())
+        inner = body[start + 1 : end].strip()
+        return inner.count(b",") + 1 if inner else 0
 
-    def do_GET(self) -> None:
-        self._send({"object": "list", "data": [{"id": "stub", "object": "model", "max_model_len": 1 << 20}]})
 
-    def do_POST(self) -> None:
-        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
-        n = len(body["prompt"])
-        self._send(
-            {
-                "model": "stub",
-                "choices": [
-                    {
-                        "index": 0,
-                        "text": " not stated",
-                        "finish_reason": "stop",
-                        "prompt_token_ids": body["prompt"],
-                    }
-                ],
-                "usage": {"prompt_tokens": n, "completion_tokens": 2},
-            }
+    class Http(asyncio.Protocol):
+        def connection_made(self, transport):
+            self.t = transport
+            self.buf = bytearray()
+
+        def data_received(self, data):
+            self.buf += data
+            while True:
+                end = self.buf.find(b"\r\n\r\n")
+                if end < 0:
+                    return
+                lines = bytes(self.buf[:end]).decode("latin-1").split("\r\n")
+                method, path, _ = lines[0].split(" ", 2)
+                length = 0
+                for line in lines[1:]:
+                    key, _, value = line.partition(":")
+                    if key.strip().lower() == "content-length":
+                        length = int(value)
+                if len(self.buf) < end + 4 + length:
+                    return
+                body = bytes(self.buf[end + 4 : end + 4 + length])
+                del self.buf[: end + 4 + length]
+                self.t.write(self.handle(method, path, body))
+
+        def handle(self, method, path, body):
+            if path == "/v1/models":
+                return reply(MODELS)
+            if path == "/stats":
+                return reply(json.dumps({**STATE, "cpu_s": time.process_time()}).encode())
+            if method == "POST" and path == "/v1/completions":
+                n = count_prompt(body)
+                STATE["requests"] += 1
+                STATE["prompt_tokens"] += n
+                out = {"id": "cmpl-stub", "object": "text_completion", "created": 0, "model": "stub",
+                       "choices": [{"index": 0, "text": " not stated", "logprobs": None,
+                                    "finish_reason": "stop"}],
+                       "usage": {"prompt_tokens": n, "completion_tokens": 2, "total_tokens": n + 2}}
+                return reply(json.dumps(out).encode())
+            return reply(b'{"error": {"message": "not found"}}', "404 Not Found")
+
+
+    async def main():
+        server = await asyncio.get_running_loop().create_server(Http, "127.0.0.1", 0, backlog=1024)
+        print(server.sockets[0].getsockname()[1], flush=True)
+        await asyncio.sleep(float(sys.argv[1]))
+
+
+    asyncio.run(main())
+    """
+)
+
+
+class Stub:
+    """The stub server in a child process (it stops by itself after ``lifetime_s``)."""
+
+    def __init__(self, lifetime_s: float = 6 * 3600) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", STUB, str(lifetime_s)], stdout=subprocess.PIPE, text=True
         )
+        assert self.proc.stdout is not None
+        port = self.proc.stdout.readline().strip()
+        if not port.isdigit():
+            self.close()
+            raise RuntimeError(f"stub server did not start (said {port!r})")
+        self.url = f"http://127.0.0.1:{port}"
+
+    def stats(self) -> dict[str, Any]:
+        import httpx
+
+        return dict(httpx.get(f"{self.url}/stats", timeout=30).json())
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
 
 
-def _child(cases: int, length: int) -> dict[str, Any]:
+def _status_kb(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise RuntimeError(f"no {field} in /proc/self/status")
+
+
+class Phases:
+    """Per-phase peak RSS: the peak is reset when a phase starts and read when it ends."""
+
+    def __init__(self) -> None:
+        self.rows: dict[str, dict[str, float]] = {}
+
+    def wrap(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def hooked(*args: Any, **kwargs: Any) -> Any:
+            start_kb = _status_kb("VmRSS")
+            Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM to the current RSS
+            wall, cpu = time.monotonic(), time.process_time()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                row = self.rows.setdefault(
+                    name, {"peak_mb": 0.0, "start_mb": 0.0, "wall_s": 0.0, "cpu_s": 0.0}
+                )
+                row["peak_mb"] = max(row["peak_mb"], round(_status_kb("VmHWM") / 1024, 1))
+                row["start_mb"] = max(row["start_mb"], round(start_kb / 1024, 1))
+                row["wall_s"] = round(row["wall_s"] + time.monotonic() - wall, 2)
+                row["cpu_s"] = round(row["cpu_s"] + time.process_time() - cpu, 2)
+
+        return hooked
+
+
+def _matrix(path: Path, url: str, cases: int, lengths: str, depths: int) -> None:
+    positions = ", ".join(f"{i / (depths - 1):g}" for i in range(depths))
+    path.write_text(
+        f'name = "mem"\nsuite = {{ kind = "builtin", cases = {cases}, seed = 0, language = "en" }}\n'
+        f"lengths = [{lengths}]\npositions = [{positions}]\n"
+        "[decode]\nmax_tokens = 4\nseeds = [0]\n"
+        + "".join(
+            f'[{arm}]\nname = "{arm[0]}"\nbackend = "vllm-server"\nendpoint = "{url}"\n'
+            f'model = "stub"\ntokenizer = "{GPT2}"\n'
+            for arm in ("baseline", "candidate")
+        )
+        + "[plan]\nn_min = 2\n"
+    )
+
+
+def _install_hooks() -> Phases:
+    from depthgate.commands import pipeline
+    from depthgate.run import controls, runner
+
+    phases = Phases()
+    pipeline.build_layouts = phases.wrap("build", pipeline.build_layouts)  # type: ignore[assignment]
+    pipeline._guarded_rows = phases.wrap("presend", pipeline._guarded_rows)  # type: ignore[assignment]
+    pipeline._store = phases.wrap("store", pipeline._store)  # type: ignore[assignment]
+    pipeline.gate_run = phases.wrap("gate", pipeline.gate_run)  # type: ignore[assignment]
+    controls.build_controls = phases.wrap("controls", controls.build_controls)  # type: ignore[assignment]
+    runner.run_pairs = phases.wrap("run", runner.run_pairs)  # type: ignore[assignment]
+    return phases
+
+
+def _prepare_only(matrix_path: Path, out: Path, arms: int, verification: str) -> None:
+    """Build + pre-send gate + layout store of the first ``arms`` arms, as `depthgate run` does them
+    (same calls, same options), without a server: the nightly shape's memory before any request."""
+    from depthgate.commands import pipeline
+    from depthgate.layout.layouts import BuildOptions, parse_positions
+    from depthgate.layout.presend import guard_layouts
+    from depthgate.spec.models import load_matrix
+    from depthgate.spec.suites import resolve_suite
+
+    matrix = load_matrix(matrix_path)
+    suite = resolve_suite(matrix.suite, base_dir=matrix_path.parent)
+    positions = parse_positions([str(p) for p in matrix.positions])
+    systems = list(zip(pipeline.ARMS, (matrix.baseline, matrix.candidate), strict=True))[:arms]
+    for arm, system in systems:
+        a = pipeline._arm_setup(arm, system, matrix_path.parent)
+        layout_path = out / arm / "layouts.parquet"
+        options = BuildOptions(
+            lengths=matrix.lengths,
+            positions=positions,
+            template=a.template,
+            preamble=system.preamble,
+            system=system.name,
+            assembler=system.assembler,
+            verification="fast" if verification == "fast" else "full",
+            window=system.window,
+            max_output_tokens=matrix.decode.max_tokens,
+        )
+        pipeline.build_layouts(suite, a.tokenizer, options, layout_path)
+        guard = functools.partial(
+            guard_layouts,
+            tokenizer=a.tokenizer,
+            template=a.template,
+            preamble=system.preamble,
+            assembler=system.assembler,
+            window=system.window,
+            max_output_tokens=matrix.decode.max_tokens,
+            cases={c.id: c for c in suite.cases},
+        )
+        rows = pipeline._guarded_rows(layout_path, guard)
+        refused = sum(r["status"] != "ok" for r in rows)
+        if refused:
+            raise RuntimeError(f"{refused} layouts refused by the pre-send gate")
+        pipeline._store(layout_path, out / arm / "store")
+
+
+def _child(args: argparse.Namespace) -> dict[str, Any]:
+    import polars as pl
+
     from depthgate.commands.cli import main
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Echo)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    tok = REPO / "tests" / "fixtures" / "tokenizers" / "gpt2" / "tokenizer.json.gz"
-    with tempfile.TemporaryDirectory() as tmp:
-        matrix = Path(tmp) / "m.toml"
-        url = f"http://127.0.0.1:{server.server_address[1]}"
-        matrix.write_text(
-            f'name = "mem"\nsuite = {{ kind = "builtin", cases = {cases}, seed = 0, language = "en" }}\n'
-            f"lengths = [{length}]\npositions = [0.0, 0.25, 0.5, 0.75, 1.0]\n"
-            "[decode]\nmax_tokens = 4\nseeds = [0]\n"
-            + "".join(
-                f'[{arm}]\nname = "{arm[0]}"\nbackend = "vllm-server"\nendpoint = "{url}"\n'
-                f'model = "stub"\ntokenizer = "{tok}"\n'
-                for arm in ("baseline", "candidate")
-            )
-            + "[plan]\nn_min = 2\n"
-        )
-        code = main(
-            [
-                "run",
-                str(matrix),
-                "--out",
-                str(Path(tmp) / "run"),
-                "--verification",
-                "fast",
-                "--concurrency",
-                "16",
+    phases = _install_hooks()
+    stub = None if args.no_run else Stub()
+    base = Path(args.dir) if args.dir else None
+    code: int | None = None
+    try:
+        with tempfile.TemporaryDirectory(dir=base) as tmp:
+            matrix = Path(tmp) / "m.toml"
+            _matrix(matrix, stub.url if stub else "http://127.0.0.1:9", args.cases, args.length, args.depths)
+            out = Path(tmp) / "run"
+            wall = time.monotonic()
+            if stub is None:
+                _prepare_only(matrix, out, args.arms, args.verification)
+            else:
+                argv = ["run", str(matrix), "--out", str(out), "--verification", args.verification]
+                argv += ["--concurrency", str(args.concurrency)]
+                if not args.controls:
+                    argv.append("--no-controls")
+                code = main(argv)
+            wall = time.monotonic() - wall
+            files = [out / arm / "layouts.parquet" for arm in ("baseline", "candidate")]
+            sizes = [
+                pl.scan_parquet(f).select(pl.len(), pl.col("target_tokens").sum()).collect().row(0)
+                for f in files
+                if f.is_file()
             ]
-        )
-    status = Path("/proc/self/status").read_text()
-    peak_kb = next(int(line.split()[1]) for line in status.splitlines() if line.startswith("VmHWM"))
-    layouts = 2 * cases * 5
-    return {"cases": cases, "length": length, "layouts": layouts, "tokens": layouts * length,
-            "exit": code, "peak_rss_mb": round(peak_kb / 1024, 1)}  # fmt: skip
+            disk = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
+    finally:
+        served = stub.stats() if stub else {"requests": 0, "prompt_tokens": 0, "cpu_s": 0.0}
+        if stub:
+            stub.close()
+    run = phases.rows.get("run", {})
+    requests = int(served["requests"])
+    peak = max([row["peak_mb"] for row in phases.rows.values()] + [_status_kb("VmHWM") / 1024])
+    return {
+        "cases": args.cases,
+        "lengths": args.length,
+        "layouts": sum(int(n) for n, _ in sizes),
+        "tokens": sum(int(t) for _, t in sizes),
+        "concurrency": args.concurrency,
+        "controls": args.controls,
+        "mode": "build+presend+store only" if stub is None else "depthgate run",
+        "exit": code,
+        "wall_s": round(wall, 1),
+        "peak_rss_mb": round(peak, 1),
+        "phases": phases.rows,
+        "stub_requests": requests,
+        "stub_prompt_tokens": int(served["prompt_tokens"]),
+        "stub_cpu_s": round(float(served["cpu_s"]), 1),
+        "harness_cpu_ms_per_request": round(1000 * run.get("cpu_s", 0.0) / requests, 2) if requests else None,
+        "disk_mb": round(disk / 2**20, 1),
+    }
 
 
-def _measure(cases: int, length: int) -> dict[str, Any]:
+def measure(cases: int, length: int, *extra: str) -> dict[str, Any]:
+    """One size in a fresh child process; its ``ru_maxrss`` is read back as a cross-check."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     out = subprocess.run(
-        [sys.executable, __file__, "--cases", str(cases), "--length", str(length), "--json"],
-        capture_output=True, text=True, check=True, cwd=REPO,
+        [sys.executable, __file__, "--cases", str(cases), "--length", str(length), *extra],
+        capture_output=True, text=True, cwd=REPO, check=False,
     )  # fmt: skip
-    return dict(json.loads(out.stdout.strip().splitlines()[-1]))
+    if out.returncode != 0:
+        raise RuntimeError(f"child failed ({out.returncode}):\n{out.stderr[-4000:]}")
+    row = dict(json.loads(out.stdout.strip().splitlines()[-1]))
+    after = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    row["child_maxrss_mb_at_least"] = round(max(before, after) / 1024, 1)
+    return row
+
+
+def slope(small: dict[str, Any], large: dict[str, Any], key: str = "peak_rss_mb") -> float:
+    """Marginal bytes per token between two sizes."""
+    return (large[key] - small[key]) * 2**20 / (large["tokens"] - small["tokens"])
 
 
 @pytest.mark.bench
-def test_bench_run_path_memory_is_flat_in_the_matrix_size() -> None:
-    rows = [_measure(cases, 16384) for cases in (8, 32)]
+def test_bench_memory_is_flat_in_the_matrix_size() -> None:
+    length = int(os.environ.get("DEPTHGATE_BENCH_MEM_LENGTH", "16384"))
+    sizes = [int(c) for c in os.environ.get("DEPTHGATE_BENCH_MEM_CASES", "8,32,96").split(",")]
+    rows = [measure(cases, length) for cases in sizes]
     for r in rows:
         print(json.dumps(r))
-    small, large = rows
-    per_token = (large["peak_rss_mb"] - small["peak_rss_mb"]) * 2**20 / (large["tokens"] - small["tokens"])
-    print(f"marginal bytes per token: {per_token:.2f} (the old run path held ≈ 59)")
+    small, large = rows[0], rows[-1]
+    per_token = slope(small, large)
+    print(f"marginal bytes per token, overall peak: {per_token:.2f} (the old run path held ≈ 59)")
+    for name in small["phases"]:
+        if name in large["phases"]:
+            a, b = small["phases"][name]["peak_mb"], large["phases"][name]["peak_mb"]
+            per = (b - a) * 2**20 / (large["tokens"] - small["tokens"])
+            print(f"  {name}: {a} → {b} MB, {per:.2f} B/token")
+    if os.environ.get("DEPTHGATE_BENCH_OUT"):
+        out = Path(os.environ["DEPTHGATE_BENCH_OUT"])
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "memory.json").write_text(json.dumps(rows, indent=2))
+    for r in rows:
+        assert r["exit"] == 0 and r["stub_prompt_tokens"] >= r["tokens"], r  # every layout was sent
+    if os.environ.get("DEPTHGATE_BENCH_STRICT") == "1":
+        assert per_token < 2.0, per_token
+        assert max(r["peak_rss_mb"] for r in rows) < PEAK_TARGET_MB
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
-    parser.add_argument("--cases", type=int, default=8)
-    parser.add_argument("--length", type=int, default=16384)
-    parser.add_argument("--json", action="store_true")
-    args = parser.parse_args()
-    print(json.dumps(_child(args.cases, args.length)))
+    parser.add_argument("--cases", type=int, default=8, help="built-in suite cases (with evidence: placed)")
+    parser.add_argument("--length", default="16384", help="one length, or several: 4096,16384,65536,131072")
+    parser.add_argument("--depths", type=int, default=5)
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--verification", default="fast", choices=["fast", "full"])
+    parser.add_argument("--controls", action="store_true", help="also build and run the controls")
+    parser.add_argument("--no-run", action="store_true", help="build + pre-send + store only, no server")
+    parser.add_argument("--arms", type=int, default=2, choices=[1, 2], help="with --no-run: arms to prepare")
+    parser.add_argument("--dir", default=None, help="where the run folder goes (default: the temp dir)")
+    print(json.dumps(_child(parser.parse_args())))

@@ -31,6 +31,7 @@ from depthgate.spec.models import Case, Suite
 __all__ = [
     "ASSEMBLER_VERSION",
     "LAYOUT_SCHEMA",
+    "ROW_GROUP_ROWS",
     "BuildOptions",
     "CheckSummary",
     "Position",
@@ -55,9 +56,16 @@ Verification = Literal["full", "fast"]
 _CASES_PER_CHUNK = 8
 
 # Built layouts held in memory before they are spilled to disk (see :class:`_LayoutSink`): a build
-# up to this size is written to parquet once, a larger one in one more pass over its spilled parts.
-# Memory stays bounded by this budget plus one chunk, whatever the size of the matrix.
-_SINK_BUDGET_BYTES = 512 * 1024 * 1024
+# up to this size is written to parquet once, a larger one in one more streaming pass over its
+# spilled parts. Memory stays bounded by this budget plus one chunk, whatever the size of the matrix
+# (512 MB before issue #12; 128 MB costs one more uncompressed spill per 128 MB, ≈ 0.1 s).
+_SINK_BUDGET_BYTES = 128 * 1024 * 1024
+
+#: Rows per parquet row group of a layouts file. A reader decodes whole row groups, so the run path's
+#: batched reads (:func:`depthgate.run.store.iter_layout_batches`, 64 rows) hold one row group at a
+#: time: at 128K tokens ≈ 64 × 1 MB of ids and text. With polars' default (one row group of up to
+#: 512² rows) reading the first 64 layouts of a 10,000-layout 128K file decoded all of it (≈ 10 GB).
+ROW_GROUP_ROWS = 64
 
 _SPAN_STRUCT = pl.Struct(
     {
@@ -281,21 +289,33 @@ class _LayoutSink:
 
     Chunks are held in memory up to ``budget`` bytes; a build that fits is written to parquet once.
     Past the budget the held chunks are spilled to an uncompressed Arrow IPC part (a plain copy to
-    write, memory-mapped to read back), and :meth:`finish` writes every part into the parquet file in
-    one streaming pass. Writing each chunk as a compressed parquet part and then decoding and
-    re-encoding all of them into the final file was half of a fast 128K build (docs/benchmarks.md).
+    write), and :meth:`finish` streams every part into the parquet file in one pass (polars'
+    streaming engine; its peak measured flat, ≈ 0.6–0.7 GB over the process's base for 0.4–0.9 GB of
+    128K layouts, docs/benchmarks.md). Writing each chunk as a compressed parquet part and then
+    decoding and re-encoding all of them into the final file was half of a fast 128K build. Either way
+    the file is written in row groups of ``row_group_rows`` rows, so readers decode one bounded group
+    at a time. ``peak_held_bytes``: the most ever held at once (the streaming property, for tests).
     """
 
-    def __init__(self, tmp_dir: Path, budget: int | None = None) -> None:
+    def __init__(
+        self, tmp_dir: Path, budget: int | None = None, row_group_rows: int = ROW_GROUP_ROWS
+    ) -> None:
         self._tmp_dir = tmp_dir
         self._budget = _SINK_BUDGET_BYTES if budget is None else budget
+        self._row_group_rows = row_group_rows
         self._held: list[pl.DataFrame] = []
         self._held_bytes: int = 0
         self._parts: list[Path] = []
+        self.peak_held_bytes: int = 0
+
+    @property
+    def parts(self) -> int:
+        return len(self._parts)
 
     def add(self, frame: pl.DataFrame) -> None:
         self._held.append(frame)
         self._held_bytes += int(frame.estimated_size())
+        self.peak_held_bytes = max(self.peak_held_bytes, self._held_bytes)
         if self._held_bytes > self._budget:
             self._spill()
 
@@ -309,12 +329,12 @@ class _LayoutSink:
         """Write everything added so far to the parquet file ``path``."""
         if not self._parts:
             frames = self._held or [pl.DataFrame(schema=LAYOUT_SCHEMA)]
-            pl.concat(frames, rechunk=False).write_parquet(path)
+            pl.concat(frames, rechunk=False).write_parquet(path, row_group_size=self._row_group_rows)
             self._held, self._held_bytes = [], 0
             return
         if self._held:
             self._spill()
-        pl.scan_ipc(self._parts).sink_parquet(path)
+        pl.scan_ipc(self._parts).sink_parquet(path, row_group_size=self._row_group_rows)
 
 
 def build_layouts(
@@ -356,7 +376,7 @@ def build_layouts(
             lang: f'"filler": {json.dumps(units)}, "pool": {json.dumps(pool)}'
             for lang, (units, pool, _) in filler.items()
         }
-        sink = _LayoutSink(tmp_dir)
+        sink = _LayoutSink(tmp_dir, row_group_rows=ROW_GROUP_ROWS)
         for chunk_index, chunk in enumerate(_chunks(cases, _CASES_PER_CHUNK)):
             by_lang: dict[str, list[Case]] = {}
             for case in chunk:
@@ -495,20 +515,24 @@ def build_batch(tokenizer: Tokenizer, batch: dict[str, Any], *, system: str = "d
     )
 
 
-def read_layouts(path: str | Path) -> pl.DataFrame:
-    """Read a layouts file, refusing files that are not depthgate layouts."""
+def read_layouts(path: str | Path, columns: Sequence[str] | None = None) -> pl.DataFrame:
+    """Read a layouts file, refusing files that are not depthgate layouts. ``columns``: read only
+    these (the small ones, e.g. for the gate's job plan), never the ids and text of every layout —
+    those are ≈ 8 bytes per token, 10 GB for a 10,000-layout 128K matrix."""
     path = Path(path)
     if not path.is_file():
         raise InputError("layouts file not found", file=str(path), fix="run `depthgate build` first")
     try:
-        frame = pl.read_parquet(path)
+        names = list(pl.read_parquet_schema(path))
+        frame = pl.read_parquet(path, columns=[c for c in columns if c in names]) if columns else None
+        if frame is None:
+            frame = pl.read_parquet(path)
     except Exception as exc:  # polars raises several types for a truncated/corrupt file
         raise InputError(
             f"cannot read parquet: {exc}", file=str(path), fix="rebuild it with `depthgate build`"
         ) from None
-    missing = [
-        c for c in ("layout_id", "token_ids", "text", "evidence_spans", "status") if c not in frame.columns
-    ]
+    missing = [c for c in ("layout_id", "token_ids", "text", "evidence_spans", "status") if c not in names]
+    missing += [c for c in columns or () if c not in names and c not in missing]
     if missing:
         raise InputError(
             f"not a layouts file: missing columns {missing}",
