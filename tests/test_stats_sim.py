@@ -90,7 +90,7 @@ def lower_now(yb: np.ndarray, yc: np.ndarray, alpha: float, seed: int) -> float:
 
 def lower_appendix_a(yb: np.ndarray, yc: np.ndarray, seed: int) -> float:
     """min(gate_lib.boot_t, Newcombe-RS) one-sided 95% lower bound: the gate before issue #11 (R >= 2)."""
-    lb_boot = float(ref_boot_t(yc.mean(1) - yb.mean(1), MARGIN, reps=REPS, seed=seed)[0])
+    lb_boot = float(ref_boot_t(yc.mean(1) - yb.mean(1), MARGIN, reps=REPS, seed=seed, draw="multinomial")[0])
     return min(lb_boot, float(ref_newcombe_rs(yb, yc, ALPHA)[1]))
 
 

@@ -12,12 +12,16 @@ report.html + 2 PNG heatmaps). Peak RSS per phase is read from ``VmHWM`` in ``/p
 reset between phases through ``/proc/self/clear_refs`` (Linux); the process peak is the largest of the
 phase peaks and the RSS after building the data.
 
+The same run also times ``stats.gate`` once more with the **baseline** bootstrap, the multinomial case
+weights the gate drew before issue #14 (:func:`multinomial_resampled_t`, patched in for that phase
+only), and prints how far each slice's lower bound moved: the speed-up and the bound moves come from
+one process on one load.
+
 Knobs: ``DEPTHGATE_BENCH_GATE_CASES`` (500), ``DEPTHGATE_BENCH_GATE_SEEDS`` (50),
-``DEPTHGATE_BENCH_GATE_REPS`` (9999), ``DEPTHGATE_BENCH_OUT`` (write the table and JSON there),
-``DEPTHGATE_BENCH_PROFILE=1`` (also profile gate and write_reports with pyinstrument, if installed),
-``DEPTHGATE_BENCH_STRICT=1`` (assert the targets), ``DEPTHGATE_BENCH_GATE_WHATIF=index-bootstrap`` (an
-experiment, not the shipped gate: replace ``stats.bootstrap_t``'s multinomial weights by index resampling
-— the same bootstrap distribution, another random stream — to measure the proposed fix).
+``DEPTHGATE_BENCH_GATE_REPS`` (9999), ``DEPTHGATE_BENCH_GATE_BASELINE`` (1; 0 skips the baseline phase),
+``DEPTHGATE_BENCH_OUT`` (write the table and JSON there), ``DEPTHGATE_BENCH_PROFILE=1`` (also profile
+gate and write_reports with pyinstrument, if installed), ``DEPTHGATE_BENCH_STRICT=1`` (assert the
+targets).
 
 Run: ``.venv/bin/python -m pytest -m bench tests/benchmarks/test_bench_gate.py -q``
 or   ``.venv/bin/python tests/benchmarks/test_bench_gate.py`` (prints the table).
@@ -162,50 +166,24 @@ def make_scored(cases: int, seeds: int) -> Any:
 
 
 # --------------------------------------------------------------------------------------------------
-# what-if: the proposed bootstrap (index resampling instead of multinomial weights)
+# the baseline: the bootstrap draw the gate shipped before issue #14
 
 
-def index_bootstrap_t(
-    differences: Any, margin: float, alpha: float = 0.05, reps: int = 9999, seed: int = 0
-) -> Any:
-    """``stats.bootstrap_t`` with resampled case indices (``rng.integers``) in place of
-    ``rng.multinomial`` weights: the same statistic and bootstrap distribution, ~5x cheaper draws
-    (numpy's multinomial is one binomial per category). Blocks of 2048 replicates bound memory."""
-    import math
-
+def multinomial_resampled_t(d: Any, mean: float, rng: Any, size: int) -> Any:
+    """``stats._resampled_t`` as it was before issue #14: multinomial case counts as weights (numpy draws
+    one binomial per case per replicate), the spec's Appendix A draw. Same statistic, other stream."""
     import numpy as np
 
-    from depthgate.judge.stats import BootstrapBounds
-
-    d = np.asarray(differences, dtype=np.float64)
     n = d.size
-    if n < 2:
-        raise ValueError("bootstrap_t needs at least 2 cases")
-    rng = np.random.default_rng(seed)
-    mean = float(d.mean())
-    se = float(d.std(ddof=1)) / math.sqrt(n)
-    blocks = []
-    remaining = reps
-    while remaining > 0:
-        size = min(remaining, 2048)
-        sample = d[rng.integers(0, n, size=(size, n))]
-        means = sample.mean(axis=1)
-        sds = sample.std(axis=1, ddof=1) / math.sqrt(n)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            t_star = np.where(sds > 0, (means - mean) / sds, np.sign(means - mean) * np.inf)
-        blocks.append(np.nan_to_num(t_star, nan=0.0, posinf=np.inf, neginf=-np.inf))
-        remaining -= size
-    t_all = np.concatenate(blocks)
-    q_high = float(np.quantile(t_all, 1.0 - alpha, method="higher"))
-    q_low = float(np.quantile(t_all, alpha, method="lower"))
-    lower, upper = mean - q_high * se, mean - q_low * se
-    p_ni: float | None = None
-    p_reg: float | None = None
-    if se > 0:
-        t_obs = (mean + margin) / se
-        p_ni = (1 + int(np.sum(t_all >= t_obs))) / (reps + 1)
-        p_reg = (1 + int(np.sum(t_all <= t_obs))) / (reps + 1)
-    return BootstrapBounds(lower=lower, upper=upper, p_ni=p_ni, p_reg=p_reg)
+    counts = rng.multinomial(n, np.full(n, 1.0 / n), size=size)
+    weights = counts / n
+    means = weights @ d
+    sds = np.sqrt(np.maximum(weights @ d**2 - means**2, 0) * n / (n - 1) / n)
+    drawn = counts > 0
+    spread = np.where(drawn, d, np.inf).min(axis=1) < np.where(drawn, d, -np.inf).max(axis=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        t_star = np.where(sds > 0, (means - mean) / sds, np.sign(means - mean) * np.inf)
+    return np.nan_to_num(t_star[spread], nan=0.0, posinf=np.inf, neginf=-np.inf)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -215,15 +193,9 @@ def index_bootstrap_t(
 def measure(cases: int, seeds: int, reps: int, out_dir: Path, profile_dir: Path | None) -> dict[str, Any]:
     import polars as pl
 
-    import depthgate.judge.stats
+    from depthgate.judge import stats
     from depthgate.judge.stats import GatePlan, gate
     from depthgate.report.report import write_reports
-
-    whatif = os.environ.get("DEPTHGATE_BENCH_GATE_WHATIF", "")
-    if whatif == "index-bootstrap":
-        depthgate.judge.stats.bootstrap_t = index_bootstrap_t
-    elif whatif:
-        raise SystemExit(f"unknown DEPTHGATE_BENCH_GATE_WHATIF {whatif!r}")
 
     result: dict[str, Any] = {
         "cases": cases,
@@ -232,7 +204,6 @@ def measure(cases: int, seeds: int, reps: int, out_dir: Path, profile_dir: Path 
         "polars_threads": pl.thread_pool_size(),
         "cpus": os.cpu_count(),
         "loadavg_start": os.getloadavg()[0],
-        "whatif": whatif or None,
     }
     result["rss_after_import_mb"] = _mb(_status_kb("VmRSS"))
     t0 = time.perf_counter()
@@ -299,6 +270,20 @@ def measure(cases: int, seeds: int, reps: int, out_dir: Path, profile_dir: Path 
         resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     ]
     result["peak_rss_mb"] = max(v for v in phases if v is not None)
+    # after the shipped path's peak is taken: the baseline phase is not part of it
+    if os.environ.get("DEPTHGATE_BENCH_GATE_BASELINE", "1") != "0":
+        shipped = stats._resampled_t
+        stats._resampled_t = multinomial_resampled_t
+        try:
+            baseline = timed("gate_baseline", lambda: gate(scored, plan))
+        finally:
+            stats._resampled_t = shipped
+        result["baseline_verdict"] = baseline.verdict.value
+        result["baseline_statuses_equal"] = [s.status for s in baseline.slice_results] == [
+            s.status for s in gate_result.slice_results
+        ]
+        result["baseline_slice_lower_bounds"] = [s.lower for s in baseline.slice_results]
+        result["slice_keys"] = [f"{s.length}@{s.position}" for s in gate_result.slice_results]
     result["loadavg_end"] = os.getloadavg()[0]
     return result
 
@@ -315,9 +300,8 @@ def markdown(r: dict[str, Any]) -> str:
         "|---|---:|---:|---:|---|",
         f"| synthetic data ({r['rows']:,} rows, {r['frame_mb']:,.0f} MB frame) | {r['generate_s']:.2f} | – "
         f"| – | (not timed) |",
-        f"| `stats.gate` ({r['slices']} slices, {r['bootstrap_reps']} bootstrap reps"
-        f"{', WHAT-IF ' + r['whatif'] if r.get('whatif') else ''}) | {r['gate_s']:.2f} "
-        f"| {r['gate_cpu_s']:.2f} | {mb(r['gate_peak_rss_mb'])} | |",
+        f"| `stats.gate` ({r['slices']} slices, {r['bootstrap_reps']} bootstrap reps, case indices) "
+        f"| {r['gate_s']:.2f} | {r['gate_cpu_s']:.2f} | {mb(r['gate_peak_rss_mb'])} | |",
         f"| `report.write_reports` | {r['report_s']:.2f} | {r['report_cpu_s']:.2f} "
         f"| {mb(r['report_peak_rss_mb'])} | |",
         f"| **gate + report** | **{r['total_s']:.2f}** | {r['gate_cpu_s'] + r['report_cpu_s']:.2f} "
@@ -330,7 +314,32 @@ def markdown(r: dict[str, Any]) -> str:
         f"after data {mb(r['rss_after_data_mb'])} MB; load average {r['loadavg_start']:.1f} → "
         f"{r['loadavg_end']:.1f}.",
     ]
+    if "gate_baseline_s" in r:
+        lines += ["", *baseline_markdown(r)]
     return "\n".join(lines) + "\n"
+
+
+def baseline_markdown(r: dict[str, Any]) -> list[str]:
+    """The baseline phase of the same run, and each slice's lower bound before and after."""
+    old, new = r["baseline_slice_lower_bounds"], r["slice_lower_bounds"]
+    moves = [abs(a - b) for a, b in zip(old, new, strict=True)]
+    lines = [
+        f"Baseline in the same process (multinomial case weights, the gate before issue #14): `stats.gate` "
+        f"{r['gate_baseline_s']:.2f} s wall, {r['gate_baseline_cpu_s']:.2f} s CPU, peak RSS "
+        f"{r['gate_baseline_peak_rss_mb'] or 0:,.0f} MB: the shipped gate is "
+        f"{r['gate_baseline_s'] / r['gate_s']:.1f}× faster; baseline gate + report "
+        f"{r['gate_baseline_s'] + r['report_s']:.2f} s. Verdict {r['baseline_verdict']} before, "
+        f"{r['verdict']} after; every slice status "
+        f"{'equal' if r['baseline_statuses_equal'] else 'NOT equal'}. "
+        f"Slice lower bounds: {sum(m == 0 for m in moves)} of {len(moves)} identical (the Newcombe bound is "
+        f"the smaller), largest move {max(moves):.1e}.",
+        "",
+        "| slice | lower bound, multinomial (before) | lower bound, case indices (now) | moved |",
+        "|---|---:|---:|---:|",
+    ]
+    for key, a, b in zip(r["slice_keys"], old, new, strict=True):
+        lines.append(f"| {key} | {a:.6f} | {b:.6f} | {b - a:+.1e} |")
+    return lines
 
 
 def _settings() -> tuple[int, int, int]:
@@ -372,6 +381,8 @@ def test_gate_and_report_on_a_million_rows(tmp_path: Path, capsys: pytest.Captur
     assert data["rows"] == 2 * len(LENGTHS) * len(POSITIONS) * data["cases"] * data["seeds"]
     assert {"verdict.json", "summary.md", "junit.xml", "report.html"} <= set(data["report_files"])
     assert data["slices"] == len(LENGTHS) * len(POSITIONS)
+    if "baseline_verdict" in data:  # the new draw moves bounds by Monte Carlo noise, no status
+        assert data["baseline_verdict"] == data["verdict"] and data["baseline_statuses_equal"]
     if os.environ.get("DEPTHGATE_BENCH_STRICT") == "1":
         assert data["total_s"] < TARGET_SECONDS
         assert data["peak_rss_mb"] * 1024**2 < TARGET_BYTES

@@ -6,14 +6,22 @@ import dataclasses
 import enum
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 import polars as pl
 
 from depthgate.exceptions import InputError
 
-__all__ = ["clean_value", "dataclass_frame", "dataclass_row", "require_columns"]
+__all__ = [
+    "FrameOf",
+    "JsonRow",
+    "clean_value",
+    "dataclass_frame",
+    "dataclass_row",
+    "finite_fields",
+    "require_columns",
+]
 
 
 def require_columns(frame: pl.DataFrame, columns: Iterable[str], *, what: str, fix: str) -> None:
@@ -45,8 +53,53 @@ def dataclass_row(obj: Any) -> dict[str, Any]:
     return {f.name: clean_value(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
 
 
+def finite_fields(obj: Any, *, skip: Iterable[str] = ()) -> dict[str, Any]:
+    """A dataclass's fields (less ``skip``) as a dict, non-finite floats as None and every other value as
+    it is: the power and noise tables' JSON rows (unlike :func:`dataclass_row`, tuples stay tuples)."""
+    left_out = set(skip)
+    return {
+        f.name: None if isinstance(v := getattr(obj, f.name), float) and not math.isfinite(v) else v
+        for f in dataclasses.fields(obj)
+        if f.name not in left_out
+    }
+
+
 def dataclass_frame(rows: Sequence[Any], cls: type[Any]) -> pl.DataFrame:
     """Dataclass rows as a frame; an empty frame still has ``cls``'s columns."""
     if not rows:
         return pl.DataFrame({f.name: [] for f in dataclasses.fields(cls)})
     return pl.DataFrame([dataclass_row(r) for r in rows], infer_schema_length=None)
+
+
+class JsonRow:
+    """Base of the result dataclasses whose JSON form is their fields, cleaned (:func:`dataclass_row`):
+    one ``to_dict`` instead of a copy of it in every row class."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: enums by value, non-finite floats as None, tuples as lists."""
+        return dataclass_row(self)
+
+
+class FrameOf:
+    """A read-only attribute of a result dataclass: its tuple of dataclass rows ``attr`` as a polars
+    frame (:func:`dataclass_frame`, so an empty tuple still gives ``row_type``'s columns).
+
+    ``slices = FrameOf("slice_results", SliceResult)`` in a class body stands for the four-line property
+    the results repeated once per table. Unannotated, so ``dataclasses`` does not take it for a field.
+    """
+
+    def __init__(self, attr: str, row_type: type[Any], doc: str | None = None) -> None:
+        self.attr = attr
+        self.row_type = row_type
+        self.__doc__ = doc or f"``{attr}`` as a polars frame (columns of {row_type.__name__})."
+
+    @overload
+    def __get__(self, obj: None, owner: type[Any] | None = None) -> FrameOf: ...
+
+    @overload
+    def __get__(self, obj: object, owner: type[Any] | None = None) -> pl.DataFrame: ...
+
+    def __get__(self, obj: object | None, owner: type[Any] | None = None) -> FrameOf | pl.DataFrame:
+        if obj is None:
+            return self
+        return dataclass_frame(getattr(obj, self.attr), self.row_type)

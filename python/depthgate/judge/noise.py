@@ -42,6 +42,7 @@ import polars as pl
 from statsmodels.stats.proportion import binom_test
 
 from depthgate.exceptions import InputError
+from depthgate.judge.frames import finite_fields
 from depthgate.judge.position import runs_frame
 from depthgate.judge.stats import (
     BASELINE,
@@ -151,7 +152,7 @@ class NoiseSlice:
     delta_bound: float
 
     def to_dict(self) -> dict[str, Any]:
-        return {f.name: _finite(getattr(self, f.name)) for f in dataclasses.fields(self)}
+        return finite_fields(self)
 
 
 @dataclass(frozen=True)
@@ -192,14 +193,10 @@ class NoiseFloorResult:
         return pl.DataFrame([s.to_dict() for s in self.slices], infer_schema_length=None)
 
     def to_dict(self) -> dict[str, Any]:
-        out = {f.name: _finite(getattr(self, f.name)) for f in dataclasses.fields(self) if f.name != "slices"}
+        out = finite_fields(self, skip=("slices",))
         out["aa_not_passing"] = list(self.aa_not_passing)
         out["slices"] = [s.to_dict() for s in self.slices]
         return out
-
-
-def _finite(value: Any) -> Any:
-    return None if isinstance(value, float) and not math.isfinite(value) else value
 
 
 def _ceil_step(value: float) -> float:

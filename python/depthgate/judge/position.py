@@ -34,8 +34,18 @@ import polars as pl
 from statsmodels.stats.proportion import proportion_confint
 
 from depthgate.exceptions import InputError
-from depthgate.judge.frames import dataclass_frame, dataclass_row
-from depthgate.judge.stats import ARMS, BASELINE, CANDIDATE, OUTCOMES, position_sort_key, stable_seed
+from depthgate.judge.frames import FrameOf, JsonRow
+from depthgate.judge.stats import (
+    ARMS,
+    BASELINE,
+    CANDIDATE,
+    RECORD_SCHEMA,
+    RUN_SCORE,
+    checked_runs,
+    kish_effective_n,
+    position_sort_key,
+    stable_seed,
+)
 
 __all__ = [
     "RUN_COLUMNS",
@@ -57,16 +67,8 @@ __all__ = [
 FloatArray = npt.NDArray[np.float64]
 ELRule = Literal["nolima", "ruler"]
 
-#: Columns every function here reads from a scored-records frame.
-RUN_COLUMNS: dict[str, pl.DataType] = {
-    "arm": pl.String(),
-    "case_id": pl.String(),
-    "length": pl.Int64(),
-    "position": pl.String(),
-    "seed": pl.Int64(),
-    "outcome": pl.String(),
-}
-_RUN_KEY = ["arm", "case_id", "length", "position", "seed"]
+#: Columns every function here reads from a scored-records frame: the gate's, less the safety flag.
+RUN_COLUMNS: dict[str, pl.DataType] = {k: t for k, t in RECORD_SCHEMA.items() if k != "safety"}
 _SLICE = ["arm", "length", "position"]
 _TOL = 1e-12
 #: Usable control outcomes, as in :func:`depthgate.judge.controls.classify_failures`: a control that did
@@ -82,44 +84,14 @@ def runs_frame(scored: pl.DataFrame, *, what: str = "scored records") -> pl.Data
     """Validate scored records and score each run: the :data:`RUN_COLUMNS` plus ``y`` (Float64: 1 pass,
     0 fail or system_fail, null missing). Raises ``InputError`` on a missing column, a wrong type, a
     null, an unknown arm or outcome, or a duplicated (arm, case, length, position, seed)."""
-    missing = [c for c in RUN_COLUMNS if c not in scored.columns]
-    if missing:
-        raise InputError(
-            f"{what} lack column(s) {missing}",
-            field=", ".join(missing),
-            fix="pass the output of depthgate.judge.oracle.score_records",
-        )
-    try:
-        df = scored.select([pl.col(c).cast(t, strict=True) for c, t in RUN_COLUMNS.items()])
-    except (pl.exceptions.PolarsError, TypeError, ValueError) as exc:
-        raise InputError(
-            f"{what} have a column of the wrong type: {exc}",
-            fix="arm/case_id/position/outcome strings, length/seed integers",
-        ) from exc
-    for name in RUN_COLUMNS:
-        if df[name].null_count():
-            raise InputError(f"null values in {what}", field=name, fix="fill every field of every run")
-    bad_arm = sorted(set(df["arm"].unique().to_list()) - set(ARMS))
-    if bad_arm:
-        raise InputError(f"unknown arm(s) {bad_arm} in {what}", field="arm", fix=f"use {list(ARMS)}")
-    bad = sorted(set(df["outcome"].unique().to_list()) - set(OUTCOMES))
-    if bad:
-        raise InputError(f"unknown outcome(s) {bad} in {what}", field="outcome", fix=f"use {list(OUTCOMES)}")
-    dup = df.select(_RUN_KEY).is_duplicated()
-    if dup.any():
-        raise InputError(
-            f"duplicate run {df.filter(dup).row(0, named=True)} in {what}",
-            field="seed",
-            fix="one row per (arm, case_id, length, position, seed)",
-        )
-    score = (
-        pl.when(pl.col("outcome") == "pass")
-        .then(pl.lit(1.0))
-        .when(pl.col("outcome").is_in(["fail", "system_fail"]))
-        .then(pl.lit(0.0))
-        .otherwise(pl.lit(None, dtype=pl.Float64))
+    df = checked_runs(
+        scored,
+        RUN_COLUMNS,
+        what=what,
+        missing_fix="pass the output of depthgate.judge.oracle.score_records",
+        types_fix="arm/case_id/position/outcome strings, length/seed integers",
     )
-    return df.with_columns(score.alias("y"))
+    return df.with_columns(RUN_SCORE.alias("y"))
 
 
 def case_rates(runs: pl.DataFrame) -> pl.DataFrame:
@@ -197,15 +169,7 @@ def wilson_design_interval(
     n * R / DEFF, DEFF = clip(R * s^2(rate) / (p (1 - p)), 1, R) (Kish), R when p is 0 or 1 or there is one
     case — the two-sided twin of :func:`depthgate.judge.stats.floor_lower_bound`. Returns (low, high,
     DEFF)."""
-    x = np.asarray(rates, dtype=np.float64)
-    n = x.size
-    if n == 0:
-        raise ValueError("wilson_design_interval needs at least one case")
-    p = float(x.mean())
-    r = max(float(runs_per_case), 1.0)
-    var_srs = p * (1.0 - p) / (n * r)
-    deff = r if n < 2 or var_srs <= 0 else float(np.clip(float(x.var(ddof=1)) / n / var_srs, 1.0, r))
-    n_eff = n * r / deff
+    p, deff, n_eff = kish_effective_n(rates, runs_per_case, caller="wilson_design_interval")
     low, high = proportion_confint(p * n_eff, n_eff, alpha=alpha, method="wilson")
     return float(low), float(high), deff
 
@@ -215,7 +179,7 @@ def wilson_design_interval(
 
 
 @dataclass(frozen=True)
-class EffectiveLength:
+class EffectiveLength(JsonRow):
     """Effective length of one (arm, position).
 
     ``estimate`` is the longest grid length L such that the case-weighted accuracy at L *and at every
@@ -245,12 +209,9 @@ class EffectiveLength:
     upper_steps: int
     distribution: tuple[tuple[int, float], ...]
 
-    def to_dict(self) -> dict[str, Any]:
-        return dataclass_row(self)
-
 
 @dataclass(frozen=True)
-class EffectiveLengthDelta:
+class EffectiveLengthDelta(JsonRow):
     """Paired difference candidate − baseline of one position's effective length, from the same case
     resamples: in tokens (``estimate``, ``lower``, ``upper``) and in grid steps (``*_steps``; on a
     doubling grid one step is a factor of two). ``share_shorter``/``share_longer``: bootstrap share of
@@ -266,12 +227,9 @@ class EffectiveLengthDelta:
     share_shorter: float
     share_longer: float
 
-    def to_dict(self) -> dict[str, Any]:
-        return dataclass_row(self)
-
 
 @dataclass(frozen=True)
-class AccuracyPoint:
+class AccuracyPoint(JsonRow):
     """One point of an accuracy-by-length curve (report chart): case-weighted ``accuracy`` over
     ``n_cases`` with ``runs`` valid runs; ``lower``/``upper`` the case-bootstrap percentile band (the same
     resamples as the effective-length interval), ``wilson_lower``/``wilson_upper`` the Wilson interval on
@@ -290,9 +248,6 @@ class AccuracyPoint:
     wilson_upper: float | None
     threshold_abs: float
     meets: bool
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclass_row(self)
 
 
 _EL_CONVENTION = (
@@ -322,18 +277,9 @@ class EffectiveLengthResult:
     curve: tuple[AccuracyPoint, ...]
     convention: str = _EL_CONVENTION
 
-    @property
-    def frame(self) -> pl.DataFrame:
-        """``rows`` as a polars frame."""
-        return dataclass_frame(self.rows, EffectiveLength)
-
-    @property
-    def deltas_frame(self) -> pl.DataFrame:
-        return dataclass_frame(self.deltas, EffectiveLengthDelta)
-
-    @property
-    def curve_frame(self) -> pl.DataFrame:
-        return dataclass_frame(self.curve, AccuracyPoint)
+    frame = FrameOf("rows", EffectiveLength)
+    deltas_frame = FrameOf("deltas", EffectiveLengthDelta)
+    curve_frame = FrameOf("curve", AccuracyPoint)
 
     def row(self, arm: str, position: str) -> EffectiveLength:
         for r in self.rows:

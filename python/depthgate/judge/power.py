@@ -36,7 +36,6 @@ approximation claims to hold, the size at −M 0.020-0.062 ± 0.012). Rows outsi
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import statistics
 from collections.abc import Mapping, Sequence
@@ -49,6 +48,7 @@ import polars as pl
 from statsmodels.stats.power import TTestPower
 
 from depthgate.exceptions import InputError
+from depthgate.judge.frames import finite_fields
 from depthgate.judge.position import runs_frame
 from depthgate.judge.stats import (
     BASELINE,
@@ -82,14 +82,6 @@ __all__ = [
 
 FloatArray = npt.NDArray[np.float64]
 _EPS = 1e-12
-
-
-def _finite(value: Any) -> Any:
-    return None if isinstance(value, float) and not math.isfinite(value) else value
-
-
-def _dict(obj: Any) -> dict[str, Any]:
-    return {f.name: _finite(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -135,6 +127,10 @@ class DesignParameters:
         """Parameters from the ICC of one case's runs: SD = sqrt(icc p (1 − p))."""
         if not 0.0 <= icc < 1.0:
             raise InputError(f"icc {icc!r} out of range", field="icc", fix="an ICC in [0, 1)")
+        if not 0.0 <= p_baseline <= 1.0:  # checked here too: sqrt of a negative variance comes first
+            raise InputError(
+                f"p_baseline {p_baseline!r} out of range", field="p_baseline", fix="an accuracy in [0, 1]"
+            )
         return cls(p_baseline, math.sqrt(icc * p_baseline * (1.0 - p_baseline)), **kwargs)
 
     @property
@@ -179,7 +175,7 @@ class DesignParameters:
         return math.sqrt(tau2 + omega2 / seeds)
 
     def to_dict(self) -> dict[str, Any]:
-        out = _dict(self)
+        out = finite_fields(self)
         out["icc"] = self.icc
         return out
 
@@ -294,7 +290,7 @@ class CasesForPower:
     n_min: int
 
     def to_dict(self) -> dict[str, Any]:
-        return _dict(self)
+        return finite_fields(self)
 
 
 _MAX_CASES = 1_000_000
@@ -403,7 +399,7 @@ class PowerRow:
     cases: CasesForPower
 
     def to_dict(self) -> dict[str, Any]:
-        out = {f.name: _finite(getattr(self, f.name)) for f in dataclasses.fields(self) if f.name != "cases"}
+        out = finite_fields(self, skip=("cases",))
         out["cases"] = self.cases.to_dict()
         return out
 
@@ -526,7 +522,7 @@ class PilotSlice:
         return DesignParameters(p, sd, source=f"pilot:{where}")
 
     def to_dict(self) -> dict[str, Any]:
-        return _dict(self)
+        return finite_fields(self)
 
 
 @dataclass(frozen=True)
@@ -799,7 +795,7 @@ class SimulatedPower:
     seed: int
 
     def to_dict(self) -> dict[str, Any]:
-        return _dict(self)
+        return finite_fields(self)
 
 
 def draw_design(

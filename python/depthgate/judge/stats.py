@@ -40,7 +40,7 @@ from statsmodels.stats.power import TTestPower
 from statsmodels.stats.proportion import proportion_confint
 
 from depthgate.exceptions import InputError, SpecError
-from depthgate.judge.frames import clean_value, dataclass_frame, dataclass_row
+from depthgate.judge.frames import FrameOf, JsonRow, clean_value
 from depthgate.spec.models import look_alpha as _look_alpha
 from depthgate.spec.models import plan_violations
 
@@ -70,8 +70,9 @@ _RUN_KEY = [*_CELL_KEY, "seed"]
 _NI_METHODS = {"BH": "fdr_bh", "BY": "fdr_by", "holm": "holm"}
 _REGRESSION_METHODS = {"BY": "fdr_by", "holm": "holm"}
 
-# Bootstrap weights are drawn in blocks of this many replicates (memory: block x n_cases floats). The
-# draws are sequential, so the result does not depend on the block size.
+# Bootstrap case indices are drawn in blocks of this many replicates (memory: block x n_cases int32
+# indices plus as many float64 values, 12 MB at 500 cases). The draws are sequential, so the result does
+# not depend on the block size.
 _BOOTSTRAP_BLOCK = 2048
 # Search interval and tolerance for inverting a Newcombe bound into a p-value (as in gate_lib.py).
 _P_SEARCH_LOW, _P_SEARCH_HIGH, _P_TOLERANCE = 1e-10, 0.4999, 1e-12
@@ -193,6 +194,17 @@ class GatePlan:
     def look_alpha(self) -> float:
         """The one-sided level of every test in this analysis: alpha, or alpha / 2 under one_extension."""
         return _look_alpha(self.alpha, self.stop_rule)
+
+    def bootstrap(self, differences: npt.ArrayLike, *key: object) -> BootstrapBounds:
+        """:func:`bootstrap_t` of per-case ``differences`` at this plan's margin, look level and
+        replicates, seeded from the plan seed and ``key`` (e.g. "worst", length)."""
+        return bootstrap_t(
+            differences,
+            self.margin,
+            self.look_alpha,
+            self.bootstrap_reps,
+            stable_seed(self.bootstrap_seed, *key),
+        )
 
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
@@ -384,19 +396,26 @@ def floor_lower_bound(
     40 all-pass cases at R = 3 give the Wilson bound of 40/40 (0.937), not of 120/120 (0.978). DEFF is
     also R when there is a single case.
     """
+    p, deff, n_eff = kish_effective_n(per_case_rates, runs_per_case, caller="floor_lower_bound")
+    return wilson_lower(p * n_eff, n_eff, alpha), deff, n_eff
+
+
+def kish_effective_n(
+    per_case_rates: npt.ArrayLike, runs_per_case: float, *, caller: str = "kish_effective_n"
+) -> tuple[float, float, float]:
+    """(case-weighted accuracy p, DEFF, n_eff) of per-case accuracies over R runs per case: DEFF =
+    clip(R * s^2(rate) / (p (1 - p)), 1, R) (Kish), R when p is 0 or 1 or there is a single case;
+    n_eff = n * R / DEFF. The one design effect of the floor bound and the accuracy intervals of the
+    position report. ``caller`` names the function in the error for no cases."""
     rates = np.asarray(per_case_rates, dtype=np.float64)
     n = rates.size
     if n == 0:
-        raise ValueError("floor_lower_bound needs at least one case")
+        raise ValueError(f"{caller} needs at least one case")
     p = float(rates.mean())
     r = max(float(runs_per_case), 1.0)
-    if n < 2:
-        deff = r
-    else:
-        var_srs = p * (1.0 - p) / (n * r)
-        deff = float(np.clip((float(rates.var(ddof=1)) / n) / var_srs, 1.0, r)) if var_srs > 0 else r
-    n_eff = n * r / deff
-    return wilson_lower(p * n_eff, n_eff, alpha), deff, n_eff
+    var_srs = p * (1.0 - p) / (n * r)
+    deff = r if n < 2 or var_srs <= 0 else float(np.clip(float(rates.var(ddof=1)) / n / var_srs, 1.0, r))
+    return p, deff, n * r / deff
 
 
 @dataclass(frozen=True)
@@ -416,10 +435,36 @@ class BootstrapBounds:
     used: int = 0
 
 
+def _resampled_t(d: FloatArray, mean: float, rng: np.random.Generator, size: int) -> FloatArray:
+    """t* = (mean* - mean) / se* of ``size`` case resamples of ``d``, the resamples with spread only.
+
+    n case indices per resample, int32: 15 % faster draws than int64 at 500 cases (a slice never has
+    2^31 cases). Spread is tested on the drawn values, not on se* > 0: the mean of n equal floats can
+    differ from them in the last bit, which leaves a tiny positive se*.
+    """
+    n = d.size
+    sample = d[rng.integers(0, n, size=(size, n), dtype=np.int32)]
+    means = sample.mean(axis=1)
+    sds = sample.std(axis=1, ddof=1) / math.sqrt(n)
+    spread = sample.min(axis=1) < sample.max(axis=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        t_star = np.where(sds > 0, (means - mean) / sds, np.sign(means - mean) * np.inf)
+    kept: FloatArray = np.nan_to_num(t_star[spread], nan=0.0, posinf=np.inf, neginf=-np.inf)
+    return kept
+
+
 def bootstrap_t(
     differences: npt.ArrayLike, margin: float, alpha: float = 0.05, reps: int = 9999, seed: int = 0
 ) -> BootstrapBounds:
     """Bootstrap-t over cases (section 2.2): resample cases ``reps`` times, t* = (mean* - mean)/se*.
+
+    **Resampling** draws ``n`` case indices with replacement per replicate (``Generator.integers`` seeded
+    with ``seed``, so deterministic). That is the same bootstrap distribution as the spec's Appendix A
+    ``gate_lib.boot_t``, which draws multinomial case counts, but a different random stream: numpy's
+    multinomial draws one binomial per case per replicate and took 92 % of gate + report on 10^6 rows
+    (16.7 s; 3.0 s with indices, docs/benchmarks-runner-gate.md). Bounds move by Monte Carlo noise
+    only (at most 2e-4 on the benchmark's 20 slices at 9,999 replicates). ``gate_lib.boot_t`` with
+    this one draw changed gives the same numbers for the same seed (tests/test_stats.py).
 
     **Degenerate resamples** (every drawn case has the same difference, so se* = 0 and t* is undefined)
     are left out: the bounds and p-values use the t* distribution *conditional on a resample with
@@ -429,8 +474,6 @@ def bootstrap_t(
     statistic: a sample without spread never reaches the studentized bound (se = 0 returns the mean and
     p = None), the Newcombe-RS bound that every slice also takes the minimum with covers it. Under the
     null at the margin degenerate resamples are rare, so the size is unchanged (docs/gate-calibration.md).
-    Resamples with spread are untouched: for data where no resample is degenerate the result equals
-    gate_lib.boot_t for the same seed.
 
     Quantiles use method "higher"/"lower". p_NI = (1 + #{t* >= (mean + M)/se}) / (used + 1); p_REG
     symmetric.
@@ -442,20 +485,11 @@ def bootstrap_t(
     rng = np.random.default_rng(seed)
     mean = float(d.mean())
     se = float(d.std(ddof=1)) / math.sqrt(n)
-    probs = np.full(n, 1.0 / n)
     t_blocks: list[FloatArray] = []
     remaining = reps
     while remaining > 0:
         size = min(remaining, _BOOTSTRAP_BLOCK)
-        counts = rng.multinomial(n, probs, size=size)
-        weights = counts / n
-        means = weights @ d
-        sds = np.sqrt(np.maximum(weights @ d**2 - means**2, 0) * n / (n - 1) / n)
-        drawn = counts > 0
-        spread = np.where(drawn, d, np.inf).min(axis=1) < np.where(drawn, d, -np.inf).max(axis=1)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            t_star = np.where(sds > 0, (means - mean) / sds, np.sign(means - mean) * np.inf)
-        t_blocks.append(np.nan_to_num(t_star[spread], nan=0.0, posinf=np.inf, neginf=-np.inf))
+        t_blocks.append(_resampled_t(d, mean, rng, size))
         remaining -= size
     t_all = np.concatenate(t_blocks)
     used = int(t_all.size)
@@ -600,7 +634,7 @@ def fisher_less(candidate_passes: int, baseline_passes: int, seeds: int) -> floa
 
 
 @dataclass(frozen=True)
-class SliceResult:
+class SliceResult(JsonRow):
     """One row of the slice table. ``lower``/``upper`` are one-sided (1 - alpha) bounds on delta."""
 
     length: int
@@ -634,9 +668,6 @@ class SliceResult:
     safety_candidate: int
     bootstrap_seed: int | None
 
-    def to_dict(self) -> dict[str, Any]:
-        return dataclass_row(self)
-
 
 def non_inferiority_shown(result: SliceResult, margin: float) -> bool:
     """The one rule for "non-inferiority shown" in every report: the slice was tested and its one-sided
@@ -653,7 +684,7 @@ def non_inferiority_shown(result: SliceResult, margin: float) -> bool:
 
 
 @dataclass(frozen=True)
-class OverallResult:
+class OverallResult(JsonRow):
     """NI on the per-case mean difference over all tested slices (section 2.6); never overrules."""
 
     n_cases: int
@@ -665,12 +696,9 @@ class OverallResult:
     non_inferior: bool
     method: str = METHOD_BOOTSTRAP
 
-    def to_dict(self) -> dict[str, Any]:
-        return dataclass_row(self)
-
 
 @dataclass(frozen=True)
-class SafetySummary:
+class SafetySummary(JsonRow):
     """Forbidden-claim hits (section 2.8): any hit in any run sets ``flag``."""
 
     flag: bool
@@ -680,12 +708,9 @@ class SafetySummary:
     runs_baseline: int
     upper_rate_candidate: float | None
 
-    def to_dict(self) -> dict[str, Any]:
-        return dataclass_row(self)
-
 
 @dataclass(frozen=True)
-class LengthWorstPosition:
+class LengthWorstPosition(JsonRow):
     """Worst-position statistics of one length over cases observed at every position (section 2.7)."""
 
     length: int
@@ -707,12 +732,9 @@ class LengthWorstPosition:
     slice_worst_position: str | None
     slice_worst_lower: float | None
 
-    def to_dict(self) -> dict[str, Any]:
-        return dataclass_row(self)
-
 
 @dataclass(frozen=True)
-class CaseWorstPosition:
+class CaseWorstPosition(JsonRow):
     """Per (case, length): worst-position accuracy, position range and the tied worst positions."""
 
     case_id: str
@@ -724,12 +746,9 @@ class CaseWorstPosition:
     worst_positions_baseline: tuple[str, ...]
     worst_positions_candidate: tuple[str, ...]
 
-    def to_dict(self) -> dict[str, Any]:
-        return dataclass_row(self)
-
 
 @dataclass(frozen=True)
-class PositionShare:
+class PositionShare(JsonRow):
     """Share of complete cases whose worst position is ``position`` (k tied positions get 1/k each)."""
 
     length: int
@@ -738,12 +757,9 @@ class PositionShare:
     share_baseline: float
     share_candidate: float
 
-    def to_dict(self) -> dict[str, Any]:
-        return dataclass_row(self)
-
 
 @dataclass(frozen=True)
-class TriageCell:
+class TriageCell(JsonRow):
     """A (case, length, position) cell to re-run with ``rerun_seeds`` fresh seeds (exploratory only)."""
 
     case_id: str
@@ -756,9 +772,6 @@ class TriageCell:
     fisher_p: float
     slice_status: SliceStatus
     rerun_seeds: int
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclass_row(self)
 
 
 _TRIAGE_NOTE = (
@@ -783,22 +796,14 @@ class GateResult:
     triage: tuple[TriageCell, ...]
     plan: GatePlan = field(default_factory=GatePlan)
 
-    @property
-    def slices(self) -> pl.DataFrame:
-        """The slice table as a polars frame (one row per pre-registered or observed slice)."""
-        return dataclass_frame(self.slice_results, SliceResult)
-
-    @property
-    def worst_cases_frame(self) -> pl.DataFrame:
-        return dataclass_frame(self.worst_cases, CaseWorstPosition)
-
-    @property
-    def worst_shares_frame(self) -> pl.DataFrame:
-        return dataclass_frame(self.worst_shares, PositionShare)
-
-    @property
-    def triage_frame(self) -> pl.DataFrame:
-        return dataclass_frame(self.triage, TriageCell)
+    slices = FrameOf(
+        "slice_results",
+        SliceResult,
+        "The slice table as a polars frame (one row per pre-registered or observed slice).",
+    )
+    worst_cases_frame = FrameOf("worst_cases", CaseWorstPosition)
+    worst_shares_frame = FrameOf("worst_shares", PositionShare)
+    triage_frame = FrameOf("triage", TriageCell)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: enums as strings, non-finite floats as None."""
@@ -822,56 +827,74 @@ class GateResult:
 # Record preparation
 
 
-def _prepare_records(records: pl.DataFrame) -> pl.DataFrame:
-    missing = [c for c in RECORD_SCHEMA if c not in records.columns]
+#: A run's score: 1 pass, 0 fail or system_fail (the system's fault counts against its arm), null
+#: missing (no evidence either way).
+RUN_SCORE = (
+    pl.when(pl.col("outcome") == "pass")
+    .then(pl.lit(1.0))
+    .when(pl.col("outcome").is_in(["fail", "system_fail"]))
+    .then(pl.lit(0.0))
+    .otherwise(pl.lit(None, dtype=pl.Float64))
+)
+
+
+def checked_runs(
+    frame: pl.DataFrame,
+    schema: Mapping[str, pl.DataType],
+    *,
+    what: str,
+    missing_fix: str,
+    types_fix: str,
+    duplicate_fix: str = "one row per (arm, case_id, length, position, seed)",
+) -> pl.DataFrame:
+    """``frame``'s ``schema`` columns, cast strictly: one run per row, of a known arm and outcome.
+
+    Raises :class:`InputError` naming ``what`` (e.g. "records") on a missing column (with
+    ``missing_fix``), a wrong type (``types_fix``), a null, an unknown arm or outcome, or a duplicated
+    (arm, case_id, length, position, seed) (``duplicate_fix``). The gate and the position analyses both
+    read runs through here, so they refuse the same frames.
+    """
+    missing = [c for c in schema if c not in frame.columns]
     if missing:
-        raise InputError(
-            f"records lack column(s) {missing}",
-            field=", ".join(missing),
-            fix=f"provide columns {list(RECORD_SCHEMA)}",
-        )
+        raise InputError(f"{what} lack column(s) {missing}", field=", ".join(missing), fix=missing_fix)
     try:
-        df = records.select([pl.col(c).cast(t, strict=True) for c, t in RECORD_SCHEMA.items()])
+        df = frame.select([pl.col(c).cast(t, strict=True) for c, t in schema.items()])
     except (pl.exceptions.PolarsError, TypeError, ValueError) as exc:
-        raise InputError(
-            f"records have a column of the wrong type: {exc}",
-            fix="arm/case_id/position/outcome strings, length/seed integers, safety boolean",
-        ) from exc
-    for name in RECORD_SCHEMA:
+        raise InputError(f"{what} have a column of the wrong type: {exc}", fix=types_fix) from exc
+    for name in schema:
         if df[name].null_count():
-            raise InputError("null values in records", field=name, fix="fill every field of every run")
-    bad_arm = sorted(set(df["arm"].unique().to_list()) - set(ARMS))
-    if bad_arm:
-        raise InputError(f"unknown arm(s) {bad_arm}", field="arm", fix=f"use {list(ARMS)}")
-    bad_outcome = sorted(set(df["outcome"].unique().to_list()) - set(OUTCOMES))
-    if bad_outcome:
-        raise InputError(f"unknown outcome(s) {bad_outcome}", field="outcome", fix=f"use {list(OUTCOMES)}")
+            raise InputError(f"null values in {what}", field=name, fix="fill every field of every run")
+    for name, known in (("arm", ARMS), ("outcome", OUTCOMES)):
+        unknown = sorted(set(df[name].unique().to_list()) - set(known))
+        if unknown:
+            raise InputError(f"unknown {name}(s) {unknown} in {what}", field=name, fix=f"use {list(known)}")
     dup = df.select(["arm", *_RUN_KEY]).is_duplicated()
     if dup.any():
-        first = df.filter(dup).row(0, named=True)
         raise InputError(
-            f"duplicate run {first}",
-            field="seed",
-            fix="one row per (arm, case_id, length, position, seed); do not merge runs twice",
+            f"duplicate run {df.filter(dup).row(0, named=True)} in {what}", field="seed", fix=duplicate_fix
         )
     return df
+
+
+def _prepare_records(records: pl.DataFrame) -> pl.DataFrame:
+    return checked_runs(
+        records,
+        RECORD_SCHEMA,
+        what="records",
+        missing_fix=f"provide columns {list(RECORD_SCHEMA)}",
+        types_fix="arm/case_id/position/outcome strings, length/seed integers, safety boolean",
+        duplicate_fix="one row per (arm, case_id, length, position, seed); do not merge runs twice",
+    )
 
 
 def _pair_runs(df: pl.DataFrame) -> pl.DataFrame:
     """One row per (case, length, position, seed) with yb/yc (1 pass, 0 fail or system_fail, null
     missing) and has_b/has_c (the arm has a row for that seed at all)."""
-    score = (
-        pl.when(pl.col("outcome") == "pass")
-        .then(pl.lit(1.0))
-        .when(pl.col("outcome").is_in(["fail", "system_fail"]))
-        .then(pl.lit(0.0))
-        .otherwise(pl.lit(None, dtype=pl.Float64))
-    )
     sides = []
     for arm, suffix in ((BASELINE, "b"), (CANDIDATE, "c")):
         sides.append(
             df.filter(pl.col("arm") == arm).select(
-                *_RUN_KEY, score.alias(f"y{suffix}"), pl.lit(True).alias(f"has_{suffix}")
+                *_RUN_KEY, RUN_SCORE.alias(f"y{suffix}"), pl.lit(True).alias(f"has_{suffix}")
             )
         )
     paired = sides[0].join(sides[1], on=_RUN_KEY, how="full", coalesce=True)
@@ -1294,9 +1317,7 @@ def _overall(cells: Sequence[_Cell], plan: GatePlan) -> OverallResult | None:
     if len(per_case) < 2:
         return None
     d = np.array([float(np.mean(per_case[c])) for c in sorted(per_case)])
-    boot = bootstrap_t(
-        d, plan.margin, plan.look_alpha, plan.bootstrap_reps, stable_seed(plan.bootstrap_seed, "overall")
-    )
+    boot = plan.bootstrap(d, "overall")
     p_ni = (
         boot.p_ni
         if boot.p_ni is not None
@@ -1377,21 +1398,9 @@ def _worst_positions(
             wc = np.array([r.worst_acc_candidate for r in rows])
             gb = np.array([r.range_baseline for r in rows])
             gc = np.array([r.range_candidate for r in rows])
-            worst = bootstrap_t(
-                wc - wb,
-                plan.margin,
-                plan.look_alpha,
-                plan.bootstrap_reps,
-                stable_seed(plan.bootstrap_seed, "worst", length),
-            )
+            worst = plan.bootstrap(wc - wb, "worst", length)
             # One-sided upper bound on the range increase: minus the lower bound of the decrease.
-            spread = bootstrap_t(
-                gb - gc,
-                plan.margin,
-                plan.look_alpha,
-                plan.bootstrap_reps,
-                stable_seed(plan.bootstrap_seed, "range", length),
-            )
+            spread = plan.bootstrap(gb - gc, "range", length)
             p_worst = worst.p_ni
             if p_worst is None:
                 p_worst = 1.0 / (plan.bootstrap_reps + 1) if worst.lower > -plan.margin else 1.0
@@ -1457,6 +1466,7 @@ __all__ = [
     "METHOD_NEWCOMBE",
     "OUTCOMES",
     "RECORD_SCHEMA",
+    "RUN_SCORE",
     "BootstrapBounds",
     "CaseWorstPosition",
     "GatePlan",
@@ -1471,10 +1481,12 @@ __all__ = [
     "TriageCell",
     "Verdict",
     "bootstrap_t",
+    "checked_runs",
     "clopper_pearson_upper",
     "fisher_less",
     "floor_lower_bound",
     "gate",
+    "kish_effective_n",
     "newcombe10_paired",
     "newcombe_p_values",
     "non_inferiority_shown",
