@@ -640,7 +640,7 @@ def gate_run(
             fix="gate one run folder per manifest; do not mix results",
         )
     layouts = pl.concat(
-        [read_layouts(run / arm / "layouts.parquet").select("layout_id", "evidence_spans") for arm in ARMS]
+        [read_layouts(run / arm / "layouts.parquet", columns=["layout_id", "evidence_spans"]) for arm in ARMS]
     )
     scored = score_records(records, suite, layouts)
     scored.write_parquet(run / "scored.parquet")
@@ -717,9 +717,10 @@ def _add_noise_floor(scored: pl.DataFrame, plan: GatePlan, report_dir: Path) -> 
 def _planned_jobs(run: Path, seeds: Sequence[int]) -> pl.DataFrame:
     """Every (arm, layout, seed) job the frozen run plans: the arms' layouts × the seed set."""
     frames = [
-        read_layouts(run / arm / "layouts.parquet")
-        .select("layout_id", "case_id", "target_tokens", "position")
-        .with_columns(pl.lit(arm).alias("arm"))
+        # Only the small columns: never every layout's ids and text (10 GB at 10,000 × 128K).
+        read_layouts(
+            run / arm / "layouts.parquet", columns=["layout_id", "case_id", "target_tokens", "position"]
+        ).with_columns(pl.lit(arm).alias("arm"))
         for arm in ARMS
     ]
     layouts = pl.concat(frames).with_columns(pl.col("position").cast(pl.String))
