@@ -462,8 +462,9 @@ def bootstrap_t(
     with ``seed``, so deterministic). That is the same bootstrap distribution as the spec's Appendix A
     ``gate_lib.boot_t``, which draws multinomial case counts, but a different random stream: numpy's
     multinomial draws one binomial per case per replicate and took 92 % of gate + report on 10^6 rows
-    (16.7 s; 3.0 s with indices, docs/benchmarks-runner-gate.md). Bounds move by Monte Carlo noise
-    only (at most 2e-4 on the benchmark's 20 slices at 9,999 replicates). ``gate_lib.boot_t`` with
+    (docs/benchmarks-runner-gate.md: 15.4 s CPU before, 3.4 s now). Bounds move by Monte Carlo noise
+    only: 2.04e-4 at most on the benchmark's 20 slices at 9,999 replicates, where one bound's Monte
+    Carlo SD over seeds is 0.5-1.3e-4. ``gate_lib.boot_t`` with
     this one draw changed gives the same numbers for the same seed (tests/test_stats.py).
 
     **Degenerate resamples** (every drawn case has the same difference, so se* = 0 and t* is undefined)
@@ -795,6 +796,10 @@ class GateResult:
     worst_shares: tuple[PositionShare, ...]
     triage: tuple[TriageCell, ...]
     plan: GatePlan = field(default_factory=GatePlan)
+
+    #: How to read the triage table (a constant: the report takes it from here, not from ``to_dict``,
+    #: which converts every worst-case row, 20K of them at 10^6 runs).
+    triage_note = _TRIAGE_NOTE
 
     slices = FrameOf(
         "slice_results",
