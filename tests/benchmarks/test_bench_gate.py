@@ -295,6 +295,8 @@ def markdown(r: dict[str, Any]) -> str:
     peak = r["peak_rss_mb"]
     time_ok = r["total_s"] < TARGET_SECONDS
     mem_ok = peak * 1024**2 < TARGET_BYTES
+    # CPU seconds too: on the shared 2-core machine wall time mostly measures the other load
+    cpu_ok = r["gate_cpu_s"] + r["report_cpu_s"] < TARGET_SECONDS
     lines = [
         "| phase | wall s | CPU s | peak RSS MB (phase) | target |",
         "|---|---:|---:|---:|---|",
@@ -305,8 +307,8 @@ def markdown(r: dict[str, Any]) -> str:
         f"| `report.write_reports` | {r['report_s']:.2f} | {r['report_cpu_s']:.2f} "
         f"| {mb(r['report_peak_rss_mb'])} | |",
         f"| **gate + report** | **{r['total_s']:.2f}** | {r['gate_cpu_s'] + r['report_cpu_s']:.2f} "
-        f"| **{mb(peak)}** (whole process) | < 10 s: {'met' if time_ok else 'MISSED'}; "
-        f"< 2 GB: {'met' if mem_ok else 'MISSED'} |",
+        f"| **{mb(peak)}** (whole process) | < 10 s: {'met' if time_ok else 'MISSED'} (wall), "
+        f"{'met' if cpu_ok else 'MISSED'} (CPU); < 2 GB: {'met' if mem_ok else 'MISSED'} |",
         "",
         f"{r['cases']} cases × {r['seeds']} seeds × 2 arms × {len(LENGTHS)} lengths × {len(POSITIONS)} "
         f"positions; verdict {r['verdict']} ({', '.join(r['statuses'])}); polars threads "
@@ -326,19 +328,20 @@ def baseline_markdown(r: dict[str, Any]) -> list[str]:
     lines = [
         f"Baseline in the same process (multinomial case weights, the gate before issue #14): `stats.gate` "
         f"{r['gate_baseline_s']:.2f} s wall, {r['gate_baseline_cpu_s']:.2f} s CPU, peak RSS "
-        f"{r['gate_baseline_peak_rss_mb'] or 0:,.0f} MB: the shipped gate is "
-        f"{r['gate_baseline_s'] / r['gate_s']:.1f}× faster; baseline gate + report "
+        f"{r['gate_baseline_peak_rss_mb'] or 0:,.0f} MB: the shipped gate takes "
+        f"{r['gate_baseline_cpu_s'] / r['gate_cpu_s']:.1f}× less CPU "
+        f"({r['gate_baseline_s'] / r['gate_s']:.1f}× less wall); baseline gate + report "
         f"{r['gate_baseline_s'] + r['report_s']:.2f} s. Verdict {r['baseline_verdict']} before, "
         f"{r['verdict']} after; every slice status "
         f"{'equal' if r['baseline_statuses_equal'] else 'NOT equal'}. "
         f"Slice lower bounds: {sum(m == 0 for m in moves)} of {len(moves)} identical (the Newcombe bound is "
-        f"the smaller), largest move {max(moves):.1e}.",
+        f"the smaller), largest move {max(moves):.2e}.",
         "",
         "| slice | lower bound, multinomial (before) | lower bound, case indices (now) | moved |",
         "|---|---:|---:|---:|",
     ]
     for key, a, b in zip(r["slice_keys"], old, new, strict=True):
-        lines.append(f"| {key} | {a:.6f} | {b:.6f} | {b - a:+.1e} |")
+        lines.append(f"| {key} | {a:.6f} | {b:.6f} | {b - a:+.2e} |")
     return lines
 
 
