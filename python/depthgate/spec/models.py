@@ -42,6 +42,7 @@ from pydantic_core import PydanticCustomError
 
 from depthgate.exceptions import SpecError
 from depthgate.spec._compat import tomllib
+from depthgate.spec.files import ReadFailures, read_json, read_utf8
 
 Language: TypeAlias = Literal["en", "zh"]
 TaskKind: TypeAlias = Literal["extraction", "qa"]
@@ -1284,25 +1285,18 @@ def parse_spec(model: type[M], data: Any, *, file: str | None = None) -> M:
         raise spec_error_from_validation(exc, file=file, data=data) from exc
 
 
-def _read_text(path: Path, what: str) -> str:
-    try:
-        return path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise SpecError(f"{what} file not found", file=str(path), fix="check the path") from None
-    except UnicodeDecodeError as exc:
-        raise SpecError(
-            f"not UTF-8 text ({exc.reason})", file=str(path), fix="save the file as UTF-8"
-        ) from None
-    except OSError as exc:
-        raise SpecError(
-            f"cannot read {what} file ({exc.strerror})", file=str(path), fix="check the path"
-        ) from None
+def _read_failures(what: str) -> ReadFailures:
+    return ReadFailures(
+        SpecError,
+        missing=(f"{what} file not found", "check the path"),
+        unreadable=(f"cannot read {what} file ({{strerror}})", "check the path"),
+    )
 
 
 def load_matrix(path: str | Path) -> Matrix:
     """Read and validate a matrix TOML file. Every error is a SpecError naming the file, field and fix."""
     path = Path(path)
-    text = _read_text(path, "matrix")
+    text = read_utf8(path, _read_failures("matrix"))
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -1315,15 +1309,7 @@ def load_matrix(path: str | Path) -> Matrix:
 def load_suite(path: str | Path) -> Suite:
     """Read and validate a suite JSON file (the JSON of :class:`Suite`)."""
     path = Path(path)
-    text = _read_text(path, "suite")
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise SpecError(
-            f"invalid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}",
-            file=str(path),
-            fix="fix the JSON syntax at the reported line",
-        ) from None
+    data = read_json(path, _read_failures("suite"))
     return parse_spec(Suite, data, file=str(path))
 
 

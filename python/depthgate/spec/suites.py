@@ -41,6 +41,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from depthgate.exceptions import SpecError
 from depthgate.spec._compat import tomllib
+from depthgate.spec.files import ReadFailures, read_utf8
 from depthgate.spec.filler import SplitMix64
 from depthgate.spec.models import (
     BuiltinSuiteRef,
@@ -726,6 +727,29 @@ def _incident_to_case(record: IncidentRecord, lineno: int, where: str) -> Case:
         raise SpecError(error.message, file=where, field=field or None, fix=error.fix) from exc
 
 
+_INCIDENTS_READ = ReadFailures(
+    SpecError,
+    missing=("incidents file not found", "check the path"),
+    unreadable=("cannot read incidents file ({exc})", "give a UTF-8 JSONL file"),
+    not_utf8=("cannot read incidents file ({exc})", "give a UTF-8 JSONL file"),
+)
+
+
+def _json_object_line(line: str, where: str) -> dict[str, Any]:
+    """One JSONL line as a JSON object; either failure names ``path:line`` and the field ``(line)``."""
+    try:
+        raw = json.loads(line)
+    except json.JSONDecodeError as exc:
+        problem = f"not valid JSON: {exc.msg} at column {exc.colno}"
+        fix = "write one complete JSON object per line"
+    else:
+        if isinstance(raw, dict):
+            return raw
+        problem = f"expected a JSON object, got {type(raw).__name__}"
+        fix = "write one JSON object per line"
+    raise SpecError(problem, file=where, field="(line)", fix=fix)
+
+
 def import_incidents(jsonl_path: str | Path) -> Suite:
     """Replay production incidents: one JSON object per line (blank lines and ``#`` comments are skipped).
 
@@ -736,36 +760,14 @@ def import_incidents(jsonl_path: str | Path) -> Suite:
     unit separator " ". Errors name the file and line (``path:line``), the field and the fix.
     """
     path = Path(jsonl_path)
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except FileNotFoundError:
-        raise SpecError("incidents file not found", file=str(path), fix="check the path") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SpecError(
-            f"cannot read incidents file ({exc})", file=str(path), fix="give a UTF-8 JSONL file"
-        ) from None
+    lines = read_utf8(path, _INCIDENTS_READ).splitlines()
     cases: list[Case] = []
     first_line: dict[str, int] = {}
     for lineno, line in enumerate(lines, start=1):
         if not line.strip() or line.lstrip().startswith("#"):
             continue
         where = f"{path}:{lineno}"
-        try:
-            raw = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise SpecError(
-                f"not valid JSON: {exc.msg} at column {exc.colno}",
-                file=where,
-                field="(line)",
-                fix="write one complete JSON object per line",
-            ) from None
-        if not isinstance(raw, dict):
-            raise SpecError(
-                f"expected a JSON object, got {type(raw).__name__}",
-                file=where,
-                field="(line)",
-                fix="write one JSON object per line",
-            )
+        raw = _json_object_line(line, where)
         try:
             record = IncidentRecord.model_validate(raw)
         except ValidationError as exc:

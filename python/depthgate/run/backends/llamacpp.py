@@ -32,6 +32,7 @@ from depthgate.layout.gguf_tokenizer import (
     tokenizer_from_gguf,
     verify_against_llamacpp,
 )
+from depthgate.spec.files import named_failure
 
 __all__ = ["EmbeddedLlamaBackend", "FinishReason", "Generation", "default_threads"]
 
@@ -122,32 +123,32 @@ class EmbeddedLlamaBackend:
         if threads < 1:
             raise InputError(f"n_threads must be ≥ 1, got {threads}", field="n_threads", fix="use 2..8")
         batch = min(_MAX_BATCH, n_ctx)
-        try:
-            self._llm = llama_cpp.Llama(
-                model_path=str(path),
-                n_ctx=n_ctx,
-                n_batch=batch,
-                n_ubatch=batch,
-                n_threads=threads,
-                n_threads_batch=threads,
-                flash_attn=True,
-                logits_all=False,
-                swa_full=True,
-                seed=seed,
-                verbose=False,
-            )
-        except ValueError as exc:  # llama-cpp-python reports load failures as ValueError
-            raise InputError(
-                f"llama.cpp cannot load the model ({exc})",
-                file=str(path),
-                fix="check that the file is a complete GGUF model supported by this llama.cpp build",
-            ) from exc
-        except Exception as exc:
-            raise BackendError(
-                f"llama.cpp failed while loading the model ({type(exc).__name__}: {exc})",
-                file=str(path),
-                fix="check free memory and the llama-cpp-python build",
-            ) from exc
+        with named_failure(
+            BackendError,
+            "llama.cpp failed while loading the model",
+            file=path,
+            fix="check free memory and the llama-cpp-python build",
+        ):
+            try:
+                self._llm = llama_cpp.Llama(
+                    model_path=str(path),
+                    n_ctx=n_ctx,
+                    n_batch=batch,
+                    n_ubatch=batch,
+                    n_threads=threads,
+                    n_threads_batch=threads,
+                    flash_attn=True,
+                    logits_all=False,
+                    swa_full=True,
+                    seed=seed,
+                    verbose=False,
+                )
+            except ValueError as exc:  # llama-cpp-python reports load failures as ValueError
+                raise InputError(
+                    f"llama.cpp cannot load the model ({exc})",
+                    file=str(path),
+                    fix="check that the file is a complete GGUF model supported by this llama.cpp build",
+                ) from exc
 
         self._n_ctx_train = int(llama_cpp.llama_model_n_ctx_train(self._llm.model))
         if 0 < self._n_ctx_train < n_ctx:

@@ -1,0 +1,94 @@
+"""Reading a user's file, and turning a library's failure into a named error.
+
+Every step reads files the user names (matrices, suites, templates, models, record shards) and calls
+libraries that raise their own exceptions; each failure must reach the user as a depthgate error that
+names the file and the fix. This module is that mapping, written once: the callers keep their
+own wording, so the messages the tests pin stay as they were.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NoReturn
+
+from depthgate.exceptions import DepthgateError
+
+__all__ = ["ReadFailures", "named_failure", "read_json", "read_utf8"]
+
+
+@dataclass(frozen=True)
+class ReadFailures:
+    """What to tell the user, as (message, fix), for each way a file can fail to read or parse.
+
+    The messages are format strings: ``not_utf8`` may use ``{reason}`` and ``{start}`` (the
+    UnicodeDecodeError's reason and byte offset), ``unreadable`` ``{strerror}`` (the OSError's text,
+    or the error itself), ``not_json`` ``{msg}``, ``{lineno}`` and ``{colno}``; each may use ``{exc}``.
+    """
+
+    error: type[DepthgateError]
+    missing: tuple[str, str]
+    unreadable: tuple[str, str]
+    not_utf8: tuple[str, str] = ("not UTF-8 text ({reason})", "save the file as UTF-8")
+    not_json: tuple[str, str] = (
+        "invalid JSON: {msg} at line {lineno} column {colno}",
+        "fix the JSON syntax at the reported line",
+    )
+    field: str | None = None
+
+    def raise_for(self, path: Path, failure: tuple[str, str], **details: object) -> NoReturn:
+        message, fix = failure
+        raise self.error(message.format(**details), file=str(path), field=self.field, fix=fix) from None
+
+
+def read_utf8(path: Path, failures: ReadFailures) -> str:
+    """The file's text, decoded as UTF-8 in text mode (universal newlines); a failure raises
+    ``failures.error`` naming the file, ``failures.field`` and the fix for that failure."""
+    f = failures
+    # Each handler raises the named error with the cause suppressed: the user needs the file and
+    # the fix, not the OSError's traceback under it.
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        f.raise_for(path, f.missing)
+    except UnicodeDecodeError as exc:
+        f.raise_for(path, f.not_utf8, reason=exc.reason, start=exc.start, exc=exc)
+    except OSError as exc:
+        f.raise_for(path, f.unreadable, strerror=exc.strerror or exc, exc=exc)
+
+
+def read_json(path: Path, failures: ReadFailures) -> Any:
+    """The file's JSON value; a file that cannot be read or parsed raises as :func:`read_utf8` does."""
+    text = read_utf8(path, failures)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        failures.raise_for(path, failures.not_json, msg=exc.msg, lineno=exc.lineno, colno=exc.colno, exc=exc)
+
+
+@contextmanager
+def named_failure(
+    error: type[DepthgateError],
+    what: str,
+    *,
+    file: str | Path | None,
+    fix: str,
+    field: str | None = None,
+    catch: type[Exception] | tuple[type[Exception], ...] = Exception,
+) -> Iterator[None]:
+    """Re-raise a ``catch`` exception from the block as ``error("what (Type: detail)")`` naming file,
+    field and fix. A depthgate error from the block already names its input and passes unchanged."""
+    try:
+        yield
+    except DepthgateError:
+        raise
+    except catch as exc:
+        raise error(
+            f"{what} ({type(exc).__name__}: {exc})",
+            file=None if file is None else str(file),
+            field=field,
+            fix=fix,
+        ) from exc
