@@ -14,6 +14,7 @@ import polars as pl
 from depthgate.exceptions import InputError
 
 __all__ = [
+    "FiniteRow",
     "FrameOf",
     "JsonRow",
     "clean_value",
@@ -78,6 +79,15 @@ class JsonRow:
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: enums by value, non-finite floats as None, tuples as lists."""
         return dataclass_row(self)
+
+
+class FiniteRow:
+    """Base of the power and noise rows whose JSON form is their fields with non-finite floats as None
+    (:func:`finite_fields`; tuples stay tuples, unlike :class:`JsonRow`)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields, non-finite floats as None."""
+        return finite_fields(self)
 
 
 class FrameOf:

@@ -42,7 +42,7 @@ import polars as pl
 from statsmodels.stats.proportion import binom_test
 
 from depthgate.exceptions import InputError
-from depthgate.judge.frames import finite_fields
+from depthgate.judge.frames import FiniteRow, finite_fields
 from depthgate.judge.position import runs_frame
 from depthgate.judge.stats import (
     BASELINE,
@@ -118,7 +118,7 @@ def noise_delta_quantile(runs: int, flip_rate: float, level: float) -> int:
 
 
 @dataclass(frozen=True)
-class NoiseSlice:
+class NoiseSlice(FiniteRow):
     """One slice of an A/A run.
 
     ``paired_runs``: (case, seed) pairs with a valid outcome in both arms; ``flips``/``flip_rate``: of
@@ -150,9 +150,6 @@ class NoiseSlice:
     design_runs: int
     flip_rate_for_bound: float
     delta_bound: float
-
-    def to_dict(self) -> dict[str, Any]:
-        return finite_fields(self)
 
 
 @dataclass(frozen=True)

@@ -48,7 +48,7 @@ import polars as pl
 from statsmodels.stats.power import TTestPower
 
 from depthgate.exceptions import InputError
-from depthgate.judge.frames import finite_fields
+from depthgate.judge.frames import FiniteRow, finite_fields
 from depthgate.judge.position import runs_frame
 from depthgate.judge.stats import (
     BASELINE,
@@ -271,7 +271,7 @@ MIN_CASES_APPROX = 30
 
 
 @dataclass(frozen=True)
-class CasesForPower:
+class CasesForPower(FiniteRow):
     """Cases per slice for ``target`` power. ``n_test``: the bare paired t-test n at the per-slice
     target (statsmodels ``solve_power``; the spec's §3 table); ``n_approx``: the smallest n at which the
     approximate gate power min(t, Newcombe-RS) reaches it; ``n_recommended``: ceil(max(n_min, n_approx) x
@@ -288,9 +288,6 @@ class CasesForPower:
     n_recommended: int | None
     inflation: float
     n_min: int
-
-    def to_dict(self) -> dict[str, Any]:
-        return finite_fields(self)
 
 
 _MAX_CASES = 1_000_000
@@ -482,7 +479,7 @@ def power_per_slice(
 
 
 @dataclass(frozen=True)
-class PilotSlice:
+class PilotSlice(FiniteRow):
     """Moment estimates from one slice of a pilot run.
 
     ``p_baseline``: case-weighted baseline accuracy; ``between_case_sd``: sqrt of the between-case
@@ -520,9 +517,6 @@ class PilotSlice:
                 source=f"pilot:{where}",
             )
         return DesignParameters(p, sd, source=f"pilot:{where}")
-
-    def to_dict(self) -> dict[str, Any]:
-        return finite_fields(self)
 
 
 @dataclass(frozen=True)
@@ -776,7 +770,7 @@ def power_plan(
 
 
 @dataclass(frozen=True)
-class SimulatedPower:
+class SimulatedPower(FiniteRow):
     """Share of simulated slices in which :func:`depthgate.judge.stats.gate` showed non-inferiority
     (its own slice test: one-sided lower bound > −M), with its Monte Carlo standard error, beside the
     approximation ``predicted`` (``PowerRow.power_approx``) for the same design."""
@@ -793,9 +787,6 @@ class SimulatedPower:
     predicted: float
     bootstrap_reps: int
     seed: int
-
-    def to_dict(self) -> dict[str, Any]:
-        return finite_fields(self)
 
 
 def draw_design(
