@@ -49,7 +49,7 @@ import sys
 import tempfile
 import textwrap
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -331,6 +331,18 @@ def run_raw_orjson(server: StubServer, jobs: Jobs, cfg: Config, out: Path) -> in
     return _raw_asyncio(server, jobs, cfg, orjson.dumps, orjson.loads)
 
 
+async def _send_all(
+    jobs: Jobs, one: Callable[[str, Mapping[str, Any]], Awaitable[int]], clients: Iterable[Any]
+) -> int:
+    """Every job through ``one`` at once (``one`` holds the concurrency limit); how many were accepted.
+    Closes ``clients`` at the end."""
+    try:
+        return sum(await asyncio.gather(*(one(arm, row) for arm, row in jobs)))
+    finally:
+        for client in clients:
+            await client.aclose()
+
+
 def run_httpx_loop(server: StubServer, jobs: Jobs, cfg: Config, out: Path) -> int:
     """One ``httpx.AsyncClient`` per arm (as the harness has one backend, so one pool, per arm)."""
     import httpx
@@ -349,11 +361,7 @@ def run_httpx_loop(server: StubServer, jobs: Jobs, cfg: Config, out: Path) -> in
                 body = response.json()
                 return int(body["usage"]["prompt_tokens"] == len(row["token_ids"]))
 
-        try:
-            return sum(await asyncio.gather(*(one(arm, row) for arm, row in jobs)))
-        finally:
-            for client in clients.values():
-                await client.aclose()
+        return await _send_all(jobs, one, clients.values())
 
     return asyncio.run(main())
 
@@ -415,11 +423,7 @@ def run_backend_only(client: str) -> Callable[[StubServer, Jobs, Config, Path], 
                         and response.prompt_tokens_server == len(row["token_ids"])
                     )
 
-            try:
-                return sum(await asyncio.gather(*(one(arm, row) for arm, row in jobs)))
-            finally:
-                for backend in backends.values():
-                    await backend.aclose()
+            return await _send_all(jobs, one, backends.values())
 
         return asyncio.run(main())
 

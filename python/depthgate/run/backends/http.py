@@ -637,6 +637,31 @@ class _OpenAIShaped(_HTTPBackend):
         usage = body.get("usage") if isinstance(body.get("usage"), Mapping) else {}
         return choices[0], usage
 
+    @staticmethod
+    def _response(
+        body: Mapping[str, Any],
+        usage: Mapping[str, Any],
+        *,
+        text: str,
+        finish_reason: str | None,
+        extra: Mapping[str, Any],
+        server_prompt_ids_match: bool | None = None,
+        prompt_tokens_expected: int | None = None,
+    ) -> Response:
+        """The :class:`Response` of an OpenAI-shaped answer: the counts and cache hits from ``usage``, the
+        fingerprint and the served model from ``body``."""
+        return Response(
+            text=text,
+            finish_reason=finish_reason,
+            prompt_tokens_server=_int_or_none(usage.get("prompt_tokens")),
+            completion_tokens=_int_or_none(usage.get("completion_tokens")),
+            server_prompt_ids_match=server_prompt_ids_match,
+            system_fingerprint=body.get("system_fingerprint"),
+            prefix_cache_hit_tokens=_cached_tokens(usage),
+            prompt_tokens_expected=prompt_tokens_expected,
+            extra={"served_model": body.get("model"), **extra},
+        )
+
 
 # --------------------------------------------------------------------------------------------------
 # OpenAI-compatible /v1/completions
@@ -764,20 +789,18 @@ class OpenAICompletionsBackend(_OpenAIShaped):
         match: bool | None = None
         if isinstance(echoed, list) and request.token_ids is not None:
             match = echoed == request.token_ids
-        extra: dict[str, Any] = {"served_model": body.get("model")}
+        extra: dict[str, Any] = {}
         if choice.get("stop_reason") is not None:
             extra["stop_reason"] = choice.get("stop_reason")
         if isinstance(echoed, list):
             extra["echoed_prompt_tokens"] = len(echoed)
-        return Response(
+        return self._response(
+            body,
+            usage,
             text=str(choice.get("text") or ""),
             finish_reason=choice.get("finish_reason"),
-            prompt_tokens_server=_int_or_none(usage.get("prompt_tokens")),
-            completion_tokens=_int_or_none(usage.get("completion_tokens")),
-            server_prompt_ids_match=match,
-            system_fingerprint=body.get("system_fingerprint"),
-            prefix_cache_hit_tokens=_cached_tokens(usage),
             extra=extra,
+            server_prompt_ids_match=match,
         )
 
 
@@ -878,21 +901,18 @@ class OpenAIChatBackend(_OpenAIShaped):
         message: Mapping[str, Any] = choice["message"] if isinstance(choice.get("message"), Mapping) else {}
         text, stopped = _apply_stops(str(message.get("content") or ""), request.stop[4:])
         expected: int | None = None
-        extra: dict[str, Any] = {"served_model": body.get("model")}
+        extra: dict[str, Any] = {}
         if overhead is not None and self.local_count is not None:
             n_local = len(request.token_ids) if request.token_ids is not None else self.local_count(prompt)
             expected = n_local + overhead
             extra["prompt_overhead"] = overhead
-        return Response(
+        return self._response(
+            body,
+            usage,
             text=text,
             finish_reason="stop" if stopped else choice.get("finish_reason"),
-            prompt_tokens_server=_int_or_none(usage.get("prompt_tokens")),
-            completion_tokens=_int_or_none(usage.get("completion_tokens")),
-            server_prompt_ids_match=None,
-            system_fingerprint=body.get("system_fingerprint"),
-            prefix_cache_hit_tokens=_cached_tokens(usage),
-            prompt_tokens_expected=expected,
             extra=extra,
+            prompt_tokens_expected=expected,
         )
 
 
