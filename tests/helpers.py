@@ -1,5 +1,6 @@
 """Pieces several test files share: a JSON stub server on 127.0.0.1, a real llama-cpp-python server
-process, the cut-down smoke matrix and the Monte Carlo :class:`Rate` of the calibration benches.
+process, the cut-down smoke matrix, the two-arm stub matrix and the Monte Carlo :class:`Rate` of the
+calibration benches.
 
 The stub servers here are labelled stand-ins (not models): each test file gives :class:`JSONHandler` its
 own ``do_GET``/``do_POST`` and serves it with :class:`StubServer` for the length of a ``with`` block.
@@ -152,6 +153,54 @@ def small_smoke_matrix(*, cases: int = 2, lengths: str = "[480]", preamble: str 
     start = text.index('preamble = """')
     end = text.index('"""', start + 14) + 3
     return text[:start] + preamble + text[end:]
+
+
+def stub_matrix(
+    name: str,
+    *,
+    where: str,
+    tokenizer: Path | str,
+    suite: str = '{ kind = "builtin", cases = 2, seed = 0, language = "en" }',
+    lengths: str = "[640]",
+    positions: str = "[0.0, 1.0]",
+    top: str = "",
+    arm: str = "",
+    candidate_model: str = "good",
+    candidate_tokenizer: Path | str | None = None,
+    candidate: str = "",
+    n_min: int = 2,
+    resamples: int = 199,
+) -> str:
+    """The text of a two-arm ``vllm-server`` matrix against stub servers: both arms serve model "good"
+    with ``tokenizer`` at ``where`` (an ``endpoint = ...`` or ``endpoints = [...]`` line), 8 new tokens,
+    seed 0, margin 0.20. ``top`` adds top-level lines, ``arm`` lines to both arm tables (before
+    ``where``), ``candidate`` lines (or subtables) after the candidate's table."""
+    candidate_tokenizer = tokenizer if candidate_tokenizer is None else candidate_tokenizer
+
+    def arm_table(role: str, arm_name: str, model: str, tok: Path | str) -> str:
+        lines = [f"[{role}]", f'name = "{arm_name}"', 'backend = "vllm-server"', f'model = "{model}"']
+        return "\n".join([*lines, f'tokenizer = "{tok}"', *([arm] if arm else []), where])
+
+    return f"""
+name = "{name}"
+suite = {suite}
+lengths = {lengths}
+positions = {positions}
+{top}
+[decode]
+max_tokens = 8
+seeds = [0]
+
+{arm_table("baseline", "base", "good", tokenizer)}
+
+{arm_table("candidate", "cand", candidate_model, candidate_tokenizer)}
+{candidate}
+
+[plan]
+margin = 0.20
+n_min = {n_min}
+bootstrap_resamples = {resamples}
+"""
 
 
 @dataclass(frozen=True)

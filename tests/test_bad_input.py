@@ -1,5 +1,5 @@
 """Hostile input through every command (issue #10, item 10): a corpus of bad inputs, each run through
-``main(argv)`` in process.
+``main(argv)`` in process. The corpus is data, one row per case: ``fixtures/hostile_corpus.toml``.
 
 Every case must end with its documented exit code (README "Exit codes"):
 
@@ -37,9 +37,10 @@ import pytest
 from depthgate.commands.cli import main
 from depthgate.exceptions import ExitCode
 from depthgate.layout.layouts import BuildOptions, build_layouts, load_tokenizer, parse_positions
+from depthgate.spec._compat import tomllib
 from depthgate.spec.suites import builtin_suite
 from fixtures_paths import tokenizers_dir
-from helpers import JSONHandler, StubServer, completion
+from helpers import JSONHandler, StubServer, completion, stub_matrix
 
 GPT2 = tokenizers_dir() / "gpt2" / "tokenizer.json"
 BAD = int(ExitCode.BAD_INPUT)
@@ -54,43 +55,18 @@ def _unwritable_parent() -> Path:
 
 UNWRITABLE = _unwritable_parent() / "depthgate-hostile-out"
 
-MATRIX = """
-name = "hostile"
-suite = {{ kind = "builtin", cases = 2, seed = 0, language = "en" }}
-lengths = [512]
-positions = [0.0, 1.0]
-repeats = 1
-
-[decode]
-max_tokens = 8
-seeds = [0]
-
-[baseline]
-name = "base"
-backend = "vllm-server"
-model = "good"
-tokenizer = "{tok}"
-window = 1024
-endpoint = "http://127.0.0.1:{port}"
-
-[candidate]
-name = "cand"
-backend = "vllm-server"
-model = "good"
-tokenizer = "{tok}"
-window = 1024
-endpoint = "http://127.0.0.1:{port}"
-{candidate_extra}
-
-[plan]
-margin = 0.20
-n_min = 2
-bootstrap_resamples = 199
-"""
-
 
 def matrix_text(port: int = 9, *, candidate_extra: str = "", tok: Path | str = GPT2) -> str:
-    return MATRIX.format(tok=tok, port=port, candidate_extra=candidate_extra)
+    where = f'endpoint = "http://127.0.0.1:{port}"'
+    return stub_matrix(
+        "hostile",
+        where=where,
+        tokenizer=tok,
+        lengths="[512]",
+        top="repeats = 1",
+        arm="window = 1024",
+        candidate=candidate_extra,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -311,183 +287,25 @@ class Hostile:
     stdout: tuple[str, ...] = field(default=())
 
 
-def H(name: str, argv: str, *fragments: str, code: int = BAD, stdout: tuple[str, ...] = ()) -> Hostile:
-    return Hostile(name, tuple(argv.split()), code, fragments, stdout)
+_CODES = {"VERIFY": VERIFY, "USAGE": USAGE}
 
 
-# fmt: off
-CORPUS: list[Hostile] = [
-    # ---- build (flags) -------------------------------------------------------------------------
-    H("build-preamble-missing", "build --tokenizer {tok} --preamble-file {missing} --out {out}",
-      "nothing.here", "--preamble-file"),
-    H("build-preamble-not-utf8", "build --tokenizer {tok} --preamble-file {latin1} --out {out}",
-      "preamble-latin1.txt", "--preamble-file", "UTF-8"),
-    H("build-preamble-is-dir", "build --tokenizer {tok} --preamble-file {dir} --out {out}",
-      "adir", "--preamble-file"),
-    H("build-out-existing-file", "build --tokenizer {tok} --out {file}", "afile.txt", "--out"),
-    H("build-out-under-file", "build --tokenizer {tok} --out {under_file}", "afile.txt", "--out"),
-    H("build-out-unwritable", "build --tokenizer {tok} --out {unwritable}", "depthgate-hostile-out", "--out"),
-    H("build-offset-beyond-lengths",
-      "build --tokenizer {tok} --lengths 1024 --positions 0.5,@99999 --out {out}",
-      "--positions", "@99999"),
-    H("build-window-zero", "build --tokenizer {tok} --window 0 --out {out}", "--window"),
-    H("build-window-negative", "build --tokenizer {tok} --window -5 --out {out}", "--window"),
-    H("build-negative-length", "build --tokenizer {tok} --lengths -1024 --out {out}", "lengths"),
-    H("build-no-lengths", "build --tokenizer {tok} --lengths , --out {out}", "lengths"),
-    H("build-lengths-not-numbers", "build --tokenizer {tok} --lengths abc --out {out}", "--lengths",
-      code=USAGE),
-    H("build-depth-out-of-range", "build --tokenizer {tok} --positions 1.5 --out {out}", "positions"),
-    H("build-position-garbage", "build --tokenizer {tok} --positions @x --out {out}", "positions"),
-    H("build-cases-zero", "build --tokenizer {tok} --cases 0 --out {out}", "--cases"),
-    H("build-cases-negative", "build --tokenizer {tok} --cases -3 --out {out}", "--cases"),
-    H("build-seed-negative", "build --tokenizer {tok} --seed -1 --out {out}", "--seed"),
-    H("build-max-output-negative", "build --tokenizer {tok} --max-output-tokens -1 --out {out}",
-      "--max-output-tokens"),
-    H("build-no-tokenizer", "build --out {out}", "--tokenizer"),
-    H("build-tokenizer-missing", "build --tokenizer {missing} --out {out}", "nothing.here", "tokenizer"),
-    H("build-tokenizer-binary", "build --tokenizer {tok_binary} --out {out}", "tok-binary.json"),
-    H("build-tokenizer-not-json", "build --tokenizer {tok_notjson} --out {out}", "tok-notjson.json"),
-    H("build-tokenizer-unknown-model", "build --tokenizer {tok_wrongjson} --out {out}", "tok-wrongjson.json"),
-    H("build-tokenizer-is-dir", "build --tokenizer {dir} --out {out}", "adir", "tokenizer"),
-    H("build-template-raises", "build --tokenizer {tok} --chat-template {tpl_raises} --out {out}",
-      "raises.jinja"),
-    H("build-template-syntax-error", "build --tokenizer {tok} --chat-template {tpl_syntax} --out {out}",
-      "syntax.jinja"),
-    H("build-template-binary", "build --tokenizer {tok} --chat-template {tpl_binary} --out {out}",
-      "binary.jinja"),
-    H("build-template-missing", "build --tokenizer {tok} --chat-template {missing} --out {out}",
-      "nothing.here"),
-    H("build-suite-duplicate-case-id", "build --tokenizer {tok} --suite {suite_dup} --out {out}",
-      "suite-dup.json", "cases"),
-    H("build-suite-is-dir", "build --tokenizer {tok} --suite {suite_dir} --out {out}", "suite-dir.json"),
-    H("build-suite-empty-file", "build --tokenizer {tok} --suite {suite_empty} --out {out}",
-      "suite-empty.json"),
-    H("build-suite-wrong-type", "build --tokenizer {tok} --suite {suite_list} --out {out}",
-      "suite-list.json"),
-    H("build-suite-binary", "build --tokenizer {tok} --suite {suite_binary} --out {out}",
-      "suite-binary.json"),
-    H("build-suite-no-cases", "build --tokenizer {tok} --suite {suite_nocases} --out {out}",
-      "suite-nocases.json", "cases"),
-    # ---- build (matrix) ------------------------------------------------------------------------
-    H("matrix-missing", "build {missing} --out {out}", "nothing.here"),
-    H("matrix-is-dir", "build {m_dir} --out {out}", "adir"),
-    H("matrix-empty-toml", "build {m_empty} --out {out}", "m-empty.toml"),
-    H("matrix-binary-toml", "build {m_binary} --out {out}", "m-binary.toml", "UTF-8"),
-    H("matrix-corrupt-toml", "build {m_syntax} --out {out}", "m-syntax.toml", "TOML"),
-    H("matrix-unknown-field", "build {m_unknown} --out {out}", "m-unknown.toml", "colour"),
-    H("matrix-unknown-plan-field", "build {m_unknown_plan} --out {out}", "m-unknown-plan.toml", "plan.n_max"),
-    H("matrix-wrong-type", "build {m_wrongtype} --out {out}", "m-wrongtype.toml", "lengths"),
-    H("matrix-negative-length", "build {m_neglen} --out {out}", "m-neglen.toml", "lengths"),
-    H("matrix-zero-seeds", "build {m_zeroseeds} --out {out}", "m-zeroseeds.toml", "seeds"),
-    H("matrix-duplicate-seeds", "build {m_dupseeds} --out {out}", "m-dupseeds.toml", "seeds"),
-    H("matrix-negative-seed", "build {m_negseed} --out {out}", "m-negseed.toml", "seeds"),
-    H("matrix-offset-beyond-lengths", "build {m_offset} --out {out}", "m-offset.toml", "positions"),
-    H("matrix-window-zero", "build {m_window0} --out {out}", "m-window0.toml", "window"),
-    H("matrix-missing-tokenizer", "build {m_missing_tok} --out {out}", "tokenizer.json", "tokenizer"),
-    H("matrix-tokenizer-not-json", "build {m_notjson_tok} --out {out}", "tok-notjson.json"),
-    H("matrix-missing-template", "build {m_missing_tpl} --out {out}", "no-such.jinja"),
-    H("matrix-template-raises", "build {m_tpl_raises} --out {out}", "raises.jinja"),
-    H("matrix-suite-is-dir", "build {m_suite_dir} --out {out}", "suite-dir.json"),
-    H("build-fails-over-earlier-output",
-      "build --tokenizer {tok} --chat-template {tpl_raises} --out {prev_out}", "raises.jinja"),
-    H("matrix-fails-over-earlier-output", "build {m_tpl_raises} --out {prev_out}", "raises.jinja"),
-    H("matrix-out-existing-file", "build {m_ok} --out {file}", "afile.txt", "--out"),
-    # ---- check ---------------------------------------------------------------------------------
-    H("check-not-parquet", "check {layouts_text} --tokenizer {tok}", "notparquet.parquet"),
-    H("check-empty-file", "check {layouts_empty} --tokenizer {tok}", "empty.parquet"),
-    H("check-missing-columns", "check {layouts_nocols} --tokenizer {tok}", "nocols.parquet", "columns"),
-    H("check-missing-file", "check {missing} --tokenizer {tok}", "nothing.here"),
-    H("check-layouts-is-dir", "check {dir} --tokenizer {tok}", "adir"),
-    H("check-tokenizer-not-json", "check {layouts_good} --tokenizer {tok_notjson}", "tok-notjson.json"),
-    H("check-null-evidence-spans", "check {layouts_null_spans} --tokenizer {tok}", "null-spans.parquet",
-      code=VERIFY, stdout=("evidence_spans",)),
-    H("check-negative-token-ids", "check {layouts_negative} --tokenizer {tok}", "negative.parquet",
-      code=VERIFY, stdout=("token_ids",)),
-    H("check-token-ids-wrong-type", "check {layouts_string_ids} --tokenizer {tok}", "string-ids.parquet",
-      "token_ids"),
-    H("check-no-tokenizer", "check {layouts_good}", "--tokenizer", code=USAGE),
-    # ---- run -----------------------------------------------------------------------------------
-    H("run-matrix-missing", "run {missing} --out {out}", "nothing.here"),
-    H("run-template-raises", "run {m_tpl_raises} --out {out}", "raises.jinja"),
-    H("run-template-syntax-error", "run {m_tpl_syntax} --out {out}", "syntax.jinja"),
-    H("run-missing-tokenizer", "run {m_missing_tok} --out {out}", "tokenizer.json"),
-    H("run-offset-beyond-lengths", "run {m_offset} --out {out}", "m-offset.toml", "positions"),
-    H("run-out-existing-file", "run {m_ok} --out {file}", "afile.txt", "--out"),
-    H("run-out-under-file", "run {m_ok} --out {under_file}", "afile.txt", "--out"),
-    H("run-out-unwritable", "run {m_ok} --out {unwritable}", "depthgate-hostile-out", "--out"),
-    H("run-out-foreign-folder", "run {m_ok} --out {nonempty_dir}", "nonempty", "--out"),
-    H("run-concurrency-zero", "run {m_ok} --out {out} --concurrency 0", "--concurrency"),
-    # ---- gate / report -------------------------------------------------------------------------
-    H("gate-corrupt-manifest", "gate {run_corrupt}", "manifest.json", "JSON"),
-    H("gate-binary-manifest", "gate {run_binary}", "manifest.json"),
-    H("gate-manifest-not-object", "gate {run_list}", "manifest.json"),
-    H("gate-manifest-empty-object", "gate {run_empty_obj}", "manifest.json", "run_id"),
-    H("gate-manifest-is-dir", "gate {run_dir_manifest}", "manifest.json"),
-    H("gate-missing-folder", "gate {missing}", "nothing.here"),
-    H("gate-folder-is-file", "gate {file}", "afile.txt"),
-    H("report-corrupt-manifest", "report {run_corrupt}", "manifest.json"),
-    H("report-dir-is-file", "report {run_corrupt} --report-dir {file}", "afile.txt", "--report-dir"),
-    H("gate-run-without-records", "gate {gr_no_records}", "gr-no-records", "records"),
-    H("gate-run-layouts-missing", "gate {gr_no_layouts}", "layouts.parquet"),
-    H("gate-run-layouts-corrupt", "gate {gr_corrupt_layouts}", "layouts.parquet"),
-    H("gate-run-suite-corrupt", "report {gr_corrupt_suite}", "suite.json", "JSON"),
-    H("gate-run-plan-edited", "gate {gr_plan_edited}", "manifest.json", "plan_digest"),
-    H("gate-run-manifest-wrong-type", "gate {gr_seeds_wrong_type}", "manifest.json", "seeds"),
-    H("gate-run-report-is-file", "gate {gr_report_is_file}", "report", "--report-dir"),
-    # ---- schema --------------------------------------------------------------------------------
-    H("schema-out-dir", "schema --out {dir}", "adir", "--out"),
-    H("schema-out-under-file", "schema --out {under_file}", "afile.txt", "--out"),
-    H("schema-out-unwritable", "schema --out {unwritable}", "depthgate-hostile-out", "--out"),
-    # ---- suite generate / import ---------------------------------------------------------------
-    H("generate-cases-zero", "suite generate --cases 0 --out {out}", "cases"),
-    H("generate-seed-negative", "suite generate --seed -4 --out {out}", "seed"),
-    H("generate-out-dir", "suite generate --cases 2 --out {dir}", "adir", "--out"),
-    H("generate-out-under-file", "suite generate --cases 2 --out {under_file}", "afile.txt", "--out"),
-    H("generate-lang-unknown", "suite generate --lang fr", "--lang", code=USAGE),
-    H("import-missing", "suite import {missing} --out {out}", "nothing.here"),
-    H("import-is-dir", "suite import {dir} --out {out}", "adir"),
-    H("import-binary", "suite import {incidents_binary} --out {out}", "incidents-binary.jsonl"),
-    H("import-duplicate-id", "suite import {incidents_dup} --out {out}", "incidents-dup.jsonl:2", "id"),
-    H("import-empty", "suite import {incidents_empty} --out {out}", "incidents-empty.jsonl"),
-    H("import-line-not-object", "suite import {incidents_list} --out {out}", "incidents-list.jsonl:1"),
-    H("import-unknown-evidence-id", "suite import {incidents_badref} --out {out}",
-      "incidents-badref.jsonl:1"),
-    H("import-out-dir", "suite import {incidents_ok} --out {dir}", "adir", "--out"),
-    H("import-out-under-file", "suite import {incidents_ok} --out {under_file}", "afile.txt", "--out"),
-    H("import-no-out", "suite import {incidents_ok}", "--out", code=USAGE),
-    # ---- faults (argument errors only: the real model never starts) ----------------------------
-    H("faults-unknown-fault", "faults --only no-such-fault", "--only", "no-such-fault"),
-    H("faults-cases-zero", "faults --cases 0", "--cases"),
-    H("faults-out-existing-file", "faults --out {file}", "afile.txt", "--out"),
-    H("faults-out-not-empty", "faults --out {nonempty_dir}", "nonempty", "--out"),
-    H("faults-json-is-dir", "faults --json {dir}", "adir", "--json"),
-    H("faults-json-under-file", "faults --json {under_file}", "afile.txt", "--json"),
-    # ---- diff-tokenizer / diff-template --------------------------------------------------------
-    H("diff-tok-old-missing", "diff-tokenizer --old {missing} --new {tok}", "nothing.here"),
-    H("diff-tok-new-not-json", "diff-tokenizer --old {tok} --new {tok_notjson}", "tok-notjson.json"),
-    H("diff-tok-offset-beyond", "diff-tokenizer --old {tok} --new {tok_notjson} --positions @99999",
-      "--positions", "@99999"),
-    H("diff-tok-length-too-small", "diff-tokenizer --old {tok} --new {tok} --lengths 8", "--lengths"),
-    H("diff-tok-cases-zero", "diff-tokenizer --old {tok} --new {tok} --cases 0", "--cases"),
-    H("diff-tok-limit-negative", "diff-tokenizer --old {tok} --new {tok} --limit -1", "--limit"),
-    H("diff-tok-out-dir", "diff-tokenizer --old {tok} --new {tok} --out {dir}", "adir", "--out"),
-    H("diff-tok-suite-dir", "diff-tokenizer --old {tok} --new {tok} --suite {suite_dir}", "suite-dir.json"),
-    H("diff-tok-template-syntax", "diff-tokenizer --old {tok} --new {tok} --chat-template {tpl_syntax}",
-      "syntax.jinja"),
-    H("diff-tpl-old-syntax", "diff-template --old {tpl_syntax} --new raw --tokenizer {tok}", "syntax.jinja"),
-    H("diff-tpl-old-missing", "diff-template --old {missing} --new raw --tokenizer {tok}", "nothing.here"),
-    H("diff-tpl-tokenizer-not-json", "diff-template --old raw --new {tpl_good} --tokenizer {tok_notjson}",
-      "tok-notjson.json"),
-    H("diff-tpl-identical-but-bad-lengths", "diff-template --old raw --new raw --tokenizer {tok} --lengths 8",
-      "--lengths"),
-    H("diff-tpl-out-under-file",
-      "diff-template --old raw --new {tpl_good} --tokenizer {tok} --out {under_file}",
-      "afile.txt", "--out"),
-    H("diff-tpl-positions-garbage",
-      "diff-template --old raw --new {tpl_good} --tokenizer {tok} --positions 2",
-      "--positions"),
-]
-# fmt: on
+def _load_corpus(path: Path) -> list[Hostile]:
+    """The cases of ``fixtures/hostile_corpus.toml``: ``[name, argv, *fragments]`` rows, with an optional
+    last ``{code, stdout}`` table."""
+    rows = tomllib.loads(path.read_text(encoding="utf-8"))["cases"]
+    corpus = []
+    for row in rows:
+        extra: dict[str, Any] = row.pop() if isinstance(row[-1], dict) else {}
+        name, argv, *fragments = row
+        code = _CODES[extra["code"]] if "code" in extra else BAD
+        corpus.append(
+            Hostile(name, tuple(argv.split()), code, tuple(fragments), tuple(extra.get("stdout", ())))
+        )
+    return corpus
+
+
+CORPUS = _load_corpus(Path(__file__).parent / "fixtures" / "hostile_corpus.toml")
 
 
 def _snapshot(root: Path) -> dict[str, tuple[str, str]]:

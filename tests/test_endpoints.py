@@ -46,7 +46,14 @@ from depthgate.run.runner import RunOptions, read_records, run_pairs
 from depthgate.spec.models import DecodeParams, System, parse_spec
 from depthgate.spec.suites import builtin_suite
 from fixtures_paths import tokenizers_dir
-from helpers import JSONHandler, LlamaServerProcess, completion, free_port, small_smoke_matrix
+from helpers import (
+    JSONHandler,
+    LlamaServerProcess,
+    completion,
+    free_port,
+    small_smoke_matrix,
+    stub_matrix,
+)
 
 GPT2 = tokenizers_dir() / "gpt2" / "tokenizer.json"
 ARMS = ("baseline", "candidate")
@@ -507,39 +514,14 @@ class Pair:
 
 
 def _matrix(tmp: Path, urls: list[str], *, cases: int = 20, name: str = "pool.toml") -> Path:
-    listed = json.dumps(urls)
-    text = f"""
-name = "pool"
-suite = {{ kind = "builtin", cases = {cases}, seed = 0, language = "en" }}
-lengths = [640]
-positions = [0.0, 1.0]
-
-[decode]
-max_tokens = 8
-seeds = [0]
-
-[baseline]
-name = "base"
-backend = "vllm-server"
-endpoints = {listed}
-model = "good"
-tokenizer = "{GPT2}"
-
-[candidate]
-name = "cand"
-backend = "vllm-server"
-endpoints = {listed}
-model = "good"
-tokenizer = "{GPT2}"
-
-[candidate.runtime]
-concurrency = 2
-
-[plan]
-margin = 0.20
-n_min = 2
-bootstrap_resamples = 499
-"""
+    text = stub_matrix(
+        "pool",
+        where=f"endpoints = {json.dumps(urls)}",
+        tokenizer=GPT2,
+        suite=f'{{ kind = "builtin", cases = {cases}, seed = 0, language = "en" }}',
+        candidate="\n[candidate.runtime]\nconcurrency = 2",
+        resamples=499,
+    )
     path = tmp / name
     path.write_text(text)
     return path

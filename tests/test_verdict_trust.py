@@ -31,7 +31,7 @@ from depthgate.exceptions import ExitCode
 from depthgate.run.runner import read_records
 from depthgate.spec.suites import builtin_suite
 from fixtures_paths import tokenizers_dir
-from helpers import JSONHandler, StubServer, completion, free_port
+from helpers import JSONHandler, StubServer, completion, free_port, stub_matrix
 
 GPT2 = tokenizers_dir() / "gpt2" / "tokenizer.json"
 SMOLLM = tokenizers_dir() / "smollm" / "tokenizer.json"
@@ -95,35 +95,17 @@ def _matrix(
     n_min: int = 2,
     suite: str = f'{{ kind = "builtin", cases = {CASES}, seed = 0, language = "en" }}',
 ) -> Path:
-    text = f"""
-name = "trust"
-suite = {suite}
-lengths = [640]
-positions = {positions}
-
-[decode]
-max_tokens = 8
-seeds = [0]
-
-[baseline]
-name = "base"
-backend = "vllm-server"
-endpoint = "http://127.0.0.1:{port}"
-model = "good"
-tokenizer = "{GPT2}"
-
-[candidate]
-name = "cand"
-backend = "vllm-server"
-endpoint = "http://127.0.0.1:{port}"
-model = "{candidate_model}"
-tokenizer = "{candidate_tokenizer}"
-
-[plan]
-margin = 0.20
-n_min = {n_min}
-bootstrap_resamples = 999
-"""
+    text = stub_matrix(
+        "trust",
+        where=f'endpoint = "http://127.0.0.1:{port}"',
+        tokenizer=GPT2,
+        suite=suite,
+        positions=positions,
+        candidate_model=candidate_model,
+        candidate_tokenizer=candidate_tokenizer,
+        n_min=n_min,
+        resamples=999,
+    )
     path = tmp / "trust.toml"
     path.write_text(text)
     return path
