@@ -4,10 +4,10 @@ timeouts, one attempt per call: 429/5xx/timeouts/refused connections raise :clas
 (with ``Retry-After``) and the runner retries them with the run's one policy (:mod:`depthgate.run.retry`).
 
 Transport and JSON were chosen by measurement (docs/benchmarks-runner-gate.md, 1K-token prompts, 64 in
-flight against a stub on 127.0.0.1): httpx costs ≈ 1.9–4.6 ms of harness CPU per request, most of it
-in httpcore's connection pool, which does O(connections²) work per request; aiohttp's pool and C HTTP
-parser cost a fraction of that. JSON goes through orjson both ways: a 128K-id prompt encodes and its
-echo decodes several times faster than with the stdlib ``json``.
+flight against a stub on 127.0.0.1, the whole runner): 3.5 ms of harness CPU per request with httpx,
+most of it in httpcore's connection pool, which does O(connections²) work per request; 0.32 ms with
+aiohttp (its C HTTP parser) and orjson, against a bare-socket floor of 0.1 ms. JSON goes through orjson
+both ways: a 128K-id body encodes 14× and its echo decodes 3× faster than with the stdlib ``json``.
 
 Facts these follow are in research/api_facts.md: vLLM takes ``prompt: [ids]`` verbatim and echoes them
 with ``return_token_ids``; ``/v1/models`` carries ``max_model_len`` (vLLM only); over-length is an HTTP
@@ -254,9 +254,9 @@ def _apply_stops(text: str, stops: Sequence[str]) -> tuple[str, bool]:
 
 
 def _dumps(payload: Mapping[str, Any]) -> bytes:
-    """``payload`` as JSON bytes: orjson (a 128K-id prompt in ≈ 1 ms, the stdlib ``json`` ≈ 10×
-    that, docs/benchmarks-runner-gate.md); the stdlib for what orjson refuses (a lone surrogate in a
-    text), which escapes it."""
+    """``payload`` as JSON bytes: orjson (a 128K-id body in 1.3 ms, the stdlib ``json`` 19 ms,
+    docs/benchmarks-runner-gate.md); the stdlib for what orjson refuses (a lone surrogate in a text),
+    which escapes it."""
     try:
         return orjson.dumps(payload)
     except TypeError:
