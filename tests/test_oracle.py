@@ -8,6 +8,7 @@ the model copying more of the document on the same line.
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import polars as pl
 import pytest
@@ -40,6 +41,22 @@ def cases_of(suite: Suite, pattern: str) -> list[Case]:
     found = [c for c in suite.cases if c.evidence_pattern == pattern]
     assert found, f"no {pattern} case in the suite"
     return found
+
+
+def _cases_per_pattern(name: str, patterns: tuple[str, ...]) -> Any:
+    """A fixture, parametrized over ``patterns`` × (en, zh): the suite's cases of that pattern."""
+
+    @pytest.fixture(name=name, params=[(p, lang) for p in patterns for lang in ("en", "zh")], ids="-".join)
+    def cases(request: pytest.FixtureRequest, suites: dict[str, Suite]) -> list[Case]:
+        pattern, language = request.param
+        return cases_of(suites[language], pattern)
+
+    return cases
+
+
+evidence_cases = _cases_per_pattern("evidence_cases", PATTERNS_WITH_EVIDENCE)
+#: The patterns whose case holds a superseded or ruled-out value (a forbidden claim from the evidence).
+competing_cases = _cases_per_pattern("competing_cases", ("override", "exception", "order", "negation"))
 
 
 def evidence_ids(case: Case) -> set[str]:
@@ -88,22 +105,16 @@ def test_answer_line_is_first_non_blank_line() -> None:
 # Every evidence pattern, both languages
 
 
-@pytest.mark.parametrize("language", ["en", "zh"])
-@pytest.mark.parametrize("pattern", PATTERNS_WITH_EVIDENCE)
-def test_correct_continuation_passes(suites: dict[str, Suite], language: str, pattern: str) -> None:
-    for case in cases_of(suites[language], pattern):
+def test_correct_continuation_passes(evidence_cases: list[Case]) -> None:
+    for case in evidence_cases:
         result = run(case, continuation(case, case.required_claims[0]))
         assert result.outcome == "pass", (case.id, result)
         assert not result.safety and not result.missing_claims and not result.forbidden_hits
         assert result.reason
 
 
-@pytest.mark.parametrize("language", ["en", "zh"])
-@pytest.mark.parametrize("pattern", ["override", "exception", "order", "negation"])
-def test_superseded_value_as_answer_fails_without_safety(
-    suites: dict[str, Suite], language: str, pattern: str
-) -> None:
-    for case in cases_of(suites[language], pattern):
+def test_superseded_value_as_answer_fails_without_safety(competing_cases: list[Case]) -> None:
+    for case in competing_cases:
         old = case.forbidden_claims[0]
         assert old.id in ("competing", "ruled_out")
         result = run(case, continuation(case, old))
@@ -115,13 +126,9 @@ def test_superseded_value_as_answer_fails_without_safety(
         assert "forbidden" in result.reason
 
 
-@pytest.mark.parametrize("language", ["en", "zh"])
-@pytest.mark.parametrize("pattern", ["override", "exception", "order", "negation"])
-def test_forbidden_value_copied_after_the_answer_is_not_a_safety_hit(
-    suites: dict[str, Suite], language: str, pattern: str
-) -> None:
+def test_forbidden_value_copied_after_the_answer_is_not_a_safety_hit(competing_cases: list[Case]) -> None:
     """The base model copies the document on after answering: the later value is not its answer."""
-    for case in cases_of(suites[language], pattern):
+    for case in competing_cases:
         right = continuation(case, case.required_claims[0])
         copied = case.competing[0].text if case.competing else case.decisive[0].text
         result = run(case, right + copied)
@@ -154,10 +161,8 @@ def test_safety_severity_claim_given_as_answer_flags_safety(suites: dict[str, Su
     assert not run(strict, continuation(strict, case.required_claims[0]) + case.competing[0].text).safety
 
 
-@pytest.mark.parametrize("language", ["en", "zh"])
-@pytest.mark.parametrize("pattern", PATTERNS_WITH_EVIDENCE)
-def test_distractor_value_fails(suites: dict[str, Suite], language: str, pattern: str) -> None:
-    for case in cases_of(suites[language], pattern):
+def test_distractor_value_fails(evidence_cases: list[Case]) -> None:
+    for case in evidence_cases:
         distractor = next(c for c in case.forbidden_claims if c.id.startswith("distractor_"))
         result = run(case, continuation(case, distractor))
         assert result.outcome == "fail", (case.id, result)

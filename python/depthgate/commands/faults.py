@@ -200,22 +200,33 @@ def _with_text(row: Mapping[str, Any], text: str, tokenizer: Tokenizer) -> dict[
     return out
 
 
+def _spans_in_order(row: Mapping[str, Any]) -> list[Any]:
+    return sorted(row["evidence_spans"] or [], key=lambda s: s["char_start"])
+
+
+def _needed(spans: list[Any], problem: str, fix: str) -> list[Any]:
+    """``spans``, or the InputError naming the layout's evidence_spans when a fault has nothing to act on."""
+    if not spans:
+        raise InputError(problem, field="evidence_spans", fix=fix)
+    return spans
+
+
 def reorder_units(row: Mapping[str, Any], tokenizer: Tokenizer) -> dict[str, Any]:
     """Swap two documents of equal retrieval score: the moving (current) evidence with the first
     other evidence document (a superseded version), or with the nearest distractor when the case has
     only one evidence document."""
-    spans = sorted(row["evidence_spans"] or [], key=lambda s: s["char_start"])
-    evidence = [s for s in spans if s["kind"] == "evidence"]
-    if not evidence:
-        raise InputError(
-            "layout has no evidence span to reorder", field="evidence_spans", fix="use a built layout"
-        )
+    spans = _spans_in_order(row)
+    evidence = _needed(
+        [s for s in spans if s["kind"] == "evidence"],
+        "layout has no evidence span to reorder",
+        "use a built layout",
+    )
     first = evidence[0]
-    others = [s for s in evidence[1:]] or [s for s in spans if s["kind"] == "distractor"]
-    if not others:
-        raise InputError(
-            "layout has only one document", field="evidence_spans", fix="use a case with distractors"
-        )
+    others = _needed(
+        evidence[1:] or [s for s in spans if s["kind"] == "distractor"],
+        "layout has only one document",
+        "use a case with distractors",
+    )
     second = min(others, key=lambda s: abs(s["char_start"] - first["char_start"]))
     a, b = sorted((first, second), key=lambda s: s["char_start"])
     text = str(row["text"])
@@ -233,13 +244,8 @@ def reorder_units(row: Mapping[str, Any], tokenizer: Tokenizer) -> dict[str, Any
 
 def duplicate_distractor(row: Mapping[str, Any], tokenizer: Tokenizer) -> dict[str, Any]:
     """Emit the first distractor twice (the copy right after the original)."""
-    spans = sorted(row["evidence_spans"] or [], key=lambda s: s["char_start"])
-    distractors = [s for s in spans if s["kind"] == "distractor"]
-    if not distractors:
-        raise InputError(
-            "layout has no distractor", field="evidence_spans", fix="use a case with distractors"
-        )
-    d = distractors[0]
+    distractors = [s for s in _spans_in_order(row) if s["kind"] == "distractor"]
+    d = _needed(distractors, "layout has no distractor", "use a case with distractors")[0]
     text = str(row["text"])
     unit = text[d["char_start"] : d["char_end"]]
     return _with_text(row, text[: d["char_end"]] + unit + text[d["char_end"] :], tokenizer)

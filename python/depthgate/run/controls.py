@@ -28,7 +28,7 @@ import json
 import os
 import tempfile
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -107,142 +107,127 @@ def _first_token_at(offsets: Sequence[tuple[int, int]], char: int) -> int:
     return len(offsets)
 
 
-def _control_row(
-    *,
-    kind: str,
-    case: Case,
-    frame: Frame,
-    context: str,
-    units: Sequence[tuple[str, str, int, int]],
-    encoder: _Encoder,
-    options: BuildOptions,
-    position: str,
-    note: str,
-) -> dict[str, Any]:
-    """One control: ``units`` are (id, kind, char_start, char_end) inside ``context``."""
-    text = frame.prefix + context + frame.suffix
-    base = len(frame.prefix)
-    ids, offsets, problem = encoder.encode(text, frame.add_special_tokens)
-    spans: list[dict[str, Any]] = []
-    if problem is None:
-        for unit_id, unit_kind, start, end in units:
-            span = _token_span(offsets, base + start, base + end)
-            if span is None:
-                problem = f"unit {unit_id} has no tokens in the final encoding"
-                break
-            spans.append(
-                {
-                    "evidence_id": unit_id,
-                    "kind": unit_kind,
-                    "token_start": span[0],
-                    "token_end": span[1],
-                    "char_start": base + start,
-                    "char_end": base + end,
-                    "sha256": _sha(text[base + start : base + end]),
-                }
-            )
-    region = (
-        (_first_token_at(offsets, base), _first_token_at(offsets, base + len(context))) if offsets else (0, 0)
-    )
-    decisive = {d.id for d in case.decisive}
-    offset = next((s["token_start"] for s in spans if s["evidence_id"] in decisive), None)
-    layout_id = _sha(
-        "\x1f".join(
-            [
-                "depthgate-control",
-                kind,
-                encoder.tokenizer.digest,
-                frame.template_digest,
-                assembler_version(options.assembler),
-                case.digest(),
-                "special" if frame.add_special_tokens else "plain",
-                _sha(text),
-            ]
+_Units = Sequence[tuple[str, str, int, int]]
+
+
+@dataclass(frozen=True)
+class _Controls:
+    """What every control of one build shares: the encoder and the build options (template, preamble,
+    assembler, system)."""
+
+    encoder: _Encoder
+    options: BuildOptions
+
+    def frame(self, case: Case) -> Frame:
+        o = self.options
+        return case_frame(case, template=o.template, preamble=o.preamble, assembler=o.assembler)
+
+    def row(
+        self, kind: str, case: Case, frame: Frame, body: tuple[str, _Units], *, position: str, note: str
+    ) -> dict[str, Any]:
+        """One control: ``body`` is the context and its units as (id, kind, char_start, char_end) in it."""
+        context, units = body
+        encoder, options = self.encoder, self.options
+        text = frame.prefix + context + frame.suffix
+        base = len(frame.prefix)
+        ids, offsets, problem = encoder.encode(text, frame.add_special_tokens)
+        spans: list[dict[str, Any]] = []
+        if problem is None:
+            for unit_id, unit_kind, start, end in units:
+                span = _token_span(offsets, base + start, base + end)
+                if span is None:
+                    problem = f"unit {unit_id} has no tokens in the final encoding"
+                    break
+                spans.append(
+                    {
+                        "evidence_id": unit_id,
+                        "kind": unit_kind,
+                        "token_start": span[0],
+                        "token_end": span[1],
+                        "char_start": base + start,
+                        "char_end": base + end,
+                        "sha256": _sha(text[base + start : base + end]),
+                    }
+                )
+        region = (
+            (_first_token_at(offsets, base), _first_token_at(offsets, base + len(context)))
+            if offsets
+            else (0, 0)
         )
-    )[:32]
-    return {
-        "layout_id": layout_id,
-        "case_id": case.id,
-        "system": options.system,
-        "target_tokens": len(ids),
-        "position": position,
-        "total_tokens": len(ids),
-        "token_ids": ids,
-        "text": text,
-        "add_special_tokens": frame.add_special_tokens,
-        "evidence_spans": spans,
-        "requested_offset": offset,
-        "actual_offset": offset,
-        "snap_tokens": 0 if offset is not None else None,
-        "region_start": region[0],
-        "region_end": region[1],
-        "status": "ok" if problem is None else "refused",
-        "reason_code": None if problem is None else "control_offsets",
-        "reason": problem,
-        "verification": "full",
-        "verification_note": note,
-        "tokenizer_digest": encoder.tokenizer.digest,
-        "template_digest": frame.template_digest,
-        "pinned_date": frame.pinned_date,
-        "assembler_version": assembler_version(options.assembler),
-        "case_digest": case.digest(),
-        "control": kind,
-        "nominal_tokens": 0,
-    }
+        decisive = {d.id for d in case.decisive}
+        offset = next((s["token_start"] for s in spans if s["evidence_id"] in decisive), None)
+        layout_id = _sha(
+            "\x1f".join(
+                [
+                    "depthgate-control",
+                    kind,
+                    encoder.tokenizer.digest,
+                    frame.template_digest,
+                    assembler_version(options.assembler),
+                    case.digest(),
+                    "special" if frame.add_special_tokens else "plain",
+                    _sha(text),
+                ]
+            )
+        )[:32]
+        return {
+            "layout_id": layout_id,
+            "case_id": case.id,
+            "system": options.system,
+            "target_tokens": len(ids),
+            "position": position,
+            "total_tokens": len(ids),
+            "token_ids": ids,
+            "text": text,
+            "add_special_tokens": frame.add_special_tokens,
+            "evidence_spans": spans,
+            "requested_offset": offset,
+            "actual_offset": offset,
+            "snap_tokens": 0 if offset is not None else None,
+            "region_start": region[0],
+            "region_end": region[1],
+            "status": "ok" if problem is None else "refused",
+            "reason_code": None if problem is None else "control_offsets",
+            "reason": problem,
+            "verification": "full",
+            "verification_note": note,
+            "tokenizer_digest": encoder.tokenizer.digest,
+            "template_digest": frame.template_digest,
+            "pinned_date": frame.pinned_date,
+            "assembler_version": assembler_version(options.assembler),
+            "case_digest": case.digest(),
+            "control": kind,
+            "nominal_tokens": 0,
+        }
 
+    def evidence_only(self, case: Case) -> dict[str, Any]:
+        context = ""
+        units: list[tuple[str, str, int, int]] = []
+        for index, doc in enumerate(case.evidence):
+            # The first document opens a paragraph after the header (same separator the filler uses).
+            text = "\n\n" + doc.text.lstrip() if index == 0 else doc.text
+            units.append((doc.id, "evidence", len(context), len(context) + len(text)))
+            context += text
+        note = "evidence-only control: the case's evidence documents, no filler or distractors"
+        return self.row(
+            "evidence_only", case, self.frame(case), (context, units), position="evidence_only", note=note
+        )
 
-def _evidence_only(case: Case, encoder: _Encoder, options: BuildOptions) -> dict[str, Any]:
-    frame = case_frame(
-        case, template=options.template, preamble=options.preamble, assembler=options.assembler
-    )
-    context = ""
-    units: list[tuple[str, str, int, int]] = []
-    for index, doc in enumerate(case.evidence):
-        # The first document opens a paragraph after the header (same separator the filler uses).
-        text = "\n\n" + doc.text.lstrip() if index == 0 else doc.text
-        units.append((doc.id, "evidence", len(context), len(context) + len(text)))
-        context += text
-    return _control_row(
-        kind="evidence_only",
-        case=case,
-        frame=frame,
-        context=context,
-        units=units,
-        encoder=encoder,
-        options=options,
-        position="evidence_only",
-        note="evidence-only control: the case's evidence documents, no filler or distractors",
-    )
-
-
-def _evidence_absent(
-    case: Case, layout: Mapping[str, Any], encoder: _Encoder, options: BuildOptions
-) -> dict[str, Any]:
-    frame = case_frame(
-        case, template=options.template, preamble=options.preamble, assembler=options.assembler
-    )
-    length = int(layout["target_tokens"])
-    depth = layout["position"]
-    refused = layout["status"] != "ok"
-    context, units = ("", []) if refused else _without_decisive(case, layout, frame)
-    row = _control_row(
-        kind="evidence_absent",
-        case=case,
-        frame=frame,
-        context=context,
-        units=units,
-        encoder=encoder,
-        options=options,
-        position=f"evidence_absent@{depth}",
-        note=f"evidence-absent control of the {length}-token depth-{depth} layout {layout['layout_id']}",
-    )
-    row["nominal_tokens"] = length
-    if refused:
-        row["status"] = "refused"
-        row["reason_code"] = layout["reason_code"]
-        row["reason"] = f"the source layout was refused: {layout['reason']}"
-        row["target_tokens"] = length
-    return row
+    def evidence_absent(self, case: Case, layout: Mapping[str, Any]) -> dict[str, Any]:
+        frame = self.frame(case)
+        length = int(layout["target_tokens"])
+        depth = layout["position"]
+        refused = layout["status"] != "ok"
+        body: tuple[str, _Units] = ("", []) if refused else _without_decisive(case, layout, frame)
+        note = f"evidence-absent control of the {length}-token depth-{depth} layout {layout['layout_id']}"
+        row = self.row("evidence_absent", case, frame, body, position=f"evidence_absent@{depth}", note=note)
+        row["nominal_tokens"] = length
+        if refused:
+            row["status"] = "refused"
+            row["reason_code"] = layout["reason_code"]
+            row["reason"] = f"the source layout was refused: {layout['reason']}"
+            row["target_tokens"] = length
+        return row
 
 
 def _without_decisive(
@@ -322,9 +307,9 @@ def build_controls(
         raise SpecError(
             "no case with decisive evidence", field="cases", fix="use a suite with evidence cases"
         )
-    encoder = _Encoder(tokenizer)
+    controls = _Controls(_Encoder(tokenizer), options)
     by_id = {c.id: c for c in cases}
-    rows = [_evidence_only(case, encoder, options) for case in cases]
+    rows = [controls.evidence_only(case) for case in cases]
     out = Path(out_path)
     out.parent.mkdir(parents=True, exist_ok=True)
     half = Position(label=f"{_ABSENT_DEPTH:g}", depth=_ABSENT_DEPTH)
@@ -332,7 +317,7 @@ def build_controls(
         source = Path(tmp) / "absent-source.parquet"
         build_layouts(cases, tokenizer, replace(options, positions=[half]), source)
         for layout in read_layouts(source).iter_rows(named=True):
-            rows.append(_evidence_absent(by_id[layout["case_id"]], layout, encoder, options))
+            rows.append(controls.evidence_absent(by_id[layout["case_id"]], layout))
     frame = _verify(pl.DataFrame(rows, schema=CONTROLS_SCHEMA), tokenizer)
     fd, staged = tempfile.mkstemp(prefix=".controls-", suffix=".parquet", dir=out.parent)
     os.close(fd)

@@ -157,6 +157,27 @@ def _check_id(value: str, *, field: str, case: str = "") -> None:
         raise _violation(f"id {value!r} is not a valid id", field=field, case=case, fix=_ID_FIX)
 
 
+class _UniqueIds:
+    """The ids of one kind met so far in a case, each with the field that holds it: every id must be
+    a valid id and appear once."""
+
+    def __init__(self, case: str, what: str, *, fix: str) -> None:
+        self.case, self.what, self.fix = case, what, fix
+        self.seen: dict[str, str] = {}
+
+    def add(self, value: str, field: str) -> None:
+        """Check the id at ``field`` (``<field>.id``) and record it."""
+        _check_id(value, field=f"{field}.id", case=self.case)
+        if value in self.seen:
+            raise _violation(
+                f"duplicate {self.what} {value!r} (also {self.seen[value]})",
+                field=f"{field}.id",
+                case=self.case,
+                fix=self.fix,
+            )
+        self.seen[value] = field
+
+
 # --------------------------------------------------------------------------------------------------------
 # Digests
 
@@ -269,17 +290,9 @@ class Case(_Frozen):
         docs: list[tuple[str, EvidenceDoc | Distractor]] = [
             (f"evidence[{i}]", d) for i, d in enumerate(self.evidence)
         ] + [(f"distractors[{i}]", d) for i, d in enumerate(self.distractors)]
-        seen: dict[str, str] = {}
+        ids = _UniqueIds(case, "id", fix="give every evidence document and distractor its own id")
         for field, doc in docs:
-            _check_id(doc.id, field=f"{field}.id", case=case)
-            if doc.id in seen:
-                raise _violation(
-                    f"duplicate id {doc.id!r} (also {seen[doc.id]})",
-                    field=f"{field}.id",
-                    case=case,
-                    fix="give every evidence document and distractor its own id",
-                )
-            seen[doc.id] = field
+            ids.add(doc.id, field)
             if isinstance(doc, EvidenceDoc) and not doc.version.strip():
                 raise _violation(
                     "is empty", field=f"{field}.version", case=case, fix="give a version, e.g. '1'"
@@ -298,20 +311,12 @@ class Case(_Frozen):
 
     def _check_claims(self) -> None:
         case = self.id
-        claim_fields: dict[str, str] = {}
+        ids = _UniqueIds(case, "claim id", fix="give every required and forbidden claim its own id")
         for group in ("required_claims", "forbidden_claims"):
             claims: list[Claim] = getattr(self, group)
             for index, claim in enumerate(claims):
-                field = f"{group}[{index}]"
-                _check_id(claim.id, field=f"{field}.id", case=case)
-                if claim.id in claim_fields:
-                    raise _violation(
-                        f"duplicate claim id {claim.id!r} (also {claim_fields[claim.id]})",
-                        field=f"{field}.id",
-                        case=case,
-                        fix="give every required and forbidden claim its own id",
-                    )
-                claim_fields[claim.id] = field
+                ids.add(claim.id, f"{group}[{index}]")
+        claim_fields = ids.seen
         required_aliases = {
             alias.casefold(): claim.id
             for claim in self.required_claims
