@@ -31,7 +31,6 @@ import argparse
 import functools
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -208,20 +207,23 @@ def _install_hooks() -> Phases:
     from depthgate.run import controls, runner
 
     phases = Phases()
-    pipeline.build_layouts = phases.wrap("build", pipeline.build_layouts)  # type: ignore[assignment]
-    pipeline._guarded_rows = phases.wrap("presend", pipeline._guarded_rows)  # type: ignore[assignment]
-    pipeline._store = phases.wrap("store", pipeline._store)  # type: ignore[assignment]
-    pipeline.gate_run = phases.wrap("gate", pipeline.gate_run)  # type: ignore[assignment]
-    controls.build_controls = phases.wrap("controls", controls.build_controls)  # type: ignore[assignment]
-    runner.run_pairs = phases.wrap("run", runner.run_pairs)  # type: ignore[assignment]
+    for module, name, phase in (
+        (pipeline, "build_layouts", "build"),
+        (pipeline, "_guarded_rows", "presend"),
+        (pipeline, "_store", "store"),
+        (pipeline, "gate_run", "gate"),
+        (controls, "build_controls", "controls"),
+        (runner, "run_pairs", "run"),
+    ):
+        setattr(module, name, phases.wrap(phase, getattr(module, name)))
     return phases
 
 
-def _prepare_only(matrix_path: Path, out: Path, arms: int, verification: str) -> None:
+def _prepare_only(matrix_path: Path, out: Path, arms: int, verification: str, phases: Phases) -> None:
     """Build + pre-send gate + layout store of the first ``arms`` arms, as `depthgate run` does them
     (same calls, same options), without a server: the nightly shape's memory before any request."""
     from depthgate.commands import pipeline
-    from depthgate.layout.layouts import BuildOptions, parse_positions
+    from depthgate.layout.layouts import BuildOptions, build_layouts, parse_positions
     from depthgate.layout.presend import guard_layouts
     from depthgate.spec.models import load_matrix
     from depthgate.spec.suites import resolve_suite
@@ -244,7 +246,7 @@ def _prepare_only(matrix_path: Path, out: Path, arms: int, verification: str) ->
             window=system.window,
             max_output_tokens=matrix.decode.max_tokens,
         )
-        pipeline.build_layouts(suite, a.tokenizer, options, layout_path)
+        phases.wrap("build", build_layouts)(suite, a.tokenizer, options, layout_path)
         guard = functools.partial(
             guard_layouts,
             tokenizer=a.tokenizer,
@@ -274,7 +276,7 @@ def _child(args: argparse.Namespace) -> dict[str, Any]:
         # ≈ 0.1–0.6 s per 128K layout on this machine, would make the 10,000-layout run take hours.
         from depthgate.layout import presend
 
-        presend.guard_layouts = functools.partial(presend.guard_layouts, verify=False)  # type: ignore[assignment]
+        setattr(presend, "guard_layouts", functools.partial(presend.guard_layouts, verify=False))  # noqa: B010
     stub = None if args.no_run else Stub()
     base = Path(args.dir) if args.dir else None
     code: int | None = None
@@ -285,7 +287,7 @@ def _child(args: argparse.Namespace) -> dict[str, Any]:
             out = Path(tmp) / "run"
             wall = time.monotonic()
             if stub is None:
-                _prepare_only(matrix, out, args.arms, args.verification)
+                _prepare_only(matrix, out, args.arms, args.verification, phases)
             else:
                 argv = ["run", str(matrix), "--out", str(out), "--verification", args.verification]
                 argv += ["--concurrency", str(args.concurrency)]
@@ -329,23 +331,19 @@ def _child(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def measure(cases: int, length: int, *extra: str) -> dict[str, Any]:
-    """One size in a fresh child process; its ``ru_maxrss`` is read back as a cross-check."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    """One size in a fresh child process (its peaks are its own: the child resets them per phase)."""
     out = subprocess.run(
         [sys.executable, __file__, "--cases", str(cases), "--length", str(length), *extra],
         capture_output=True, text=True, cwd=REPO, check=False,
     )  # fmt: skip
     if out.returncode != 0:
         raise RuntimeError(f"child failed ({out.returncode}):\n{out.stderr[-4000:]}")
-    row = dict(json.loads(out.stdout.strip().splitlines()[-1]))
-    after = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    row["child_maxrss_mb_at_least"] = round(max(before, after) / 1024, 1)
-    return row
+    return dict(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
 def slope(small: dict[str, Any], large: dict[str, Any], key: str = "peak_rss_mb") -> float:
     """Marginal bytes per token between two sizes."""
-    return (large[key] - small[key]) * 2**20 / (large["tokens"] - small["tokens"])
+    return float(large[key] - small[key]) * 2**20 / float(large["tokens"] - small["tokens"])
 
 
 @pytest.mark.bench
