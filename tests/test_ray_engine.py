@@ -24,7 +24,7 @@ from depthgate.commands.cli import main
 from depthgate.exceptions import ExitCode
 from depthgate.run import runner
 from depthgate.run.runner import FINAL_STATUSES, RECORD_KEY, read_records
-from helpers import small_smoke_matrix
+from helpers import free_port, small_smoke_matrix
 
 pytest.importorskip("ray", reason="the ray extra is not installed (pip install 'depthgate[ray]')")
 
@@ -119,6 +119,32 @@ def test_ray_engine_gives_the_asyncio_verdict(tmp_path: Path, reference: tuple[P
     records = read_records(out)
     assert set(records["system"].to_list()) == {"gemma-base", "gemma-preamble"}
     assert set(records["endpoint"].to_list()) == {"in-process:gemma-base", "in-process:gemma-preamble"}
+
+
+def test_http_arms_on_ray_actors_give_the_asyncio_verdict(tmp_path: Path) -> None:
+    """HTTP arms (``/v1/completions`` with token ids) sent from the Ray actors: the perfect-reader
+    **stub** of tests/test_verdict_trust.py on 127.0.0.1 (a vLLM-shaped stub server reading the prompt
+    with the real GPT-2 tokenizer). Same verdict as the asyncio engine, and the server saw exactly as
+    many requests from each engine (nothing sent twice)."""
+    from test_verdict_trust import PerfectReader
+    from test_verdict_trust import _matrix as stub_matrix_file
+
+    port = free_port()
+    matrix = stub_matrix_file(
+        tmp_path, port, suite='{ kind = "builtin", cases = 6, seed = 0, language = "en" }'
+    )
+    with PerfectReader(port) as reader:
+        code = main(["run", str(matrix), "--out", str(tmp_path / "asyncio")])
+        sent_asyncio = reader.requests
+        assert main(["run", str(matrix), "--out", str(tmp_path / "ray"), "--engine", "ray"]) == code
+        sent_ray = reader.requests - sent_asyncio
+    assert code in VERDICTS and sent_ray == sent_asyncio > 0
+    assert _outputs(tmp_path / "ray") == _outputs(tmp_path / "asyncio")
+    mine, theirs = _verdict(tmp_path / "ray"), _verdict(tmp_path / "asyncio")
+    for key in SAME:
+        assert mine[key] == theirs[key], key
+    endpoints = set(read_records(tmp_path / "ray")["endpoint"].to_list())
+    assert endpoints == {f"http://127.0.0.1:{port}"}
 
 
 def _descendants(pid: int) -> set[int]:

@@ -32,6 +32,7 @@ Ray is imported lazily, here only (import-linter keeps it out of spec/layout/jud
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import os
 import pickle
@@ -281,14 +282,18 @@ def _start_ray(ray: Any, options: RayOptions) -> bool:
     if ray.is_initialized():
         return False
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    # Ray's INFO lines (instance started, each dataset execution and its plan) would bury the run's own
+    # progress lines; warnings and errors still show.
+    logging.getLogger("ray.data").setLevel(logging.WARNING)
+    quiet = {"log_to_driver": False, "logging_level": logging.WARNING}  # the actors' llama.cpp chatter
     if options.address:
-        ray.init(address=options.address, log_to_driver=False)
+        ray.init(address=options.address, **quiet)
     else:
         ray.init(
             num_cpus=os.cpu_count() or 2,
             object_store_memory=options.object_store_mb * 1024 * 1024,
             include_dashboard=False,
-            log_to_driver=False,  # the actors' llama.cpp/httpx chatter; errors still reach the driver
+            **quiet,
         )
     return True
 
