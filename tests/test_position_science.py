@@ -703,3 +703,22 @@ def test_power_checked_against_the_gate_small() -> None:
     )
     assert size.rate <= 0.05 + 2 * size.mc_se, size
     assert size.predicted == pytest.approx(0.05, abs=0.01)
+
+
+def test_low_nolima_base_score_is_flagged_per_arm() -> None:
+    """An arm that fails most evidence-only controls has a NoLiMa threshold near chance: the report says
+    so for that arm only (the embedded query-first arm: base 0.08, docs/position.md)."""
+    from depthgate.report.position import position_science
+    from depthgate.spec.models import AnalysisPlan
+
+    plan = AnalysisPlan(n_min=2, bootstrap_resamples=99)
+    fine = position_science(hand_records(), plan, seeds=[0], scored_controls=hand_controls())
+    assert fine.effective is not None and fine.effective.base_scores == {"baseline": 1.0, "candidate": 0.75}
+    assert not [n for n in fine.notes if "NoLiMa base score" in n]
+    weak = controls(
+        [(a, c, 0, "fail" if a == "candidate" and c != "c3" else "pass") for a in ARMS for c in CASES]
+    )
+    low = position_science(hand_records(), plan, seeds=[0], scored_controls=weak)
+    flagged = [n for n in low.notes if "NoLiMa base score" in n]
+    assert len(flagged) == 1 and flagged[0].startswith("candidate: NoLiMa base score 0.25")
+    assert "threshold 0.212" in flagged[0]

@@ -124,6 +124,9 @@ def test_plan_prints_power_per_slice(tmp_path: Path, capsys: pytest.CaptureFixtu
     second = float(better.split("power_all_slices:")[1].split()[0])
     assert second > first
     assert main(["plan", str(matrix), "--p-baseline", "1.5"]) == 20
+    # below 0 the ICC's variance goes negative: a named error, not a math domain error
+    assert main(["plan", str(matrix), "--p-baseline", "-0.5"]) == 20
+    assert "p_baseline" in capsys.readouterr().err
     assert main(["plan", str(tmp_path / "missing.toml")]) == 20
 
 

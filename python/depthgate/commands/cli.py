@@ -274,8 +274,17 @@ def _print_verdict(result: object, code: int, html: Path) -> None:
         by_arm: dict[str, list[str]] = {}
         for row in rows:
             by_arm.setdefault(str(row["arm"]), []).append(f"{row['position']}: {estimate(row)}")
+        from depthgate.report.position import LOW_BASE_SCORE
+
+        bases = doc["position"]["effective_length"].get("base_scores") or {}
         for arm, cells in sorted(by_arm.items()):
-            print(f"effective length ({rows[0]['rule']}), {arm}: " + ", ".join(cells))
+            base = bases.get(arm) if rows[0]["rule"] == "nolima" else None
+            low = (
+                f" (base score {base:.2f}: threshold near chance)"
+                if base is not None and base < LOW_BASE_SCORE
+                else ""
+            )
+            print(f"effective length ({rows[0]['rule']}), {arm}: " + ", ".join(cells) + low)
     counts = doc.get("controls") or {}
     if counts:
         shown = ", ".join(f"{k} {v}" for k, v in sorted(counts.get("counts", {}).items()))

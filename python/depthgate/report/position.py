@@ -20,7 +20,7 @@ import io
 import json
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -88,6 +88,23 @@ def _clean(value: Any) -> Any:
     return value
 
 
+#: Below this base score NoLiMa's relative threshold stops meaning "still does the task": on the embedded
+#: model the query-first arm passed 1 of 12 evidence-only controls (base 0.08, threshold 0.07), and its
+#: "effective length" reached the whole grid at depths where it answered 2 of 12 (docs/position.md).
+LOW_BASE_SCORE = 0.5
+
+
+def _low_base_notes(base_scores: Mapping[str, float] | None, threshold: float) -> list[str]:
+    """A note per arm whose NoLiMa base score is too low for its relative threshold to mean much."""
+    return [
+        f"{arm}: NoLiMa base score {base:.2f} is below {LOW_BASE_SCORE} (the arm fails most evidence-only "
+        f"controls), so its threshold {threshold * base:.3f} is near chance; read the RULER rule "
+        '(effective_length_rule = "ruler") or the control-normalised table for this arm'
+        for arm, base in sorted((base_scores or {}).items())
+        if base < LOW_BASE_SCORE
+    ]
+
+
 def position_science(
     scored: pl.DataFrame,
     plan: AnalysisPlan,
@@ -122,6 +139,7 @@ def position_science(
                 notes.append("no controls ran: NoLiMa base score taken as 1.0 (an absolute threshold)")
             if effective is None:
                 effective = effective_length(scored, base_scores=dict.fromkeys(ARMS, 1.0), **common)
+            notes.extend(_low_base_notes(effective.base_scores, plan.effective_length_threshold))
     except InputError as exc:
         notes.append(f"effective length not computed: {exc.message}")
     normalised = None
