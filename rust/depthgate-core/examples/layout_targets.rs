@@ -29,8 +29,8 @@ use std::time::{Duration, Instant};
 use bench::methods::*;
 use depthgate_core::spec::BatchSpec;
 use depthgate_core::{
-    presend_check, presend_check_batch, verify_layout, Layout, PresendRow, SendContract, Status,
-    TargetTokenizer, Verification,
+    presend_check_batch, verify_layout, Layout, PresendRow, SendContract, Status, TargetTokenizer,
+    Verification,
 };
 
 /// Runs per timing at the most.
@@ -138,34 +138,13 @@ fn presend(fix: &Fixture, n: usize, min_time: Duration) {
         let owned: Vec<Layout> = (0..n).map(|i| built[i % built.len()].clone()).collect();
         let layouts: Vec<&Layout> = owned.iter().collect();
         let contract = SendContract::for_tokenizer(&tok, length, Some(8192), 16, "raw", "");
-        let rows: Vec<PresendRow<'_>> = layouts
-            .iter()
-            .map(|l| PresendRow {
-                text: &l.text,
-                ids: &l.token_ids,
-                spans: &l.spans,
-                template_digest: "raw",
-                pinned_date: "",
-                target_tokens: l.target_tokens,
-            })
-            .collect();
+        let rows: Vec<PresendRow<'_>> = layouts.iter().map(|l| l.presend_row("raw", "")).collect();
         let (batch_secs, reports) = time_it(min_time, || presend_check_batch(&rows, &contract));
         let bad = reports.iter().filter(|v| !v.is_empty()).count();
         let (single_secs, _) = time_it(min_time, || {
             layouts
                 .iter()
-                .map(|l| {
-                    presend_check(
-                        &l.layout_id,
-                        &l.text,
-                        &l.token_ids,
-                        &l.spans,
-                        "raw",
-                        "",
-                        &contract,
-                    )
-                    .ok
-                })
+                .map(|l| l.presend_check("raw", "", &contract).ok)
                 .filter(|ok| *ok)
                 .count()
         });

@@ -30,6 +30,7 @@ use std::sync::{Arc, OnceLock, RwLock};
 
 use rayon::prelude::*;
 
+use crate::checks::{presend_check, CheckReport, PresendRow, SendContract};
 use crate::digest::{sha256_fields, sha256_hex};
 use crate::error::{CoreError, Result};
 use crate::spec::{
@@ -879,6 +880,42 @@ pub fn filler_digest(filler: &[String], pool: &[String]) -> String {
             .map(String::as_str)
             .collect::<Vec<_>>(),
     )
+}
+
+impl Layout {
+    /// This layout as a [`PresendRow`], rendered with `template_digest` and `pinned_date`.
+    pub fn presend_row<'a>(
+        &'a self,
+        template_digest: &'a str,
+        pinned_date: &'a str,
+    ) -> PresendRow<'a> {
+        PresendRow {
+            text: &self.text,
+            ids: &self.token_ids,
+            spans: &self.spans,
+            template_digest,
+            pinned_date,
+            target_tokens: self.target_tokens,
+        }
+    }
+
+    /// [`presend_check`] of this layout, rendered with `template_digest` and `pinned_date`.
+    pub fn presend_check(
+        &self,
+        template_digest: &str,
+        pinned_date: &str,
+        contract: &SendContract,
+    ) -> CheckReport {
+        presend_check(
+            &self.layout_id,
+            &self.text,
+            &self.token_ids,
+            &self.spans,
+            template_digest,
+            pinned_date,
+            contract,
+        )
+    }
 }
 
 struct CaseContext<'a> {

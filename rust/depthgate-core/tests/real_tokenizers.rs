@@ -190,15 +190,7 @@ fn every_family_meets_the_contract_in_full_mode() {
             );
             let contract =
                 SendContract::for_tokenizer(&tok, l.target_tokens, Some(8192), 12, "raw", "");
-            let report = presend_check(
-                &l.layout_id,
-                &l.text,
-                &l.token_ids,
-                &l.spans,
-                "raw",
-                "",
-                &contract,
-            );
+            let report = l.presend_check("raw", "", &contract);
             assert!(report.ok, "{family}: {:?}", report.violations);
         }
         // Depth 0 puts the evidence at the start of the region, depth 1 ends it at the region end.
