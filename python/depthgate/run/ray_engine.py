@@ -234,7 +234,9 @@ class ArmSpec:
 class _JobActor:
     """One Ray Data actor: the arms' backends, built once, and the runner's ``_Run`` over them."""
 
-    def __init__(self, arms: Mapping[str, ArmSpec], options: RunOptions, in_flight: int) -> None:
+    def __init__(
+        self, arms: Mapping[str, ArmSpec], options: RunOptions, in_flight: int, threads: int
+    ) -> None:
         from depthgate.run.backends import make_backend
         from depthgate.run.runner import _Run
         from depthgate.run.store import LayoutStore
@@ -242,8 +244,17 @@ class _JobActor:
         # One event loop for the actor's lifetime: HTTP clients are bound to the loop they were made in.
         self.loop = asyncio.new_event_loop()
         asyncio.set_event_loop(self.loop)
+        # llama.cpp in process: as many threads as the CPUs the actor reserved (runtime.n_threads wins).
+        # Its default, one per core, oversubscribes the cores as soon as two actors share a machine, and
+        # ggml's threads spin at their barriers: the full smoke matrix on 2 cores ran ≈ 7× slower per
+        # request with 2 actors × 2 threads than the asyncio engine's one engine × 2 threads.
         self.backends: dict[str, Backend] = {
-            arm: make_backend(spec.system, tokenizer=None, base_dir=spec.base_dir)
+            arm: make_backend(
+                spec.system,
+                tokenizer=None,
+                base_dir=spec.base_dir,
+                n_threads=threads if spec.system.runtime.n_threads is None else None,
+            )
             for arm, spec in arms.items()
         }
         sources = {arm: LayoutStore(spec.store) for arm, spec in arms.items() if spec.store is not None}
@@ -451,7 +462,12 @@ def _execute(
     gpus = ropts.num_gpus or (1.0 if any(spec.system.backend == "vllm" for spec in arms.values()) else 0.0)
     results = dataset.map_batches(
         _JobActor,
-        fn_constructor_kwargs={"arms": dict(arms), "options": options, "in_flight": in_flight},
+        fn_constructor_kwargs={
+            "arms": dict(arms),
+            "options": options,
+            "in_flight": in_flight,
+            "threads": max(1, int(ropts.num_cpus)),
+        },
         compute=ActorPoolStrategy(size=ropts.actors),
         batch_size=ropts.batch_rows,
         batch_format="numpy",
