@@ -64,6 +64,9 @@ class PerfectReader(StubServer):
         first = builtin_suite(1).cases[0]
         self.unsafe = {**self.answers, first.query: first.forbidden_claims[0].aliases[0]}
         self.tokenizers["unsafe"] = gpt2
+        # Model "short-blind" fails the first case's short (evidence-only control) input only: a case
+        # the model "cannot do" without a document around it.
+        self.blind_query, self.tokenizers["short-blind"] = first.query, gpt2
         self.requests = 0
         reader = self
 
@@ -79,6 +82,8 @@ class PerfectReader(StubServer):
                 text = reader.tokenizers[body["model"]].decode(ids)
                 table = reader.unsafe if body["model"] == "unsafe" else reader.answers
                 answer = next((a for q, a in table.items() if q in text), "not stated")
+                if body["model"] == "short-blind" and reader.blind_query in text and len(ids) < 256:
+                    answer = "not stated"
                 echo = [50256, *ids] if body["model"] == "doubled-bos" else ids
                 self.send_json(completion(body["model"], f" {answer}", echo, completion_tokens=3))
 
@@ -295,3 +300,32 @@ def test_a_forbidden_safety_claim_is_exit_12_whatever_the_statistics(
     doc = _verdict(tmp_path / "run")
     assert doc["safety_flag"] and doc["exit_code"] == "SAFETY"
     assert doc["safety"]["hits_candidate"] == 2 and doc["safety"]["hits_baseline"] == 0  # 2 depths
+
+
+def test_control_normalised_primary_metric_gates_only_baseline_eligible_cases(
+    tmp_path: Path, port: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """primary_metric = "control_normalised": the gate counts only the cases whose baseline
+    evidence-only control passes; the same records under "pass" count every placed case. Without
+    controls the metric is refused before anything is built (exit 20)."""
+    base = _matrix(tmp_path, port).read_text()
+    blind = base.replace('model = "good"', 'model = "short-blind"', 1)  # the baseline arm
+    pass_metric, normalised = tmp_path / "pass.toml", tmp_path / "normalised.toml"
+    pass_metric.write_text(blind)
+    normalised.write_text(blind + 'primary_metric = "control_normalised"\n')
+    with PerfectReader(port):
+        assert main(["run", str(pass_metric), "--out", str(tmp_path / "a")]) == ExitCode.PASS
+        assert main(["run", str(normalised), "--out", str(tmp_path / "b")]) == ExitCode.PASS
+        refused = main(["run", str(normalised), "--out", str(tmp_path / "c"), "--no-controls"])
+    assert refused == ExitCode.BAD_INPUT == 20
+    assert "plan.primary_metric" in capsys.readouterr().err
+    assert not (tmp_path / "c").exists()  # nothing half-written
+    every, kept = _verdict(tmp_path / "a"), _verdict(tmp_path / "b")
+    assert {s["n_cases"] for s in every["slices"]} == {PLACED}
+    assert {s["n_cases"] for s in kept["slices"]} == {PLACED - 1}
+    assert "primary_metric" not in every["controls"]
+    chosen = kept["controls"]["primary_metric"]
+    assert (chosen["n_eligible"], chosen["n_placed"], len(chosen["excluded"])) == (PLACED - 1, PLACED, 1)
+    frozen = json.loads((tmp_path / "b" / "manifest.json").read_text())["plan"]
+    assert frozen["primary_metric"] == "control_normalised"  # pre-registered: frozen before the data
+    assert "control_normalised (pre-registered)" in (tmp_path / "b" / "report" / "summary.md").read_text()

@@ -261,6 +261,14 @@ def run_matrix(
 
         matrix = aa_matrix(matrix)
     suite = resolve_suite(matrix.suite, base_dir=matrix_path.parent)
+    if matrix.plan.primary_metric == "control_normalised" and not controls:
+        raise InputError(
+            "the plan's primary metric control_normalised needs the evidence-only controls, and "
+            "--no-controls skips them",
+            file=str(matrix_path),
+            field="plan.primary_metric",
+            fix='drop --no-controls, or pre-register primary_metric = "pass"',
+        )
     run_jobs = _engine(engine, matrix, matrix_path.parent, ray_actors)  # refused before anything is built
     out = Path(out_dir)
     arms = [
@@ -644,15 +652,24 @@ def gate_run(
     )
     scored = score_records(records, suite, layouts)
     scored.write_parquet(run / "scored.parquet")
+    scored_controls = _score_controls(run, suite)
     labels = [p.label for p in parse_positions(positions)]
     placed = [c.id for c in suite.cases if c.decisive]  # the cases build_layouts places
-    result = gate(scored, gate_plan(plan, lengths, labels, cases=placed, seeds=frozen.seeds))
+    eligibility = None
+    if plan.primary_metric == "control_normalised":
+        # The pre-registered primary metric: the gate sees only the cases the *baseline* can do at all
+        # (its evidence-only control passes). Eligibility never depends on the candidate, or a
+        # candidate that breaks the task would shrink its own denominators.
+        eligibility = _baseline_eligible(run, scored_controls, placed)
+        placed = [c for c in placed if c in eligibility["eligible"]]
+    gated = scored if eligibility is None else scored.filter(pl.col("case_id").is_in(placed))
+    result = gate(gated, gate_plan(plan, lengths, labels, cases=placed, seeds=frozen.seeds))
     infra = infra_summary(records, _planned_jobs(run, frozen.seeds))
     paths = write_reports(
-        result, scored, Path(report_dir) if report_dir else run / "report", manifest=manifest, infra=infra
+        result, gated, Path(report_dir) if report_dir else run / "report", manifest=manifest, infra=infra
     )
-    if (run / CONTROLS_DIR).is_dir():
-        _add_controls(run, suite, scored, paths.verdict_json, paths.summary_md)
+    if scored_controls is not None:
+        _add_controls(run, scored, scored_controls, paths.verdict_json, paths.summary_md, eligibility)
     _add_position(run, plan, frozen.seeds, scored, paths.out_dir)
     if (run / AA_FILE).is_file():
         _add_noise_floor(scored, gate_plan(plan, lengths, labels), paths.out_dir)
@@ -729,27 +746,72 @@ def _planned_jobs(run: Path, seeds: Sequence[int]) -> pl.DataFrame:
     )
 
 
-def _add_controls(
-    run: Path, suite: Suite, scored: pl.DataFrame, verdict_path: Path, summary_path: Path
-) -> None:
-    """Score the controls run beside the matrix and classify each case's failures: task or model
-    (evidence-only short input fails), position or assembly (only long variants fail), hallucination
-    (evidence-absent answered with a value). Added to verdict.json and summary.md; never changes the
-    verdict itself."""
-    from depthgate.judge.controls import classify_failures, score_controls
-    from depthgate.report.report import load_verdict
+def _score_controls(run: Path, suite: Suite) -> pl.DataFrame | None:
+    """The controls run beside the matrix, scored (and written to scored_controls.parquet); None when
+    none ran."""
+    from depthgate.judge.controls import score_controls
     from depthgate.run.controls import read_controls
     from depthgate.run.runner import read_records
 
+    if not (run / CONTROLS_DIR).is_dir():
+        return None
     records = read_records(run / CONTROLS_DIR)
     if records.height == 0:
-        return
+        return None
     controls = pl.concat(
         [read_controls(run / arm / CONTROLS_FILE) for arm in ARMS if (run / arm / CONTROLS_FILE).is_file()]
     )
     scored_controls = score_controls(records, suite, controls)
-    classes = classify_failures(scored, scored_controls)
     scored_controls.write_parquet(run / "scored_controls.parquet")
+    return scored_controls
+
+
+def _baseline_eligible(
+    run: Path, scored_controls: pl.DataFrame | None, placed: Sequence[str]
+) -> dict[str, Any]:
+    """The cases whose baseline evidence-only control passed at every length it ran (the primary metric
+    ``control_normalised``); refused when the run has no controls to decide it."""
+    only = (
+        None
+        if scored_controls is None
+        else scored_controls.filter((pl.col("control") == "evidence_only") & (pl.col("arm") == "baseline"))
+    )
+    if only is None or only.height == 0:
+        raise InputError(
+            "the plan's primary metric is control_normalised, but this run has no baseline "
+            "evidence-only controls to decide which cases count",
+            file=str(run),
+            field="plan.primary_metric",
+            fix='run again without --no-controls, or pre-register primary_metric = "pass"',
+        )
+    failed = set(only.filter(pl.col("outcome") != "pass")["case_id"].to_list())
+    ran = set(only["case_id"].to_list())
+    eligible = [c for c in placed if c in ran and c not in failed]
+    return {
+        "metric": "control_normalised",
+        "eligible": eligible,
+        "n_eligible": len(eligible),
+        "n_placed": len(placed),
+        "excluded": [c for c in placed if c not in eligible],
+    }
+
+
+def _add_controls(
+    run: Path,
+    scored: pl.DataFrame,
+    scored_controls: pl.DataFrame,
+    verdict_path: Path,
+    summary_path: Path,
+    eligibility: dict[str, Any] | None = None,
+) -> None:
+    """Classify each case's failures from the controls run beside the matrix: task or model
+    (evidence-only short input fails), position or assembly (only long variants fail), hallucination
+    (evidence-absent answered with a value). Added to verdict.json and summary.md; never changes the
+    verdict itself (``eligibility``: the cases the primary metric control_normalised kept, reported)."""
+    from depthgate.judge.controls import classify_failures
+    from depthgate.report.report import load_verdict
+
+    classes = classify_failures(scored, scored_controls)
     counts = {
         f"{arm}:{cls}": n
         for arm, cls, n in classes.group_by("arm", "category").len().sort("arm", "category").iter_rows()
@@ -762,6 +824,8 @@ def _add_controls(
         "hallucinated_runs": int(scored_controls["hallucinated"].sum()),
         "evidence_only_pass_rate": only_rate,
     }
+    if eligibility is not None:
+        section["primary_metric"] = {k: v for k, v in eligibility.items() if k != "eligible"}
     verdict = json.loads(verdict_path.read_text(encoding="utf-8"))
     verdict["controls"] = json.loads(json.dumps(section, default=str))
     tmp = verdict_path.with_name(verdict_path.name + ".tmp")
@@ -783,5 +847,12 @@ def _add_controls(
         "long variants fail; hallucination: a value was given with the evidence removed.",
         "",
     ]
+    if eligibility is not None:
+        lines += [
+            f"Primary metric control_normalised (pre-registered): the gate counted the "
+            f"{eligibility['n_eligible']} of {eligibility['n_placed']} cases whose baseline evidence-only "
+            "control passed.",
+            "",
+        ]
     with summary_path.open("a", encoding="utf-8") as fh:
         fh.write("\n".join(lines))

@@ -596,7 +596,10 @@ class AnalysisPlan(_Frozen):
     confirm a regression among the matrix's slices.
     """
 
-    primary_metric: Literal["pass"] = "pass"
+    # "pass": every placed case counts. "control_normalised": only the cases whose *baseline*
+    # evidence-only control passes (the model can do the task at all), so "cannot do this task" is kept
+    # out of a position verdict; needs the controls (run without --no-controls).
+    primary_metric: Literal["pass", "control_normalised"] = "pass"
     margin: StrictFloat = Field(default=0.10, gt=0.0, lt=1.0)
     alpha: StrictFloat = Field(default=0.05, gt=0.0, lt=1.0, description="one-sided; must be < 0.5")
     n_min: StrictInt = Field(default=40, ge=2)
