@@ -29,8 +29,7 @@ use std::time::{Duration, Instant};
 use bench::methods::*;
 use depthgate_core::spec::BatchSpec;
 use depthgate_core::{
-    presend_check_batch, verify_layout, Layout, PresendRow, SendContract, Status, TargetTokenizer,
-    Verification,
+    presend_check_batch, Layout, PresendRow, SendContract, Status, TargetTokenizer, Verification,
 };
 
 /// Runs per timing at the most.
@@ -74,15 +73,7 @@ fn chunk_spec(fix: &Fixture, length: usize, cases: usize, mode: Verification) ->
 fn verify_all(tok: &TargetTokenizer, layouts: &[Layout]) -> (usize, usize, usize) {
     let mut bad = 0;
     for l in layouts.iter().filter(|l| l.status == Status::Ok) {
-        let v = verify_layout(
-            tok,
-            &l.text,
-            &l.token_ids,
-            l.add_special_tokens,
-            Some(l.target_tokens),
-            &l.spans,
-        )
-        .expect("encode");
+        let v = l.reverify(tok).expect("encode");
         if !v.is_empty() {
             eprintln!("{} {}: {v:?}", l.case_id, l.position);
             bad += 1;

@@ -37,6 +37,7 @@ use crate::spec::{
     BatchSpec, CaseSpec, Layout, PositionSpec, Span, Status, UnitKind, Verification,
 };
 use crate::tokenizer::{Piece, SegmentId, TargetTokenizer};
+use crate::verify::{verify_layout, Violation};
 
 /// Bytes of context kept on each side of a seam when a junction is checked. The pre-tokenizer
 /// regexes of the supported families look at most one character ahead, so a whitespace-led token
@@ -897,6 +898,18 @@ impl Layout {
             pinned_date,
             target_tokens: self.target_tokens,
         }
+    }
+
+    /// [`verify_layout`] of this layout as it was built: its special-token flag, its target length.
+    pub fn reverify(&self, tok: &TargetTokenizer) -> Result<Vec<Violation>> {
+        verify_layout(
+            tok,
+            &self.text,
+            &self.token_ids,
+            self.add_special_tokens,
+            Some(self.target_tokens),
+            &self.spans,
+        )
     }
 
     /// [`presend_check`] of this layout, rendered with `template_digest` and `pinned_date`.

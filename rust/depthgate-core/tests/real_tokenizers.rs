@@ -9,22 +9,9 @@ use depthgate_core::spec::{
     AnchoredSpec, BatchSpec, CaseSpec, PositionSpec, UnitKind, UnitSpec, Verification,
 };
 use depthgate_core::{
-    build_layouts, presend_check, presend_check_batch, verify_layout, Layout, PresendRow,
-    SendContract, Status, TargetTokenizer, Violation,
+    build_layouts, presend_check, presend_check_batch, PresendRow, SendContract, Status,
+    TargetTokenizer,
 };
-
-/// `verify_layout` on a built layout as it was built (its own special-token flag and target length).
-fn reverify(tok: &TargetTokenizer, l: &Layout) -> Vec<Violation> {
-    verify_layout(
-        tok,
-        &l.text,
-        &l.token_ids,
-        l.add_special_tokens,
-        Some(l.target_tokens),
-        &l.spans,
-    )
-    .unwrap()
-}
 
 fn tokenizer(family: &str) -> TargetTokenizer {
     let (json, label) = common::tokenizer_json(family);
@@ -169,7 +156,7 @@ fn every_family_meets_the_contract_in_full_mode() {
                 l.reason
             );
             assert_eq!(l.total_tokens, l.target_tokens, "{family}");
-            let violations = reverify(&tok, l);
+            let violations = l.reverify(&tok).unwrap();
             assert!(
                 violations.is_empty(),
                 "{family} {} {}: {violations:?}",
@@ -417,7 +404,7 @@ fn adversarial_variants_fall_back_to_full_with_the_reason() {
                 continue;
             }
             ok += 1;
-            let violations = reverify(&tok, l);
+            let violations = l.reverify(&tok).unwrap();
             assert!(
                 violations.is_empty(),
                 "{name} {}: {violations:?}",
@@ -448,7 +435,7 @@ fn a_modified_tokenizer_file_is_judged_by_its_content() {
     let layouts = build_layouts(&fewer_merges, &batch(Verification::Fast, vec![1024])).unwrap();
     assert!(layouts.iter().any(|l| l.verification == Verification::Fast));
     for l in layouts.iter().filter(|l| l.status == Status::Ok) {
-        let violations = reverify(&fewer_merges, l);
+        let violations = l.reverify(&fewer_merges).unwrap();
         assert!(violations.is_empty(), "{}: {violations:?}", l.position);
     }
 }
