@@ -340,7 +340,8 @@ def run_matrix(
                 control_path = out / a.arm / CONTROLS_FILE
                 if not control_path.is_file():
                     build_controls(suite, a.tokenizer, options_for(a), control_path)
-                read_controls(control_path)  # a controls file, or a named error
+                # A controls file, or a named error; only small columns (not every control's ids).
+                read_controls(control_path, columns=["layout_id", "control"])
                 control_sources[a.arm] = _store(control_path, out / a.arm / "controls-store")
                 # Controls differ in token count between arms (a preamble, a template, another
                 # tokenizer): they pair by case, control kind and *nominal* length (the matrix length
@@ -759,7 +760,12 @@ def _score_controls(run: Path, suite: Suite) -> pl.DataFrame | None:
     if records.height == 0:
         return None
     controls = pl.concat(
-        [read_controls(run / arm / CONTROLS_FILE) for arm in ARMS if (run / arm / CONTROLS_FILE).is_file()]
+        [
+            # The scorer reads ids, kinds and spans — never the controls' token ids and text.
+            read_controls(run / arm / CONTROLS_FILE, columns=["layout_id", "control", "evidence_spans"])
+            for arm in ARMS
+            if (run / arm / CONTROLS_FILE).is_file()
+        ]
     )
     scored_controls = score_controls(records, suite, controls)
     scored_controls.write_parquet(run / "scored_controls.parquet")

@@ -26,8 +26,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,7 @@ import polars as pl
 
 from depthgate import _core
 from depthgate.exceptions import InputError, SpecError
+from depthgate.layout import layouts as _layouts
 from depthgate.layout.layouts import (
     LAYOUT_SCHEMA,
     BuildOptions,
@@ -66,6 +68,23 @@ CONTROL_KINDS: tuple[str, ...] = ("evidence_only", "evidence_absent")
 CONTROLS_SCHEMA: dict[str, Any] = {**LAYOUT_SCHEMA, "control": pl.String, "nominal_tokens": pl.Int64}
 
 _ABSENT_DEPTH = 0.5
+#: Controls built and verified per batch of 64 rows (one row group of the source layouts and of the
+#: written file) and handed to the layouts' sink, which holds at most its budget (128 MB) before
+#: spilling: memory is one batch plus the sink's budget — at 128K a batch is ≈ 64 × 128K × 4 bytes of ids
+#: plus the text — not every control of the build as Python int lists (≈ 36 bytes per token).
+_BATCH_ROWS = 64
+#: The source layout columns an evidence-absent control reads (never the source's ``token_ids``).
+_SOURCE_COLUMNS = (
+    "layout_id",
+    "case_id",
+    "target_tokens",
+    "position",
+    "status",
+    "reason_code",
+    "reason",
+    "text",
+    "evidence_spans",
+)
 
 
 def _sha(text: str) -> str:
@@ -86,10 +105,11 @@ class _Encoder:
 
     def encode(
         self, text: str, add_special_tokens: bool
-    ) -> tuple[list[int], list[tuple[int, int]], str | None]:
-        ids = [int(t) for t in self.tokenizer.encode(text, add_special_tokens=add_special_tokens).tolist()]
+    ) -> tuple[np.ndarray[Any, np.dtype[np.uint32]], list[tuple[int, int]], str | None]:
+        # The ids stay a uint32 array (4 bytes per token); as a Python int list they were ≈ 36.
+        ids = np.asarray(self.tokenizer.encode(text, add_special_tokens=add_special_tokens), dtype=np.uint32)
         enc = self.hf.encode(text, add_special_tokens=add_special_tokens)
-        if list(enc.ids) != ids:
+        if not np.array_equal(np.asarray(enc.ids, dtype=np.uint32), ids):
             return ids, [], "the offsets tokenizer disagrees with the target tokenizer on this text"
         return ids, [(int(a), int(b)) for a, b in enc.offsets], None
 
@@ -265,32 +285,56 @@ def _without_decisive(
 
 
 def _verify(frame: pl.DataFrame, tokenizer: Tokenizer) -> pl.DataFrame:
-    """Full re-encode verification (Rust) of every ok control; violations refuse the control."""
-    ok = [i for i, s in enumerate(frame["status"].to_list()) if s == "ok"]
+    """Full re-encode verification (Rust) of every ok control of one batch; violations refuse the
+    control. Column-wise: the ids go to the core as one flat uint32 buffer, never as Python lists."""
+    status = frame["status"].to_list()
+    ok = [i for i, s in enumerate(status) if s == "ok"]
     if not ok:
         return frame
-    rows = frame.to_dicts()
+    picked = frame[ok]
     stored = [
         {
-            "layout_id": rows[i]["layout_id"],
-            "text": rows[i]["text"],
-            "add_special_tokens": rows[i]["add_special_tokens"],
-            "target_tokens": rows[i]["target_tokens"],
-            "spans": rows[i]["evidence_spans"],  # the core reads a stored evidence_id as its unit id
+            "layout_id": r["layout_id"],
+            "text": r["text"],
+            "add_special_tokens": r["add_special_tokens"],
+            "target_tokens": r["target_tokens"],
+            "spans": r["evidence_spans"],  # the core reads a stored evidence_id as its unit id
         }
-        for i in ok
+        for r in picked.select(
+            "layout_id", "text", "add_special_tokens", "target_tokens", "evidence_spans"
+        ).iter_rows(named=True)
     ]
-    flat = [np.asarray(rows[i]["token_ids"], dtype=np.uint32) for i in ok]
-    offsets = np.cumsum(np.array([0] + [len(x) for x in flat], dtype=np.uint64))
-    found = json.loads(
-        _core.verify_layouts(tokenizer._core, json.dumps(stored), np.concatenate(flat), offsets)
+    ids = picked["token_ids"]
+    lengths = ids.list.len().fill_null(0).cast(pl.UInt64).to_numpy()
+    offsets = np.concatenate([np.zeros(1, dtype=np.uint64), np.cumsum(lengths, dtype=np.uint64)])
+    flat = np.ascontiguousarray(
+        ids.explode(empty_as_null=False, keep_nulls=False).to_numpy(), dtype=np.uint32
     )
+    found = json.loads(_core.verify_layouts(tokenizer._core, json.dumps(stored), flat, offsets))
+    reason_code = frame["reason_code"].to_list()
+    reason = frame["reason"].to_list()
+    changed = False
     for i, violations in zip(ok, found, strict=True):
         if violations:
-            rows[i]["status"] = "refused"
-            rows[i]["reason_code"] = f"verify_{violations[0]['code']}"
-            rows[i]["reason"] = "; ".join(f"{v['code']}: {v['detail']}" for v in violations)
-    return pl.DataFrame(rows, schema=CONTROLS_SCHEMA)
+            changed = True
+            status[i] = "refused"
+            reason_code[i] = f"verify_{violations[0]['code']}"
+            reason[i] = "; ".join(f"{v['code']}: {v['detail']}" for v in violations)
+    if not changed:
+        return frame
+    return frame.with_columns(
+        pl.Series("status", status, dtype=CONTROLS_SCHEMA["status"]),
+        pl.Series("reason_code", reason_code, dtype=CONTROLS_SCHEMA["reason_code"]),
+        pl.Series("reason", reason, dtype=CONTROLS_SCHEMA["reason"]),
+    )
+
+
+def _source_batches(path: Path) -> Iterator[list[dict[str, Any]]]:
+    """The evidence-absent source layouts, one row group (64 rows) at a time, without their ids."""
+    lazy = pl.scan_parquet(path).select(_SOURCE_COLUMNS)
+    total = int(lazy.select(pl.len()).collect().item())
+    for start in range(0, total, _BATCH_ROWS):
+        yield lazy.slice(start, _BATCH_ROWS).collect().to_dicts()
 
 
 def build_controls(
@@ -301,7 +345,11 @@ def build_controls(
 ) -> pl.DataFrame:
     """Build the evidence-only control of every case and its evidence-absent control at every length of
     ``options`` (from the depth-0.5 layout; ``options.positions`` is not used), verify them, and write
-    ``out_path`` (parquet, atomically). Returns the summary (no ids or text)."""
+    ``out_path`` (parquet, atomically). Returns the summary (no ids or text).
+
+    Streams: controls are built, verified and handed to the layouts' sink 64 at a time (the source
+    layouts are read one row group at a time, without their ids), and the file is written in 64-row
+    row groups — memory is one batch, not the whole build (issue #12, docs/benchmarks.md)."""
     cases = [c for c in (suite.cases if isinstance(suite, Suite) else suite) if c.decisive]
     if not cases:
         raise SpecError(
@@ -309,36 +357,56 @@ def build_controls(
         )
     controls = _Controls(_Encoder(tokenizer), options)
     by_id = {c.id: c for c in cases}
-    rows = [controls.evidence_only(case) for case in cases]
     out = Path(out_path)
     out.parent.mkdir(parents=True, exist_ok=True)
     half = Position(label=f"{_ABSENT_DEPTH:g}", depth=_ABSENT_DEPTH)
-    with tempfile.TemporaryDirectory(prefix=".controls-", dir=out.parent) as tmp:
-        source = Path(tmp) / "absent-source.parquet"
-        build_layouts(cases, tokenizer, replace(options, positions=[half]), source)
-        for layout in read_layouts(source).iter_rows(named=True):
-            rows.append(controls.evidence_absent(by_id[layout["case_id"]], layout))
-    frame = _verify(pl.DataFrame(rows, schema=CONTROLS_SCHEMA), tokenizer)
-    fd, staged = tempfile.mkstemp(prefix=".controls-", suffix=".parquet", dir=out.parent)
-    os.close(fd)
+    summaries: list[pl.DataFrame] = []
+    tmp = Path(tempfile.mkdtemp(prefix=".controls-", dir=out.parent))
     try:
-        frame.write_parquet(staged)
+        sink = _layouts._LayoutSink(tmp, row_group_rows=_layouts.ROW_GROUP_ROWS)
+
+        def add(rows: list[dict[str, Any]]) -> None:
+            frame = _verify(pl.DataFrame(rows, schema=CONTROLS_SCHEMA), tokenizer)
+            sink.add(frame)
+            summaries.append(frame.drop("token_ids", "text"))
+
+        for start in range(0, len(cases), _BATCH_ROWS):
+            add([controls.evidence_only(case) for case in cases[start : start + _BATCH_ROWS]])
+        source = tmp / "absent-source.parquet"
+        build_layouts(cases, tokenizer, replace(options, positions=[half]), source)
+        for batch in _source_batches(source):
+            add([controls.evidence_absent(by_id[layout["case_id"]], layout) for layout in batch])
+        staged = tmp / "controls.parquet"
+        sink.finish(staged)
         os.replace(staged, out)
     finally:
-        if os.path.exists(staged):
-            os.unlink(staged)
-    return frame.drop("token_ids", "text")
+        shutil.rmtree(tmp, ignore_errors=True)
+    return pl.concat(summaries)
 
 
-def read_controls(path: str | Path) -> pl.DataFrame:
-    frame = read_layouts(path)
+def read_controls(path: str | Path, columns: Sequence[str] | None = None) -> pl.DataFrame:
+    """Read a controls file (refusing files that are not). ``columns``: read only these — the run path
+    and the scorer need a few small columns, never every control's ids and text."""
+    derive = False
+    if columns is None:
+        frame = read_layouts(path)
+    else:
+        read_layouts(path, columns=["layout_id"])  # exists and is a layouts file, or a named error
+        names = set(pl.read_parquet_schema(Path(path)))
+        derive = "nominal_tokens" in columns and "nominal_tokens" not in names
+        wanted = [c for c in columns if not (derive and c == "nominal_tokens")]
+        extra = ["control", *(["target_tokens"] if derive else [])]
+        wanted += [c for c in extra if c in names and c not in wanted]
+        frame = read_layouts(path, columns=wanted)
     if "control" not in frame.columns:
         raise InputError(
             "not a controls file: no 'control' column",
             file=str(path),
             fix="pass a controls.parquet written by build_controls",
         )
-    return with_nominal_tokens(frame)
+    if columns is None:
+        return with_nominal_tokens(frame)
+    return (with_nominal_tokens(frame) if derive else frame).select(columns)
 
 
 def with_nominal_tokens(frame: pl.DataFrame) -> pl.DataFrame:
