@@ -234,9 +234,7 @@ class ArmSpec:
 class _JobActor:
     """One Ray Data actor: the arms' backends, built once, and the runner's ``_Run`` over them."""
 
-    def __init__(
-        self, arms: Mapping[str, ArmSpec], options: RunOptions, in_flight: int, threads: int
-    ) -> None:
+    def __init__(self, arms: Mapping[str, ArmSpec], options: RunOptions, in_flight: int) -> None:
         from depthgate.run.backends import make_backend
         from depthgate.run.runner import _Run
         from depthgate.run.store import LayoutStore
@@ -244,17 +242,14 @@ class _JobActor:
         # One event loop for the actor's lifetime: HTTP clients are bound to the loop they were made in.
         self.loop = asyncio.new_event_loop()
         asyncio.set_event_loop(self.loop)
-        # llama.cpp in process: as many threads as the CPUs the actor reserved (runtime.n_threads wins).
-        # Its default, one per core, oversubscribes the cores as soon as two actors share a machine, and
-        # ggml's threads spin at their barriers: the full smoke matrix on 2 cores ran ≈ 7× slower per
-        # request with 2 actors × 2 threads than the asyncio engine's one engine × 2 threads.
+        # llama.cpp in process keeps the thread count the asyncio engine gives it (runtime.n_threads, else
+        # default_threads()): ggml's numerics depend on it. With 1 thread per actor instead of 2, one
+        # greedy answer of the 80 of the full smoke matrix changed (" 110 days." vs " 80 days."); with the
+        # same count every record of the tested matrices is identical. Size the pool so that actors ×
+        # threads fit the cores (here: --ray-actors 1): ggml's threads spin at their barriers, and 2
+        # actors × 2 threads on 2 cores ran ≈ 7× slower per request.
         self.backends: dict[str, Backend] = {
-            arm: make_backend(
-                spec.system,
-                tokenizer=None,
-                base_dir=spec.base_dir,
-                n_threads=threads if spec.system.runtime.n_threads is None else None,
-            )
+            arm: make_backend(spec.system, tokenizer=None, base_dir=spec.base_dir)
             for arm, spec in arms.items()
         }
         sources = {arm: LayoutStore(spec.store) for arm, spec in arms.items() if spec.store is not None}
@@ -466,7 +461,6 @@ def _execute(
             "arms": dict(arms),
             "options": options,
             "in_flight": in_flight,
-            "threads": max(1, int(ropts.num_cpus)),
         },
         compute=ActorPoolStrategy(size=ropts.actors),
         batch_size=ropts.batch_rows,
