@@ -39,6 +39,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 import httpx
+import numpy as np
+import polars as pl
 import pytest
 
 from depthgate.exceptions import ExitCode, InfraError, InputError, SpecError
@@ -49,6 +51,7 @@ from depthgate.run.backends.base import (
     BackendRequestError,
     OverLengthError,
     Request,
+    Response,
     Secret,
     TransientBackendError,
     api_key_from_env,
@@ -65,6 +68,7 @@ from depthgate.run.backends.http import (
 )
 from depthgate.run.retry import RetryPolicy
 from depthgate.run.runner import RunOptions, read_records, run_pairs
+from depthgate.run.store import write_layout_store
 from depthgate.spec.models import DecodeParams, System, parse_spec
 from helpers import LlamaServerProcess, free_port, small_smoke_matrix
 
@@ -80,6 +84,7 @@ class Seen:
     path: str
     body: Any
     headers: dict[str, str]
+    raw: bytes = b""
 
 
 @dataclass
@@ -107,7 +112,7 @@ def _handler(stub: Stub) -> type[BaseHTTPRequestHandler]:
             raw = self.rfile.read(length) if length else b""
             body = json.loads(raw) if raw else None
             headers = {k.lower(): v for k, v in self.headers.items()}
-            stub.seen.append(Seen(method, self.path, body, headers))
+            stub.seen.append(Seen(method, self.path, body, headers, raw))
             with stub.lock:
                 stub.inflight += 1
                 stub.max_inflight = max(stub.max_inflight, stub.inflight)
@@ -262,6 +267,99 @@ def test_recorded_shapes_vllm_completions_token_ids(stub: Stub) -> None:
     assert resp.system_fingerprint == "vllm-0.32.0-b9a60ec6"
     assert backend.window == backend.served_window == 256
     assert stub.paths() == ["/v1/models", "/v1/completions"]
+
+
+def test_a_numpy_id_array_is_sent_as_the_same_json_bytes_as_its_list(stub: Stub) -> None:
+    """Issue #12: the HTTP backends send a numpy id array (the layout store's uint32 buffer) straight
+    through orjson, without a Python int list; the body must be byte for byte the list's, and the
+    echoed ids are still compared with the ids sent (a match, and a mismatch)."""
+    stub.routes[("GET", "/v1/models")] = lambda b, h: (200, VLLM_MODELS, {})
+    stub.routes[("POST", "/v1/completions")] = _vllm_completion
+    ids = [5, 255, 256, 65_535, 65_536, 151_643, 0, *range(100, 140)]
+    stored = np.frombuffer(np.asarray(ids, dtype="<u4").tobytes(), dtype="<u4")  # as LayoutStore.ids
+    variants = {
+        "list": ids,
+        "uint32": stored,
+        "int64": stored.astype(np.int64),
+        "strided": np.repeat(stored, 2)[::2],  # not C-contiguous: orjson hands it to the fallback
+        "big-endian": stored.astype(">u4"),
+    }
+    sent: dict[str, bytes] = {}
+    for name, value in variants.items():
+        backend = OpenAICompletionsBackend("tiny", base_url=stub.url, vllm=True)
+        resp = run(_once(backend, _req(value)))
+        assert resp.server_prompt_ids_match is True, name
+        assert resp.prompt_tokens_server == len(ids)
+        sent[name] = stub.seen[-1].raw
+    assert json.loads(sent["list"])["prompt"] == ids
+    assert {name: raw == sent["list"] for name, raw in sent.items()} == dict.fromkeys(variants, True)
+
+    last_differs = lambda b, h: _vllm_completion(b, h, echo=[*b["prompt"][:-1], 7])  # noqa: E731
+    stub.routes[("POST", "/v1/completions")] = last_differs
+    backend = OpenAICompletionsBackend("tiny", base_url=stub.url, vllm=True)
+    assert run(_once(backend, _req(stored))).server_prompt_ids_match is False
+    stub.routes[("POST", "/v1/completions")] = lambda b, h: _vllm_completion(b, h, echo=b["prompt"][1:])
+    backend = OpenAICompletionsBackend("tiny", base_url=stub.url, vllm=True)
+    assert run(_once(backend, _req(stored))).server_prompt_ids_match is False
+
+
+def test_the_runner_hands_an_http_arm_the_stores_id_array_and_other_arms_a_list(
+    stub: Stub, tmp_path: Path
+) -> None:
+    """Issue #12: for a streamed run (ids read from the layout store at send time) the runner no longer
+    turns the ids into a Python int list for an HTTP arm (≈ 36 B per id per request in flight); a
+    backend that does not say ``accepts_id_array`` still gets a list. The server sees the stored ids."""
+    stub.routes[("GET", "/v1/models")] = lambda b, h: (200, VLLM_MODELS, {})
+    stub.routes[("POST", "/v1/completions")] = _vllm_completion
+    stored = {"l-a": list(range(3, 43)), "l-b": [151_643, *range(200, 230)]}
+    pl.DataFrame(
+        {"layout_id": list(stored), "token_ids": list(stored.values()), "text": ["a", "b"]},
+        schema={"layout_id": pl.String, "token_ids": pl.List(pl.UInt32), "text": pl.String},
+    ).write_parquet(tmp_path / "layouts.parquet")
+    store = write_layout_store(tmp_path / "layouts.parquet", tmp_path / "store")
+    seen: dict[str, list[type]] = {"http": [], "plain": []}
+
+    class Spy(OpenAICompletionsBackend):
+        async def _generate(self, request: Request) -> Any:
+            seen["http"].append(type(request.token_ids))
+            return await super()._generate(request)
+
+    class Plain:
+        name, accepts_token_ids, count_tolerance, window = "plain", True, 0.0, 4096
+
+        async def generate(self, request: Request) -> Any:
+            seen["plain"].append(type(request.token_ids))
+            n = len(request.token_ids or [])
+            return Response(text=" 1", finish_reason="stop", prompt_tokens_server=n, completion_tokens=1)
+
+        async def aclose(self) -> None:
+            pass
+
+    rows = [
+        {"layout_id": lid, "case_id": lid, "target_tokens": len(v), "position": "0.5", "status": "ok",
+         "total_tokens": len(v)}
+        for lid, v in stored.items()
+    ]  # fmt: skip
+    options = RunOptions(
+        run_id="arr", manifest_digest="a" * 64, decode=DecodeParams(max_tokens=4, seeds=[0]),
+        concurrency=1, progress=False, retry=RetryPolicy(max_attempts=1),
+    )  # fmt: skip
+    http = Spy("tiny", base_url=stub.url, vllm=True)
+    try:
+        run_pairs(
+            [(arm, row) for arm in ("http", "plain") for row in rows],
+            {"http": http, "plain": Plain()},
+            tmp_path / "out",
+            options,
+            sources={"http": store, "plain": store},
+        )
+    finally:
+        run(http.aclose())
+    records = read_records(tmp_path / "out")
+    assert records["status"].to_list() == ["ok"] * 4
+    assert seen == {"http": [np.ndarray, np.ndarray], "plain": [list, list]}
+    sent = sorted(s.body["prompt"] for s in stub.seen if s.path == "/v1/completions")
+    assert sent == sorted(stored.values())
 
 
 def test_recorded_shapes_models_read_once_for_concurrent_requests(stub: Stub) -> None:

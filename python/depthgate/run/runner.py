@@ -37,8 +37,9 @@ from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import IO, Any, ParamSpec, Protocol, TypeVar
+from typing import IO, TYPE_CHECKING, Any, ParamSpec, Protocol, TypeVar
 
+import numpy as np
 import polars as pl
 
 from depthgate.exceptions import InfraError, InputError, PlanChangedError
@@ -54,6 +55,9 @@ from depthgate.run.backends.base import (
 from depthgate.run.retry import CircuitBreaker, RetryPolicy
 from depthgate.spec.files import named_failure
 from depthgate.spec.models import DecodeParams
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
 
 __all__ = [
     "FINAL_STATUSES",
@@ -569,11 +573,14 @@ _RESPONSE_COLUMNS = (
 _MAX_FAILOVERS = 64
 
 
-def _ids(layout: Mapping[str, Any]) -> list[int]:
+def _ids(ids: Any, *, as_array: bool) -> Sequence[int] | npt.NDArray[Any]:
     # Rows from polars already hold Python ints: no per-token copy (at 128K tokens a
     # `[int(t) for t in ids]` copy was the larger part of the harness cost per request,
-    # docs/benchmarks-runner-gate.md).
-    ids = layout["token_ids"]
+    # docs/benchmarks-runner-gate.md). A numpy array (the layout store's uint32 buffer) stays one for
+    # a backend that takes it (`accepts_id_array`, the HTTP backends): its list of Python ints was
+    # most of a 128K request's memory in flight (issue #12, docs/benchmarks.md).
+    if isinstance(ids, np.ndarray) and ids.ndim == 1 and as_array:
+        return ids
     if hasattr(ids, "tolist"):
         return list(ids.tolist())
     return ids if isinstance(ids, list) else list(ids)
@@ -648,13 +655,16 @@ class _Run:
         self._system = {arm: str(getattr(b, "name", arm)) for arm, b in backends.items()}
         self._endpoint = {arm: endpoint_of(b) for arm, b in backends.items()}
         self._pooled = {arm: bool(getattr(b, "endpoints", None)) for arm, b in backends.items()}
+        self._id_array = {arm: bool(getattr(b, "accepts_id_array", False)) for arm, b in backends.items()}
         self._stop = tuple(options.decode.stop)
 
-    def token_ids(self, job: Job) -> list[int]:
-        """The job's prompt ids: from its row, or read from its arm's layout source (one layout, now)."""
+    def token_ids(self, job: Job) -> Sequence[int] | npt.NDArray[Any]:
+        """The job's prompt ids: from its row, or read from its arm's layout source (one layout, now);
+        a numpy array kept as one when the arm's backend takes it (``accepts_id_array``)."""
+        as_array = self._id_array.get(job.arm, False)
         if job.layout.get("token_ids") is not None:
-            return _ids(job.layout)
-        return list(self.sources[job.arm].ids(job.layout_id).tolist())
+            return _ids(job.layout["token_ids"], as_array=as_array)
+        return _ids(self.sources[job.arm].ids(job.layout_id), as_array=as_array)
 
     def text(self, job: Job) -> str | None:
         if "token_ids" in job.layout or job.arm not in self.sources:

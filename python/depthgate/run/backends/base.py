@@ -33,6 +33,8 @@ from urllib.parse import urlsplit, urlunsplit
 from depthgate.exceptions import BackendError, DepthgateError, ExitCode, InfraError, InputError
 
 if TYPE_CHECKING:
+    import numpy.typing as npt
+
     from depthgate.run.backends.llamacpp import EmbeddedLlamaBackend
 
 __all__ = [
@@ -221,7 +223,9 @@ def endpoint_url(url: str) -> str:
 @dataclass(frozen=True)
 class Request:
     """One generation request. ``token_ids`` is the exact prompt for backends that accept ids,
-    ``text`` its rendered text for text-only backends (at least one must be given).
+    ``text`` its rendered text for text-only backends (at least one must be given). ``token_ids`` is
+    a list of ints, or a 1-D numpy integer array for a backend that sets ``accepts_id_array`` (the
+    HTTP backends: the array is serialized as is, no per-request int list of ≈ 36 B per id).
 
     ``affinity``: requests with the same affinity share most of their prompt (the runner gives the
     haystack, ``"<case_id>@<target_tokens>"``: every position and seed of one case at one length); a
@@ -231,7 +235,7 @@ class Request:
     layout_id: str
     arm: str
     seed: int
-    token_ids: list[int] | None
+    token_ids: Sequence[int] | npt.NDArray[Any] | None
     text: str | None
     max_tokens: int
     temperature: float = 0.0

@@ -54,6 +54,7 @@ from typing import TYPE_CHECKING, Any, Generic, Literal, TypedDict, TypeVar, Unp
 from urllib.parse import urlsplit
 
 import aiohttp
+import numpy as np
 import orjson
 
 from depthgate.exceptions import BackendError, InputError
@@ -69,6 +70,7 @@ from depthgate.run.backends.base import (
 
 if TYPE_CHECKING:
     import httpx
+    import numpy.typing as npt
 
 __all__ = [
     "ANTHROPIC_URL",
@@ -253,14 +255,45 @@ def _apply_stops(text: str, stops: Sequence[str]) -> tuple[str, bool]:
 # JSON and the two HTTP clients
 
 
+def _array_default(value: Any) -> Any:
+    """What orjson's numpy support does not take (a non-contiguous or foreign-endian id array) and the
+    stdlib ``json`` (no numpy at all) get: the array's ints as a list."""
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
 def _dumps(payload: Mapping[str, Any]) -> bytes:
     """``payload`` as JSON bytes: orjson (a 128K-id body in 1.3 ms, the stdlib ``json`` 19 ms,
-    docs/benchmarks-runner-gate.md); the stdlib for what orjson refuses (a lone surrogate in a text),
-    which escapes it."""
+    docs/benchmarks-runner-gate.md), an id array written straight from its numpy buffer (the same JSON
+    array of ints as its list); the stdlib for what orjson refuses (a lone surrogate in a text), which
+    escapes it."""
     try:
-        return orjson.dumps(payload)
+        return orjson.dumps(payload, default=_array_default, option=orjson.OPT_SERIALIZE_NUMPY)
     except TypeError:
-        return json.dumps(payload).encode()
+        return json.dumps(payload, default=_array_default).encode()
+
+
+def _native(ids: Sequence[int] | npt.NDArray[Any]) -> Sequence[int] | npt.NDArray[Any]:
+    """An id array as orjson writes it directly: C-contiguous, native byte order (it refuses a
+    foreign-endian array with a TypeError, and the stdlib fallback spaces its JSON differently)."""
+    if isinstance(ids, np.ndarray) and not (ids.dtype.isnative and ids.flags.c_contiguous):
+        return np.ascontiguousarray(ids, dtype=ids.dtype.newbyteorder("="))
+    return ids
+
+
+def _same_ids(echoed: list[Any], sent: Sequence[int] | npt.NDArray[Any]) -> bool:
+    """Whether the server's echoed prompt ids are the ids sent (a list, or a numpy array compared
+    without building a list of it)."""
+    if not isinstance(sent, np.ndarray):
+        return echoed == list(sent)
+    if len(echoed) != len(sent):
+        return False
+    try:
+        got = np.asarray(echoed)
+    except (ValueError, TypeError):
+        return False
+    return got.dtype.kind in "iu" and bool(np.array_equal(got, sent))
 
 
 def _loads(raw: bytes) -> Any:
@@ -432,6 +465,10 @@ class _HTTPBackend:
     """
 
     accepts_token_ids: bool = False
+    #: ``Request.token_ids`` may be a numpy array: it is only measured, compared and serialized by
+    #: orjson straight from the array (issue #12: the Python int list it replaces held ≈ 5 MB per
+    #: 128K request in flight, docs/benchmarks.md).
+    accepts_id_array: bool = True
 
     def __init__(
         self,
@@ -599,7 +636,7 @@ class _HTTPBackend:
     def _validation_refusal(
         self, status: int, where: str, message: str, payload: Mapping[str, Any] | None
     ) -> BackendRequestError:
-        sent_ids = isinstance((payload or {}).get("prompt"), list)
+        sent_ids = isinstance((payload or {}).get("prompt"), (list, np.ndarray))
         fix = (
             "this server does not accept token-id prompts (llama-cpp-python's server takes text only); "
             "use prompt_format='text', or llama-server / vLLM for token-exact prompts"
@@ -756,7 +793,8 @@ class OpenAICompletionsBackend(_OpenAIShaped):
                     field="token_ids",
                     fix="send the layout ids",
                 )
-            prompt: list[int] | str = request.token_ids  # already a list of ints: sent as is
+            # A list of ints or a numpy id array: sent as is (_dumps writes the array directly).
+            prompt: Sequence[int] | npt.NDArray[Any] | str = _native(request.token_ids)
         else:
             prompt = _text_of(request, "this backend")
         n_local = len(request.token_ids) if request.token_ids is not None else None
@@ -788,7 +826,7 @@ class OpenAICompletionsBackend(_OpenAIShaped):
         echoed = choice.get("prompt_token_ids", body.get("prompt_token_ids"))
         match: bool | None = None
         if isinstance(echoed, list) and request.token_ids is not None:
-            match = echoed == request.token_ids
+            match = _same_ids(echoed, request.token_ids)
         extra: dict[str, Any] = {}
         if choice.get("stop_reason") is not None:
             extra["stop_reason"] = choice.get("stop_reason")

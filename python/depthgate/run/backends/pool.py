@@ -157,6 +157,7 @@ class ReplicaPool:
                 raise ValueError("the replicas of a pool must be backends of one kind with one setting")
         self.name = name
         self.accepts_token_ids = first.accepts_token_ids
+        self.accepts_id_array = bool(getattr(first, "accepts_id_array", False))
         self.count_tolerance = first.count_tolerance
         self.drain_after = drain_after
         self.readmit_after_s = readmit_after_s
