@@ -144,6 +144,12 @@ def test_unreachable_endpoint_is_infra_exit_30_then_the_rerun_resumes(
     assert set(infra["by_slice"]) == {"640/0", "640/1"}
     summary = (run / "report" / "summary.md").read_text()
     assert "INFRA" in summary and "lost runs by slice" in summary
+    # the per-endpoint account is in the summary too (ok, system_fail, infra_error, failed attempts)
+    url = f"http://127.0.0.1:{port}"
+    endpoint_row = next(line for line in summary.splitlines() if line.startswith(f"| `{url}` |"))
+    failed = infra["endpoints"][url]["failed"]
+    assert failed > infra["infra_error"]  # every retried attempt, not only the final records
+    assert endpoint_row == f"| `{url}` | 0 | 0 | {infra['infra_error']} | {failed} |"
     junit = (run / "report" / "junit.xml").read_text()
     assert '<error type="INFRA"' in junit
     assert "lost runs by endpoint" in (run / "report" / "report.html").read_text()
@@ -154,6 +160,8 @@ def test_unreachable_endpoint_is_infra_exit_30_then_the_rerun_resumes(
     assert code == ExitCode.PASS
     doc = _verdict(run)
     assert doc["verdict"] == "PASS" and doc["infra"]["lost"] == 0
+    ok_row = f"| `{url}` | {doc['infra']['endpoints'][url]['ok']} |"
+    assert ok_row in (run / "report" / "summary.md").read_text()
     records = read_records(run)
     assert records.height == planned and set(records["status"]) == {"ok"}
     assert server.requests == planned  # only what had no final record was sent, each once

@@ -617,6 +617,21 @@ def render_summary(
         lines += ["", "| lost runs by slice | runs |", "|---|---:|"]
         lines += [f"| `{k}` | {v} |" for k, v in sorted(health.infra.by_slice.items())]
         lines += ["", "The slice table below is computed over incomplete data: provisional, not a verdict."]
+    if health is not None and health.infra is not None and health.infra.endpoints:
+        # Where the requests went (one row per endpoint or replica; "failed attempts": attempts that
+        # failed there before the job's final record, on this replica or another).
+        lines += [
+            "",
+            "<details><summary>Requests per endpoint</summary>",
+            "",
+            "| endpoint | ok | system_fail | infra_error | failed attempts |",
+            "|---|---:|---:|---:|---:|",
+        ]
+        lines += [
+            f"| `{k}` | {v['ok']} | {v['system_fail']} | {v['infra_error']} | {v['failed']} |"
+            for k, v in sorted(health.infra.endpoints.items())
+        ]
+        lines += ["", "</details>"]
     if result.safety_flag:
         s = result.safety
         lines += [
