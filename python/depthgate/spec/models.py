@@ -1102,6 +1102,78 @@ def _parse_position(value: Any) -> Any:
 Position: TypeAlias = Annotated[float | str, BeforeValidator(_parse_position)]
 
 
+# Evidence spacing (issue #13 item 5): the token distance between the decisive documents of a
+# multi-evidence case. "adjacent" is the block as it always was; the others put filler between the
+# decisive documents inside the one moving block (depthgate.layout.layouts; docs/position.md).
+SPACING_NAMES: tuple[str, ...] = ("adjacent", "near", "far")
+#: "near": a fixed gap of this many tokens between consecutive decisive documents.
+NEAR_GAP_TOKENS = 64
+#: "far": a gap of this fraction of the layout's total length (rounded), e.g. 410 tokens at 1024.
+FAR_GAP_FRACTION = 0.4
+#: Joins a position and a non-adjacent spacing in a position label: "0.5~far", "@1200~near", "1~300tok".
+SPACING_SEP = "~"
+_GAP_LABEL = re.compile(r"^([1-9][0-9]*)tok$")
+
+
+def _parse_spacing(value: Any) -> Any:
+    fix = 'give "adjacent", "near" (64 tokens), "far" (0.4 of the length) or a gap in tokens such as 300'
+    if isinstance(value, bool):
+        raise _violation(f"{value!r} is not a spacing", fix=fix)
+    if isinstance(value, int):
+        if value < 1:
+            raise _violation(
+                f"gap {value} is not a positive number of tokens",
+                fix='use "adjacent" for no gap, or a gap of at least 1 token',
+            )
+        return value
+    if isinstance(value, str) and value in SPACING_NAMES:
+        return value
+    raise _violation(f"{value!r} is not a spacing", fix=fix)
+
+
+Spacing: TypeAlias = Annotated[str | int, BeforeValidator(_parse_spacing)]
+
+
+def spacing_label(spacing: str | int) -> str:
+    """The label of a spacing in position labels and reports: the name, or ``"<N>tok"`` for a gap."""
+    return f"{spacing}tok" if isinstance(spacing, int) else spacing
+
+
+def spacing_gap(spacing: str | int, length: int) -> int:
+    """The nominal gap in tokens between consecutive decisive documents at total ``length`` (a
+    spacing value or its label); the gap a layout records is measured (``evidence_gap_tokens``)."""
+    label = spacing_label(spacing)
+    if label == "adjacent":
+        return 0
+    if label == "near":
+        return NEAR_GAP_TOKENS
+    if label == "far":
+        return round(FAR_GAP_FRACTION * length)
+    match = _GAP_LABEL.match(label)
+    if match is None:
+        raise ValueError(f"{spacing!r} is not a spacing")
+    return int(match.group(1))
+
+
+def split_position_label(label: str) -> tuple[str, str]:
+    """``"0.5~far"`` → ``("0.5", "far")``; ``"0.5"`` → ``("0.5", "adjacent")``. The one place a position
+    label is split into its depth/offset part and its evidence spacing."""
+    base, sep, spacing = str(label).partition(SPACING_SEP)
+    return (base, spacing) if sep else (base, "adjacent")
+
+
+def is_spacing_label(label: str) -> bool:
+    return label in SPACING_NAMES or _GAP_LABEL.match(label) is not None
+
+
+def spacing_rank(label: str) -> int:
+    """Order of spacings in reports: adjacent, near, far, then explicit gaps by size."""
+    if label in SPACING_NAMES:
+        return SPACING_NAMES.index(label)
+    match = _GAP_LABEL.match(label)
+    return len(SPACING_NAMES) + (int(match.group(1)) if match else 0)
+
+
 class Matrix(_Frozen):
     """A declarative run matrix (``matrices/*.toml``): suite × lengths × positions × repeats, two systems."""
 
@@ -1109,6 +1181,9 @@ class Matrix(_Frozen):
     suite: SuiteRef
     lengths: list[StrictInt]
     positions: list[Position]
+    # Evidence spacing of multi-evidence cases (issue #13 item 5); the default leaves every layout, id
+    # and digest as before (canonical_json leaves it out).
+    spacings: list[Spacing] = Field(default_factory=lambda: ["adjacent"])
     repeats: StrictInt = Field(default=1, ge=1)
     decode: DecodeParams = DecodeParams()
     baseline: System
@@ -1159,8 +1234,47 @@ class Matrix(_Frozen):
             )
         # The slice count is known here: refuse a bootstrap too small to confirm a regression before
         # the plan is frozen and any request is sent.
-        self.plan.raise_violations(n_slices=len(self.lengths) * len(self.positions), prefix="plan.")
+        self._check_spacings()
+        self.plan.raise_violations(n_slices=len(self.lengths) * len(self.position_values()), prefix="plan.")
         return self
+
+    def _check_spacings(self) -> None:
+        if not self.spacings:
+            raise _violation(
+                "must not be empty", field="spacings", fix='list at least one spacing, e.g. ["adjacent"]'
+            )
+        labels = [spacing_label(s) for s in self.spacings]
+        if len(set(labels)) != len(labels):
+            raise _violation("contains a repeated spacing", field="spacings", fix="list each spacing once")
+        shortest = min(self.lengths)
+        for index, spacing in enumerate(self.spacings):
+            gap = spacing_gap(spacing, shortest)
+            if gap > shortest // 2:
+                raise _violation(
+                    f"a gap of {gap} tokens cannot fit the length {shortest} (at most half of it, "
+                    f"{shortest // 2} tokens)",
+                    field=f"spacings[{index}]",
+                    fix=f'use a gap of at most {shortest // 2} tokens, "far" (0.4 of the length), or longer '
+                    "lengths",
+                )
+
+    def position_values(self) -> list[str]:
+        """The position list the run is built, frozen and gated on: every position at every spacing,
+        spacing-major; a non-adjacent spacing joins the position as ``"0.5~far"``. With the default
+        spacing this is exactly ``[str(p) for p in positions]``."""
+        return [
+            str(p) if spacing_label(s) == "adjacent" else f"{p}{SPACING_SEP}{spacing_label(s)}"
+            for s in self.spacings
+            for p in self.positions
+        ]
+
+    def canonical_json(self) -> str:
+        """As :meth:`_Frozen.canonical_json`, without ``spacings`` when it is the default, so matrices
+        written before the field keep their digest (and their run ids)."""
+        data = self.model_dump(mode="json")
+        if data.get("spacings") == ["adjacent"]:
+            del data["spacings"]
+        return canonical_json(data)
 
 
 class SystemRecord(_Frozen):
@@ -1341,6 +1455,10 @@ def schema() -> dict[str, dict[str, Any]]:
 
 
 __all__ = [
+    "FAR_GAP_FRACTION",
+    "NEAR_GAP_TOKENS",
+    "SPACING_NAMES",
+    "SPACING_SEP",
     "SPECIAL_TOKEN_PATTERN",
     "UNIT_SEPARATORS",
     "AnalysisPlan",
@@ -1360,6 +1478,7 @@ __all__ = [
     "RegressionMethod",
     "Risk",
     "RunManifest",
+    "Spacing",
     "StopRule",
     "Suite",
     "SuiteRef",
@@ -1368,6 +1487,7 @@ __all__ = [
     "TaskKind",
     "canonical_json",
     "find_special_token",
+    "is_spacing_label",
     "load_matrix",
     "load_suite",
     "look_alpha",
@@ -1375,6 +1495,10 @@ __all__ = [
     "parse_spec",
     "plan_violations",
     "schema",
+    "spacing_gap",
+    "spacing_label",
+    "spacing_rank",
     "spec_error_from_validation",
+    "split_position_label",
     "unit_contract_violation",
 ]
