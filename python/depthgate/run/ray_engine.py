@@ -58,6 +58,7 @@ from depthgate.run.runner import (
     read_records,
     shard_of,
 )
+from depthgate.spec.files import import_extra
 
 if TYPE_CHECKING:
     from depthgate.spec.models import System
@@ -88,16 +89,15 @@ UNSUPPORTED: Mapping[str, str] = {
 
 def import_ray() -> ModuleType:
     """``ray`` with Ray Data, or :class:`InputError` (exit 20) naming the extra to install."""
-    try:
-        import ray
-        import ray.data  # Ray Data needs the `data` extra (pyarrow, pandas), not bare `ray`
-    except ImportError as exc:
-        raise InputError(
-            f"--engine ray needs Ray Data, which is not installed ({exc})",
-            field="--engine",
-            fix=f"pip install '{RAY_EXTRA}' (ray[data]=={TESTED_RAY}), or run with --engine asyncio",
-        ) from None
-    return ray
+    # Ray Data needs the `data` extra (pyarrow, pandas), not bare `ray`.
+    return import_extra(
+        "ray",
+        "ray.data",
+        error=InputError,
+        what="--engine ray needs Ray Data, which is not installed",
+        field="--engine",
+        fix=f"pip install '{RAY_EXTRA}' (ray[data]=={TESTED_RAY}), or run with --engine asyncio",
+    )
 
 
 def refuse_unsupported(systems: Mapping[str, System]) -> None:
@@ -415,16 +415,14 @@ def run_pairs_ray(
             writer.flush()
             if started_ray:
                 ray.shutdown()
-    return RunSummary(
-        run_id=run_id,
-        out_dir=out,
+    return RunSummary.from_counts(
+        run_id,
+        out,
         total=len(order),
-        already_done=already,
-        ok=counts["ok"],
-        system_fail=counts["system_fail"],
-        infra_error=counts["infra_error"],
+        already=already,
+        counts=counts,
         shards_written=writer.shards_written,
-        elapsed_s=time.monotonic() - started,
+        started=started,
         circuit_open=circuit,
     )
 

@@ -535,6 +535,33 @@ class RunSummary:
     elapsed_s: float
     circuit_open: str | None = None
 
+    @classmethod
+    def from_counts(
+        cls,
+        run_id: str,
+        out: Path,
+        *,
+        total: int,
+        already: int,
+        counts: Mapping[str, int],
+        shards_written: int,
+        started: float,
+        circuit_open: str | None,
+    ) -> RunSummary:
+        """The summary of one call, from the per-status counts both engines keep (asyncio and Ray)."""
+        return cls(
+            run_id=run_id,
+            out_dir=out,
+            total=total,
+            already_done=already,
+            ok=counts["ok"],
+            system_fail=counts["system_fail"],
+            infra_error=counts["infra_error"],
+            shards_written=shards_written,
+            elapsed_s=time.monotonic() - started,
+            circuit_open=circuit_open,
+        )
+
     @property
     def written(self) -> int:
         return self.ok + self.system_fail + self.infra_error
@@ -965,16 +992,14 @@ async def arun_pairs(
             writer.flush()
         if fatal:
             raise fatal[0]
-    return RunSummary(
-        run_id=run_id,
-        out_dir=out,
+    return RunSummary.from_counts(
+        run_id,
+        out,
         total=len(order),
-        already_done=already,
-        ok=counts["ok"],
-        system_fail=counts["system_fail"],
-        infra_error=counts["infra_error"],
+        already=already,
+        counts=counts,
         shards_written=writer.shards_written,
-        elapsed_s=time.monotonic() - started,
+        started=started,
         circuit_open=run.breaker.tripped,
     )
 

@@ -8,16 +8,18 @@ own wording, so the messages the tests pin stay as they were.
 
 from __future__ import annotations
 
+import importlib
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any, NoReturn
 
 from depthgate.exceptions import DepthgateError
 
-__all__ = ["ReadFailures", "named_failure", "read_json", "read_utf8"]
+__all__ = ["ReadFailures", "import_extra", "named_failure", "read_json", "read_utf8"]
 
 
 @dataclass(frozen=True)
@@ -92,3 +94,21 @@ def named_failure(
             field=field,
             fix=fix,
         ) from exc
+
+
+def import_extra(
+    *modules: str,
+    error: type[DepthgateError],
+    what: str,
+    fix: str,
+    field: str | None = None,
+    file: str | None = None,
+) -> ModuleType:
+    """Import an optional dependency (``modules`` in order: ``"ray", "ray.data"``) and return the
+    first; a missing one raises ``error`` as "``what`` (the ImportError)" with the extra to install
+    as the fix. The harness runs without every extra; which one a command needs is said here, once."""
+    try:
+        loaded = [importlib.import_module(name) for name in modules]
+    except ImportError as exc:
+        raise error(f"{what} ({exc})", field=field, file=file, fix=fix) from None
+    return loaded[0]

@@ -32,7 +32,7 @@ from depthgate.layout.gguf_tokenizer import (
     tokenizer_from_gguf,
     verify_against_llamacpp,
 )
-from depthgate.spec.files import named_failure
+from depthgate.spec.files import import_extra, named_failure
 
 __all__ = ["EmbeddedLlamaBackend", "FinishReason", "Generation", "default_threads"]
 
@@ -68,15 +68,13 @@ def default_threads() -> int:
 
 
 def _import_llama_cpp() -> Any:
-    try:
-        import llama_cpp
-    except ImportError as exc:
-        raise InfraError(
-            f"llama-cpp-python is not installed ({exc})",
-            field="llama-cpp-python",
-            fix="pip install 'depthgate[embedded]' (builds llama.cpp from source, ~5 min)",
-        ) from exc
-    return llama_cpp
+    return import_extra(
+        "llama_cpp",
+        error=InfraError,
+        what="llama-cpp-python is not installed",
+        field="llama-cpp-python",
+        fix="pip install 'depthgate[embedded]' (builds llama.cpp from source, ~5 min)",
+    )
 
 
 class EmbeddedLlamaBackend:

