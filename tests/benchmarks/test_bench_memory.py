@@ -34,124 +34,25 @@ import os
 import subprocess
 import sys
 import tempfile
-import textwrap
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+import stub_server
 
 REPO = Path(__file__).resolve().parents[2]
 GPT2 = REPO / "tests" / "fixtures" / "tokenizers" / "gpt2" / "tokenizer.json.gz"
 PEAK_TARGET_MB = 4096
 
-# The stub, in its own process so its memory and CPU are not the harness's. It never parses the
-# 128K-id prompt as JSON: it counts the ids between the brackets of ``"prompt"`` (≈ 1 ms a request).
-STUB = textwrap.dedent(
-    r"""
-    import asyncio, json, sys, time
 
-    STATE = {"requests": 0, "prompt_tokens": 0}
-    MODELS = json.dumps({"object": "list", "data": [{"id": "stub", "object": "model",
-                                                     "max_model_len": 1 << 20}]}).encode()
-
-
-    def reply(body, status="200 OK"):
-        head = f"HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
-        return head.encode("latin-1") + body
-
-
-    def count_prompt(body):
-        at = body.find(b'"prompt"')
-        start = body.find(b"[", at)
-        end = body.find(b"]", start)
-        if at < 0 or start < 0 or end < 0:
-            prompt = json.loads(body)["prompt"]
-            return len(prompt) if isinstance(prompt, list) else len(str(prompt).split())
-        inner = body[start + 1 : end].strip()
-        return inner.count(b",") + 1 if inner else 0
-
-
-    class Http(asyncio.Protocol):
-        def connection_made(self, transport):
-            self.t = transport
-            self.buf = bytearray()
-
-        def data_received(self, data):
-            self.buf += data
-            while True:
-                end = self.buf.find(b"\r\n\r\n")
-                if end < 0:
-                    return
-                lines = bytes(self.buf[:end]).decode("latin-1").split("\r\n")
-                method, path, _ = lines[0].split(" ", 2)
-                length = 0
-                for line in lines[1:]:
-                    key, _, value = line.partition(":")
-                    if key.strip().lower() == "content-length":
-                        length = int(value)
-                if len(self.buf) < end + 4 + length:
-                    return
-                body = bytes(self.buf[end + 4 : end + 4 + length])
-                del self.buf[: end + 4 + length]
-                self.t.write(self.handle(method, path, body))
-
-        def handle(self, method, path, body):
-            if path == "/v1/models":
-                return reply(MODELS)
-            if path == "/stats":
-                return reply(json.dumps({**STATE, "cpu_s": time.process_time()}).encode())
-            if method == "POST" and path == "/v1/completions":
-                n = count_prompt(body)
-                STATE["requests"] += 1
-                STATE["prompt_tokens"] += n
-                out = {"id": "cmpl-stub", "object": "text_completion", "created": 0, "model": "stub",
-                       "choices": [{"index": 0, "text": " not stated", "logprobs": None,
-                                    "finish_reason": "stop"}],
-                       "usage": {"prompt_tokens": n, "completion_tokens": 2, "total_tokens": n + 2}}
-                return reply(json.dumps(out).encode())
-            return reply(b'{"error": {"message": "not found"}}', "404 Not Found")
-
-
-    async def main():
-        server = await asyncio.get_running_loop().create_server(Http, "127.0.0.1", 0, backlog=1024)
-        print(server.sockets[0].getsockname()[1], flush=True)
-        await asyncio.sleep(float(sys.argv[1]))
-
-
-    asyncio.run(main())
-    """
-)
-
-
-class Stub:
-    """The stub server in a child process (it stops by itself after ``lifetime_s``)."""
+class Stub(stub_server.StubServer):
+    """The stub server (tests/benchmarks/stub_server.py) in a child process; it answers at once with a
+    fixed completion and stops by itself after ``lifetime_s``."""
 
     def __init__(self, lifetime_s: float = 6 * 3600) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-c", STUB, str(lifetime_s)], stdout=subprocess.PIPE, text=True
-        )
-        assert self.proc.stdout is not None
-        port = self.proc.stdout.readline().strip()
-        if not port.isdigit():
-            self.close()
-            raise RuntimeError(f"stub server did not start (said {port!r})")
-        self.url = f"http://127.0.0.1:{port}"
-
-    def stats(self) -> dict[str, Any]:
-        import httpx
-
-        return dict(httpx.get(f"{self.url}/stats", timeout=30).json())
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        super().__init__(0.0, lifetime_s, " not stated")
 
 
 def _status_kb(field: str) -> int:

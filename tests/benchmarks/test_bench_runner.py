@@ -44,10 +44,7 @@ import asyncio
 import json
 import math
 import os
-import subprocess
-import sys
 import tempfile
-import textwrap
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
@@ -55,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import stub_server
 
 pytestmark = pytest.mark.bench
 
@@ -64,139 +62,13 @@ SERVER_LIFETIME_S = 900.0  # the stub stops by itself after this, whatever happe
 # --------------------------------------------------------------------------------------------------
 # the stub server (its own process; loopback only)
 
-SERVER = textwrap.dedent(
-    r"""
-    import asyncio, json, re, sys, time
 
-    DELAY = float(sys.argv[1])
-    LIFETIME = float(sys.argv[2])
-    STATE = {"requests": 0, "connections": 0}
-    MODELS = json.dumps({"object": "list", "data": [{"id": "stub", "max_model_len": 1 << 20}]}).encode()
-    PROMPT = re.compile(rb'"prompt"\s*:\s*')
-    ECHO = re.compile(rb'"return_token_ids"\s*:\s*true')
-    HEAD = (b'{"id":"cmpl-stub","object":"text_completion","created":0,"model":"stub","choices":[{"index":0,'
-            b'"text":" 42","logprobs":null,"finish_reason":"stop","stop_reason":"\\n"')
-
-
-    def reply(body: bytes, status: str = "200 OK") -> bytes:
-        head = (f"HTTP/1.1 {status}\r\nContent-Type: application/json\r\n"
-                f"Content-Length: {len(body)}\r\n\r\n")
-        return head.encode("latin-1") + body
-
-
-    def completion(body: bytes) -> bytes:
-        # The prompt's ids are echoed as the bytes that were sent (no parse: at 128K ids the server
-        # would otherwise spend more CPU than the client it measures).
-        start = PROMPT.search(body).end()
-        if body[start:start + 1] == b"[":
-            end = body.index(b"]", start) + 1
-            ids = body[start:end]
-            inner = ids[1:-1].strip()
-            n = inner.count(b",") + 1 if inner else 0
-        else:
-            ids, n = None, len(str(json.loads(body)["prompt"]).split())
-        out = HEAD
-        if ids is not None and ECHO.search(body):
-            out += b',"prompt_token_ids":' + ids + b',"token_ids":[1,2]'
-        out += b'}],"usage":{"prompt_tokens":%d,"completion_tokens":2,"total_tokens":%d}}' % (n, n + 2)
-        return out
-
-
-    class Http(asyncio.Protocol):
-        def connection_made(self, transport):
-            self.t = transport
-            self.buf = bytearray()
-            self.busy = False
-            STATE["connections"] += 1
-
-        def data_received(self, data):
-            self.buf += data
-            self.pump()
-
-        def pump(self):
-            while not self.busy:
-                end = self.buf.find(b"\r\n\r\n")
-                if end < 0:
-                    return
-                lines = bytes(self.buf[:end]).decode("latin-1").split("\r\n")
-                method, path, _ = lines[0].split(" ", 2)
-                length = 0
-                for line in lines[1:]:
-                    key, _, value = line.partition(":")
-                    if key.strip().lower() == "content-length":
-                        length = int(value)
-                if len(self.buf) < end + 4 + length:
-                    return
-                body = bytes(self.buf[end + 4 : end + 4 + length])
-                del self.buf[: end + 4 + length]
-                self.handle(method, path, body)
-
-        def send(self, data):
-            self.busy = False
-            if not self.t.is_closing():
-                self.t.write(data)
-                self.pump()
-
-        def handle(self, method, path, body):
-            if path == "/v1/models":
-                self.t.write(reply(MODELS))
-            elif path == "/stats":
-                self.t.write(reply(json.dumps({**STATE, "cpu_s": time.process_time()}).encode()))
-            elif method == "POST" and path == "/v1/completions":
-                STATE["requests"] += 1
-                data = reply(completion(body))
-                if DELAY > 0:
-                    self.busy = True
-                    asyncio.get_running_loop().call_later(DELAY, self.send, data)
-                else:
-                    self.t.write(data)
-            else:
-                self.t.write(reply(b'{"error": {"message": "not found"}}', "404 Not Found"))
-
-
-    async def main():
-        loop = asyncio.get_running_loop()
-        server = await loop.create_server(Http, "127.0.0.1", 0, backlog=4096)
-        print(server.sockets[0].getsockname()[1], flush=True)
-        await asyncio.sleep(LIFETIME)
-
-
-    asyncio.run(main())
-    """
-)
-
-
-class StubServer:
-    """The stub in a child process; ``url``; ``stats()``: requests, connections and server CPU seconds."""
+class StubServer(stub_server.StubServer):
+    """The stub in a child process (tests/benchmarks/stub_server.py); ``url``; ``stats()``: requests,
+    connections and server CPU seconds."""
 
     def __init__(self, delay_s: float) -> None:
-        self.delay_s = delay_s
-        self.proc = subprocess.Popen(
-            [sys.executable, "-c", SERVER, str(delay_s), str(SERVER_LIFETIME_S)],
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline().strip()
-        if not line.isdigit():
-            self.close()
-            raise RuntimeError(f"stub server did not start (said {line!r})")
-        self.url = f"http://127.0.0.1:{line}"
-
-    def stats(self) -> dict[str, Any]:
-        import urllib.request
-
-        with urllib.request.urlopen(f"{self.url}/stats", timeout=10) as answer:
-            return dict(json.loads(answer.read()))
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        super().__init__(delay_s, SERVER_LIFETIME_S)
 
 
 # --------------------------------------------------------------------------------------------------
