@@ -9,11 +9,13 @@ batches so a 10,000-layout 128K matrix never sits in memory at once.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
+import math
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -26,12 +28,20 @@ from depthgate.exceptions import InputError, SpecError
 from depthgate.layout.templates import ChatTemplate, Frame, chat_frame, raw_frame
 from depthgate.spec.assemblers import assemble
 from depthgate.spec.filler import filler_pool, filler_units
-from depthgate.spec.models import Case, Suite
+from depthgate.spec.models import (
+    SPACING_SEP,
+    Case,
+    Suite,
+    is_spacing_label,
+    spacing_gap,
+    split_position_label,
+)
 
 __all__ = [
     "ASSEMBLER_VERSION",
     "LAYOUT_SCHEMA",
     "ROW_GROUP_ROWS",
+    "SPACING_SCHEMA",
     "BuildOptions",
     "CheckSummary",
     "Position",
@@ -107,6 +117,22 @@ LAYOUT_SCHEMA: dict[str, Any] = {
     "case_digest": pl.String,
 }
 
+#: Evidence spacing (issue #13 item 5), after the layout columns of every built layouts file:
+#: ``spacing`` (the label: adjacent, near, far, <N>tok), ``evidence_gaps`` (the MEASURED tokens between
+#: consecutive decisive documents, in text order, read from the final spans) and ``evidence_gap_tokens``
+#: (the smallest of them; null with fewer than two decisive documents or on a refused layout).
+SPACING_SCHEMA: dict[str, Any] = {
+    "spacing": pl.String,
+    "evidence_gaps": pl.List(pl.Int64),
+    "evidence_gap_tokens": pl.Int64,
+}
+_BUILT_SCHEMA: dict[str, Any] = {**LAYOUT_SCHEMA, **SPACING_SCHEMA}
+
+#: The gap filler between decisive documents comes from its own filler stream (this offset added to the
+#: filler seed), so it never repeats the haystack's sentences around it; its texts are bound into the
+#: layout id through the case digest the core hashes.
+_GAP_SEED_OFFSET = 7919
+
 
 class Tokenizer:
     """A target tokenizer loaded by the Rust core (the same bytes both sides tokenize with)."""
@@ -139,21 +165,33 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
 
 @dataclass(frozen=True)
 class Position:
-    """A named depth in [0, 1] of the context region, or an absolute token offset of the evidence."""
+    """A named depth in [0, 1] of the context region, or an absolute token offset of the evidence;
+    ``spacing``: the evidence spacing of multi-evidence cases (``"adjacent"``, or carried in the label
+    as ``"0.5~far"``)."""
 
     label: str
     depth: float | None = None
     offset: int | None = None
+    spacing: str = "adjacent"
 
     def to_spec(self) -> dict[str, Any]:
         return {"label": self.label, "depth": self.depth, "offset": self.offset}
 
 
 def parse_positions(values: Sequence[float | str]) -> list[Position]:
-    """``0.5`` / ``"0.5"`` → depth; ``"@1200"`` → absolute offset."""
+    """``0.5`` / ``"0.5"`` → depth; ``"@1200"`` → absolute offset; either may carry an evidence spacing,
+    ``"0.5~far"``, ``"@1200~near"``, ``"1~300tok"`` (``Matrix.position_values``)."""
     out: list[Position] = []
     for raw in values:
-        text = str(raw).strip()
+        text, spacing = split_position_label(str(raw).strip())
+        text = text.strip()
+        if not is_spacing_label(spacing):
+            raise InputError(
+                f"position {raw!r} has the unknown spacing {spacing!r}",
+                field="positions",
+                fix="write a spacing as <position>~near, ~far or ~<N>tok (e.g. 0.5~far), or leave it off",
+            )
+        suffix = "" if spacing == "adjacent" else f"{SPACING_SEP}{spacing}"
         if text.startswith("@"):
             try:
                 offset = int(text[1:])
@@ -165,7 +203,7 @@ def parse_positions(values: Sequence[float | str]) -> list[Position]:
                 ) from None
             if offset < 0:
                 raise InputError(f"offset {text} is negative", field="positions", fix="use @0 or more")
-            out.append(Position(label=text, offset=offset))
+            out.append(Position(label=text + suffix, offset=offset, spacing=spacing))
             continue
         try:
             depth = float(text)
@@ -181,7 +219,7 @@ def parse_positions(values: Sequence[float | str]) -> list[Position]:
                 field="positions",
                 fix="use a depth between 0 (start of the context) and 1 (end), or an offset @N",
             )
-        out.append(Position(label=_depth_label(depth), depth=depth))
+        out.append(Position(label=_depth_label(depth) + suffix, depth=depth, spacing=spacing))
     return out
 
 
@@ -225,8 +263,23 @@ def _distractor_depths(case: Case) -> list[float]:
     return [float(d) for d in depths]
 
 
-def _case_spec(case: Case, frame: Frame, filler_offset: int) -> dict[str, Any]:
-    moving = [{"id": d.id, "text": d.text, "kind": "evidence"} for d in case.decisive]
+def _case_spec(
+    case: Case, frame: Frame, filler_offset: int, gaps: Sequence[Sequence[str]] = ()
+) -> dict[str, Any]:
+    """The core's spec of one case. ``gaps``: for a non-adjacent spacing, the filler units between
+    consecutive decisive documents (one list per pair), inside the one moving block, as kind "filler"
+    (no span, never evidence); the block still moves as a whole, so the design stays paired."""
+    moving: list[dict[str, Any]] = []
+    for index, d in enumerate(case.decisive):
+        if index and gaps:
+            moving += [
+                {"id": f"{case.id}~gap{index}.{k}", "text": text, "kind": "filler"}
+                for k, text in enumerate(gaps[index - 1])
+            ]
+        moving.append({"id": d.id, "text": d.text, "kind": "evidence"})
+    case_digest = case.digest()
+    if gaps:  # the gap texts are part of what the layout id binds
+        case_digest = _fields_digest([case_digest, *(t for gap in gaps for t in (SPACING_SEP, *gap))])
     anchored: list[dict[str, Any]] = []
     for doc in case.competing:
         depth = case.competing_depth if case.competing_depth is not None else 0.5
@@ -235,13 +288,60 @@ def _case_spec(case: Case, frame: Frame, filler_offset: int) -> dict[str, Any]:
         anchored.append({"id": dist.id, "text": dist.text, "kind": "distractor", "depth": depth})
     return {
         "case_id": case.id,
-        "case_digest": case.digest(),
+        "case_digest": case_digest,
         "prefix": frame.prefix,
         "suffix": frame.suffix,
         "moving": moving,
         "anchored": anchored,
         "filler_offset": filler_offset,
     }
+
+
+class _GapFiller:
+    """Filler units between decisive documents for a nominal gap in tokens, from the gap stream of one
+    language; unit token counts are read once per build (an isolated encode: the gap a layout records
+    is measured on its final encoding, this only chooses the units)."""
+
+    def __init__(self, tokenizer: Tokenizer, seed: int, language: str, count: int) -> None:
+        self._tokenizer = tokenizer
+        self._units = filler_units(seed + _GAP_SEED_OFFSET, language, max(count, 64))
+        self._tokens: dict[int, int] = {}
+
+    def _count(self, index: int) -> int:
+        if index not in self._tokens:
+            self._tokens[index] = len(self._tokenizer.encode(self._units[index]))
+        return self._tokens[index]
+
+    def units(self, gap: int, start: int) -> list[str]:
+        """Consecutive units from ``start`` (wrapping) whose token counts sum closest to ``gap`` (at
+        least one unit)."""
+        n = len(self._units)
+        chosen: list[int] = []
+        total = 0
+        while total < gap and len(chosen) < n:
+            index = (start + len(chosen)) % n
+            chosen.append(index)
+            total += self._count(index)
+        if len(chosen) > 1 and total - gap > gap - (total - self._count(chosen[-1])):
+            chosen.pop()
+        return [self._units[i] for i in chosen]
+
+
+def _spacing_groups(positions: Sequence[Position]) -> list[tuple[str, list[Position]]]:
+    """Positions by spacing, in first-seen order (the adjacent ones build exactly as before)."""
+    groups: dict[str, list[Position]] = {}
+    for p in positions:
+        groups.setdefault(p.spacing, []).append(p)
+    return list(groups.items())
+
+
+def _gap_batches(spacing: str, lengths: Sequence[int]) -> list[tuple[list[int], int]]:
+    """Lengths that share one nominal gap (one core call each): all of them for adjacent, near and
+    explicit gaps, one per length for far (a fraction of the length)."""
+    by_gap: dict[int, list[int]] = {}
+    for length in lengths:
+        by_gap.setdefault(spacing_gap(spacing, length), []).append(length)
+    return [(ls, gap) for gap, ls in by_gap.items()]
 
 
 @dataclass(frozen=True)
@@ -328,7 +428,7 @@ class _LayoutSink:
     def finish(self, path: Path) -> None:
         """Write everything added so far to the parquet file ``path``."""
         if not self._parts:
-            frames = self._held or [pl.DataFrame(schema=LAYOUT_SCHEMA)]
+            frames = self._held or [pl.DataFrame(schema=_BUILT_SCHEMA)]
             pl.concat(frames, rechunk=False).write_parquet(path, row_group_size=self._row_group_rows)
             self._held, self._held_bytes = [], 0
             return
@@ -359,6 +459,15 @@ def build_layouts(
     for length in options.lengths:
         if length < 16:
             raise InputError(f"length {length} is too small", field="lengths", fix="use lengths >= 16 tokens")
+    groups = _spacing_groups(options.positions)
+    spaced = [label for label, _ in groups if label != "adjacent"]
+    if spaced and not any(len(c.decisive) >= 2 for c in cases):
+        raise SpecError(
+            f"spacing {spaced[0]!r} needs a case with two or more decisive documents; every case of this "
+            "suite has one, so every spacing would build the same prompt",
+            field="spacings",
+            fix='use a suite with multi-evidence cases, or spacings = ["adjacent"]',
+        )
     languages = {c.language for c in cases}
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
@@ -376,6 +485,11 @@ def build_layouts(
             lang: f'"filler": {json.dumps(units)}, "pool": {json.dumps(pool)}'
             for lang, (units, pool, _) in filler.items()
         }
+        gap_fillers = {
+            lang: _GapFiller(tokenizer, options.filler_seed, lang, len(filler[lang][0]))
+            for lang in languages
+            if spaced
+        }
         sink = _LayoutSink(tmp_dir, row_group_rows=ROW_GROUP_ROWS)
         for chunk_index, chunk in enumerate(_chunks(cases, _CASES_PER_CHUNK)):
             by_lang: dict[str, list[Case]] = {}
@@ -390,45 +504,91 @@ def build_layouts(
                     for c in lang_cases
                 ]
                 frame0 = frames[0]
-                specs = [
-                    _case_spec(c, f, ((chunk_index * _CASES_PER_CHUNK + i) * stride) % 4096)
-                    for i, (c, f) in enumerate(zip(lang_cases, frames, strict=True))
+                offsets = [
+                    ((chunk_index * _CASES_PER_CHUNK + i) * stride) % 4096 for i in range(len(lang_cases))
                 ]
                 if len({f.add_special_tokens for f in frames}) != 1:
                     raise SpecError("cases render with different BOS handling", field="chat_template")
-                batch = {
-                    "assembler_version": assembler_version(options.assembler),
-                    "template_digest": frame0.template_digest,
-                    "add_special_tokens": frame0.add_special_tokens,
-                    "verification": options.verification,
-                    "window": options.window,
-                    "max_output_tokens": options.max_output_tokens,
-                    "filler_digest": digests[lang],
-                    "cases": specs,
-                    "lengths": list(options.lengths),
-                    "positions": [p.to_spec() for p in options.positions],
-                }
-                spec_json = f"{json.dumps(batch)[:-1]}, {filler_json[lang]}}}"
-                ids, offsets, texts, meta_json = _core.build_layout_columns(tokenizer._core, spec_json)
-                frame = _to_frame(
-                    ids,
-                    offsets,
-                    texts,
-                    json.loads(meta_json),
-                    tokenizer,
-                    frame0,
-                    options.system,
-                    {s["case_id"]: s["case_digest"] for s in specs},
-                    assembler=assembler_version(options.assembler),
-                )
-                sink.add(frame)
-                summaries.append(frame.drop("token_ids", "text"))
+                # One core call per spacing (and per nominal gap): the moving block differs by spacing;
+                # the haystack of a case × length does not, so a case's spacings stay paired.
+                for spacing, group in groups:
+                    for lengths, gap in _gap_batches(spacing, options.lengths):
+                        specs = [
+                            _case_spec(
+                                c,
+                                f,
+                                off,
+                                [
+                                    gap_fillers[lang].units(gap, off + 1009 * pair)
+                                    for pair in range(len(c.decisive) - 1)
+                                ]
+                                if gap
+                                else (),
+                            )
+                            for c, f, off in zip(lang_cases, frames, offsets, strict=True)
+                        ]
+                        batch = {
+                            "assembler_version": assembler_version(options.assembler),
+                            "template_digest": frame0.template_digest,
+                            "add_special_tokens": frame0.add_special_tokens,
+                            "verification": options.verification,
+                            "window": options.window,
+                            "max_output_tokens": options.max_output_tokens,
+                            "filler_digest": digests[lang],
+                            "cases": specs,
+                            "lengths": list(lengths),
+                            "positions": [p.to_spec() for p in group],
+                        }
+                        spec_json = f"{json.dumps(batch)[:-1]}, {filler_json[lang]}}}"
+                        ids, offs, texts, meta_json = _core.build_layout_columns(tokenizer._core, spec_json)
+                        frame = _to_frame(
+                            ids,
+                            offs,
+                            texts,
+                            json.loads(meta_json),
+                            tokenizer,
+                            frame0,
+                            options.system,
+                            {c.id: c.digest() for c in lang_cases},
+                            assembler=assembler_version(options.assembler),
+                            decisive={s["case_id"]: _decisive_ids(s) for s in specs},
+                        )
+                        sink.add(frame)
+                        summaries.append(frame.drop("token_ids", "text"))
         staged = tmp_dir / "layouts.parquet"
         sink.finish(staged)
         os.replace(staged, out_path)
     finally:
         shutil.rmtree(tmp_dir, ignore_errors=True)
-    return pl.concat(summaries) if summaries else pl.DataFrame(schema=LAYOUT_SCHEMA)
+    return pl.concat(summaries) if summaries else pl.DataFrame(schema=_BUILT_SCHEMA)
+
+
+def _decisive_ids(spec: Mapping[str, Any]) -> frozenset[str]:
+    """The moving evidence units of a core case spec: the decisive documents."""
+    return frozenset(u["id"] for u in spec["moving"] if u["kind"] == "evidence")
+
+
+def _spacing_fields(meta: Mapping[str, Any], decisive: frozenset[str]) -> tuple[str, list[int], int | None]:
+    """(spacing label, measured gaps between consecutive decisive spans, the smallest gap or None)."""
+    spacing = split_position_label(meta["position"])[1]
+    spans = sorted((s["token_start"], s["token_end"]) for s in meta["spans"] if s["unit_id"] in decisive)
+    gaps = [b[0] - a[1] for a, b in itertools.pairwise(spans)]
+    return spacing, gaps, min(gaps) if gaps else None
+
+
+def _spaced_request(meta: dict[str, Any], decisive: frozenset[str]) -> None:
+    """Re-read ``requested_offset`` and ``snap_tokens`` of a spaced depth layout with the whole moving
+    block (gap filler included) taken out of the haystack, as the core does for an adjacent block (the
+    core counts only the block's evidence spans)."""
+    base = split_position_label(meta["position"])[0]
+    spans = [s for s in meta["spans"] if s["unit_id"] in decisive]
+    if meta["status"] != "ok" or base.startswith("@") or not spans or meta["actual_offset"] is None:
+        return
+    block = max(s["token_end"] for s in spans) - min(s["token_start"] for s in spans)
+    room = meta["region_end"] - meta["region_start"] - block
+    requested = meta["region_start"] + math.floor(float(base) * room + 0.5)
+    meta["requested_offset"] = requested
+    meta["snap_tokens"] = meta["actual_offset"] - requested
 
 
 def _to_frame(
@@ -442,10 +602,18 @@ def _to_frame(
     case_digests: dict[str, str],
     *,
     assembler: str = ASSEMBLER_VERSION,
+    decisive: Mapping[str, frozenset[str]] | None = None,
 ) -> pl.DataFrame:
     rows = np.split(ids, offsets[1:-1].astype(np.int64)) if len(meta) else []
-    data: dict[str, list[Any]] = {name: [] for name in LAYOUT_SCHEMA}
+    data: dict[str, list[Any]] = {name: [] for name in _BUILT_SCHEMA}
     for m in meta:
+        ids_of = (decisive or {}).get(m["case_id"], frozenset())
+        spacing, gaps, smallest = _spacing_fields(m, ids_of)
+        if spacing != "adjacent":
+            _spaced_request(m, ids_of)
+        data["spacing"].append(spacing)
+        data["evidence_gaps"].append(gaps)
+        data["evidence_gap_tokens"].append(smallest)
         data["layout_id"].append(m["layout_id"])
         data["case_id"].append(m["case_id"])
         data["system"].append(system)
@@ -487,7 +655,7 @@ def _to_frame(
         data["case_digest"].append(case_digests[m["case_id"]])
     data["token_ids"] = list(rows)
     data["text"] = texts
-    return pl.DataFrame(data, schema=LAYOUT_SCHEMA)
+    return pl.DataFrame(data, schema=_BUILT_SCHEMA)
 
 
 def build_batch(tokenizer: Tokenizer, batch: dict[str, Any], *, system: str = "default") -> pl.DataFrame:
@@ -512,6 +680,7 @@ def build_batch(tokenizer: Tokenizer, batch: dict[str, Any], *, system: str = "d
         system,
         {c["case_id"]: c["case_digest"] for c in batch["cases"]},
         assembler=str(batch.get("assembler_version", ASSEMBLER_VERSION)),
+        decisive={c["case_id"]: _decisive_ids(c) for c in batch["cases"]},
     )
 
 
