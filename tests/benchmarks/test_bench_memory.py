@@ -124,29 +124,18 @@ def _prepare_only(matrix_path: Path, out: Path, arms: int, verification: str, ph
     """Build + pre-send gate + layout store of the first ``arms`` arms, as `depthgate run` does them
     (same calls, same options), without a server: the nightly shape's memory before any request."""
     from depthgate.commands import pipeline
-    from depthgate.layout.layouts import BuildOptions, build_layouts, parse_positions
+    from depthgate.layout.layouts import build_layouts
     from depthgate.layout.presend import guard_layouts
     from depthgate.spec.models import load_matrix
     from depthgate.spec.suites import resolve_suite
 
     matrix = load_matrix(matrix_path)
     suite = resolve_suite(matrix.suite, base_dir=matrix_path.parent)
-    positions = parse_positions([str(p) for p in matrix.positions])
     systems = list(zip(pipeline.ARMS, (matrix.baseline, matrix.candidate), strict=True))[:arms]
     for arm, system in systems:
-        a = pipeline._arm_setup(arm, system, matrix_path.parent)
+        a = pipeline.arm_setup(arm, system, matrix_path.parent)
         layout_path = out / arm / "layouts.parquet"
-        options = BuildOptions(
-            lengths=matrix.lengths,
-            positions=positions,
-            template=a.template,
-            preamble=system.preamble,
-            system=system.name,
-            assembler=system.assembler,
-            verification="fast" if verification == "fast" else "full",
-            window=system.window,
-            max_output_tokens=matrix.decode.max_tokens,
-        )
+        options = a.build_options(matrix, verification)
         phases.wrap("build", build_layouts)(suite, a.tokenizer, options, layout_path)
         guard = functools.partial(
             guard_layouts,

@@ -41,40 +41,23 @@ BUILTIN_CASES = 8
 
 
 def _cmd_build(args: argparse.Namespace) -> int:
-    from depthgate.layout.layouts import BuildOptions, build_layouts, load_tokenizer, parse_positions
+    from depthgate.layout.layouts import BuildOptions, build_layouts, load_tokenizer
     from depthgate.layout.templates import load_chat_template
     from depthgate.spec.suites import builtin_suite
 
     out = Path(args.out)
     if args.matrix:
+        from depthgate.commands.pipeline import arm_setup
         from depthgate.spec.models import load_matrix
         from depthgate.spec.suites import resolve_suite
 
         matrix_path = Path(args.matrix)
         matrix = load_matrix(matrix_path)
         suite = resolve_suite(matrix.suite, base_dir=matrix_path.parent)
-        positions = parse_positions([str(p) for p in matrix.positions])
         arms = []
         for arm, system in (("baseline", matrix.baseline), ("candidate", matrix.candidate)):
-            tok = load_tokenizer(resolve_tokenizer_path(system.tokenizer, base_dir=matrix_path.parent))
-            template = None
-            if system.chat_template:
-                template_path = Path(system.chat_template)
-                if not template_path.is_absolute():
-                    template_path = matrix_path.parent / template_path
-                template = load_chat_template(template_path)
-            options = BuildOptions(
-                lengths=matrix.lengths,
-                positions=positions,
-                template=template,
-                preamble=system.preamble,
-                system=system.name,
-                assembler=system.assembler,
-                verification=args.verification,
-                window=system.window,
-                max_output_tokens=matrix.decode.max_tokens,
-            )
-            arms.append((arm, tok, options))
+            a = arm_setup(arm, system, matrix_path.parent)
+            arms.append((arm, a.tokenizer, a.build_options(matrix, args.verification)))
         # Both arms are built into a staging folder and moved into place together: an arm that fails
         # (a template that raises, evidence with a special token) leaves neither arm half-written.
         summaries = []

@@ -128,13 +128,28 @@ class ArmSetup:
     tokenizer: Tokenizer
     template: ChatTemplate | None
 
+    def build_options(self, matrix: Matrix, verification: str) -> BuildOptions:
+        """How this arm's layouts are built from the matrix (``depthgate run`` and ``build --matrix``
+        alike): the same options give the same layout ids."""
+        return BuildOptions(
+            lengths=matrix.lengths,
+            positions=parse_positions(matrix.position_values()),
+            template=self.template,
+            preamble=self.system.preamble,
+            system=self.system.name,
+            assembler=self.system.assembler,
+            verification="fast" if verification == "fast" else "full",
+            window=self.system.window,
+            max_output_tokens=matrix.decode.max_tokens,
+        )
+
 
 def _resolve(matrix_dir: Path, value: str) -> Path:
     path = Path(value)
     return path if path.is_absolute() else matrix_dir / path
 
 
-def _arm_setup(arm: str, system: System, matrix_dir: Path) -> ArmSetup:
+def arm_setup(arm: str, system: System, matrix_dir: Path) -> ArmSetup:
     from depthgate.layout.gguf_tokenizer import resolve_tokenizer_path
 
     tok = load_tokenizer(resolve_tokenizer_path(system.tokenizer, base_dir=matrix_dir))
@@ -169,14 +184,14 @@ def _manifest(matrix: Matrix, matrix_path: Path, suite: Suite, arms: list[ArmSet
         "matrix": matrix.name,
         "matrix_file": str(matrix_path),
         "matrix_digest": matrix.digest(),
-        "plan_digest": plan_digest(matrix.plan, matrix.lengths, [str(p) for p in matrix.positions]),
+        "plan_digest": plan_digest(matrix.plan, matrix.lengths, matrix.position_values()),
         "plan": matrix.plan.model_dump(mode="json"),
         "suite_digest": suite.digest(),
         "suite": {"name": suite.name, "cases": len(suite.cases)},
         "seeds": list(matrix.decode.seeds),
         "decode": matrix.decode.model_dump(),
         "lengths": list(matrix.lengths),
-        "positions": [str(p) for p in matrix.positions],
+        "positions": matrix.position_values(),
         "systems": systems,
         "versions": _versions(),
     }
@@ -272,7 +287,7 @@ def run_matrix(
     run_jobs = _engine(engine, matrix, matrix_path.parent, ray_actors)  # refused before anything is built
     out = Path(out_dir)
     arms = [
-        _arm_setup(arm, sys_, matrix_path.parent)
+        arm_setup(arm, sys_, matrix_path.parent)
         for arm, sys_ in zip(ARMS, (matrix.baseline, matrix.candidate), strict=True)
     ]
     # A run folder this call starts (no manifest yet) is removed again when anything fails before the
@@ -280,20 +295,9 @@ def run_matrix(
     # nothing was recorded, so nothing is frozen, and the fixed matrix then runs into the same folder.
     fresh = None if (out / MANIFEST).is_file() else CreatedPaths(out)
     sending = False
-    positions = parse_positions([str(p) for p in matrix.positions])
 
     def options_for(a: ArmSetup) -> BuildOptions:
-        return BuildOptions(
-            lengths=matrix.lengths,
-            positions=positions,
-            template=a.template,
-            preamble=a.system.preamble,
-            system=a.system.name,
-            assembler=a.system.assembler,
-            verification="fast" if verification == "fast" else "full",
-            window=a.system.window,
-            max_output_tokens=matrix.decode.max_tokens,
-        )
+        return a.build_options(matrix, verification)
 
     backends = {}
     jobs: list[tuple[str, Mapping[str, Any]]] = []
@@ -608,7 +612,7 @@ def gate_run(
         matrix = load_matrix(matrix_file)
     if matrix is not None:
         # The slice list and plan are the frozen manifest's; a matrix that disagrees is refused.
-        now = plan_digest(matrix.plan, matrix.lengths, [str(p) for p in matrix.positions])
+        now = plan_digest(matrix.plan, matrix.lengths, matrix.position_values())
         if now != frozen.plan_digest:
             raise PlanChangedError(
                 "the matrix's analysis plan or slice list (lengths × positions) differs from the plan this "
@@ -699,14 +703,16 @@ def _add_position(
 ) -> None:
     """Effective length, control-normalised accuracy and pass^k (depthgate.report.position) into
     verdict.json (``position``), summary.md and report.html; never changes the verdict."""
-    from depthgate.report.position import add_position_section, position_science
+    from depthgate.report.position import add_position_section, position_science, spacing_layouts
 
     controls_path = run / "scored_controls.parquet"
     scored_controls = (
         pl.read_parquet(controls_path) if (run / CONTROLS_DIR).is_dir() and controls_path.is_file() else None
     )
     try:
-        science = position_science(scored, plan, seeds=seeds, scored_controls=scored_controls)
+        science = position_science(
+            scored, plan, seeds=seeds, scored_controls=scored_controls, layouts=spacing_layouts(run)
+        )
     except InputError as exc:
         print(f"depthgate: position science not computed: {exc}", file=sys.stderr)
         return
