@@ -39,12 +39,23 @@ The oracle therefore reads the output the way the pilot did (research/gemma_posi
    answer always is.
 4. On an evidence-absent case (no required claims, ``abstain_when_absent``), an abstention passes; a value
    fails with the reason "hallucinated"; anything else fails as "did not abstain".
-5. **Citations** anywhere in the output (``[doc-id]``, ``[a, b]``, ``(source: doc-id)``, ``（来源：doc-id）``)
+5. On a **conflict** case (``evidence_pattern = "conflict"``: two or more unversioned sources state
+   different values of the same fact, none supersedes another; one required claim per source) every value
+   given as the answer counts, not only the first: the values of the line up to the end of the sentence
+   that holds the last required claim (without one, the sentence of the first event; what follows is the
+   copied-on continuation). The answer passes when it gives **every** conflicting value and no other
+   (``"245 or 300 USD per night"``), or **no value** and an abstention or a flag of the disagreement
+   (:data:`CONFLICT_PHRASES`: ``"the sources disagree"``, ``"不一致"`` ...; they count on conflict cases
+   only). One value fails with the other source's claim in ``missing_claims``; a further value fails with
+   it named (``forbidden_hits`` for a forbidden claim). The rule follows from the pattern: no other case
+   field is involved, and case validation refuses conflict cases that set ``expected_fields`` ``value``
+   or ``abstain``.
+6. **Citations** anywhere in the output (``[doc-id]``, ``[a, b]``, ``(source: doc-id)``, ``（来源：doc-id）``)
    are checked against the evidence in the layout: citing an id that is not evidence in the layout, or a
    distractor's id, is a wrong citation and fails the run (no safety). Bracketed text counts as a citation
    when it is a known document id, or looks like one (an id with a digit or one of ``- _ / . : @``), so
    ``"[sic]"`` is not a citation while ``"[1]"`` and ``"[doc-7]"`` are.
-6. **Expected fields** match exactly after normalisation. A JSON object output (``{"value": ..., ...}``) is
+7. **Expected fields** match exactly after normalisation. A JSON object output (``{"value": ..., ...}``) is
    compared field by field, and its ``answer`` (or ``value``) string is the answer line. In free text only
    ``value`` (the decided answer) and ``abstain`` are observable; fields that a cloze continuation cannot
    contain (``region``, ``threshold``) are not checked.
@@ -182,6 +193,30 @@ ABSTAIN_PHRASES: tuple[str, ...] = (
     "没有",
 )
 
+# On a conflict case (two sources disagree) these flag the disagreement; they count as an abstention there
+# and nowhere else.
+CONFLICT_PHRASES: tuple[str, ...] = (
+    "the sources disagree",
+    "sources disagree",
+    "sources differ",
+    "disagree",
+    "disagreement",
+    "conflict",
+    "conflicts",
+    "conflicting",
+    "contradict",
+    "contradicts",
+    "contradictory",
+    "inconsistent",
+    "discrepancy",
+    "不一致",
+    "相互矛盾",
+    "矛盾",
+    "冲突",
+    "说法不一",
+)
+
+_SENTENCE_END = re.compile(r"[.!?;](?=\s)|[。！？；]")
 _THIN_GROUP = re.compile(r"(?<=\d)[\u2009\u202f](?=\d{3}(?!\d))")
 _THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
 _NUMBER = re.compile(r"(?<![\d.])\d+(?:\.\d+)?")
@@ -385,10 +420,14 @@ class CaseOracle:
         self.required_ids = tuple(c.id for c in case.required_claims)
         self.severity: dict[str, str] = {c.id: c.severity for c in case.forbidden_claims}
         self.expects_abstention = not case.required_claims and case.abstain_when_absent
+        self.conflict = case.evidence_pattern == "conflict"
+        self.display = {c.claim_id: c.display for c in self.claims}
+        self.conflict_display = " / ".join(self.display[claim_id] for claim_id in self.required_ids)
         self.case_doc_ids = frozenset(d.id for d in case.evidence)
         self.distractor_ids = frozenset(d.id for d in case.distractors)
+        phrases = ABSTAIN_PHRASES + (CONFLICT_PHRASES if self.conflict else ())
         self.abstain_phrases = tuple(
-            sorted({normalize(p) for p in ABSTAIN_PHRASES} - {""}, key=lambda s: (-len(s), s))
+            sorted({normalize(p) for p in phrases} - {""}, key=lambda s: (-len(s), s))
         )
         expected_value = case.expected_fields.get("value")
         if expected_value is None and len(case.required_claims) == 1:
@@ -478,7 +517,8 @@ class CaseOracle:
             raw_line = "" if answer is None else str(answer)
         else:
             raw_line = answer_line(text)
-        events = self.events(normalize(raw_line))
+        line = normalize(self.without_citations(raw_line) if self.conflict else raw_line)
+        events = self.events(line)
         head = events[0] if events else None
         abstained = head is not None and head.kind == "abstain"
         if structured is not None and structured.get("abstain") is True and not self.required_found(events):
@@ -491,7 +531,9 @@ class CaseOracle:
         if head is not None and head.kind == "forbidden" and head.claim_id is not None:
             forbidden.append(head.claim_id)
 
-        if self.expects_abstention:
+        if self.conflict:
+            note, missing, forbidden = self._judge_conflict(line, events, abstained, raw_line, problems)
+        elif self.expects_abstention:
             if abstained:
                 token = f" ({head.token!r})" if head is not None and head.kind == "abstain" else ""
                 note = f"abstained{token} as required: the context does not state the answer"
@@ -565,6 +607,74 @@ class CaseOracle:
             reason=_sentence(problems),
             answer=decided,
         )
+
+    def _judge_conflict(
+        self,
+        line: str,
+        events: Sequence[_Event],
+        abstained: bool,
+        raw_line: str,
+        problems: list[str],
+    ) -> tuple[str, list[str], list[str]]:
+        """The conflict rule (module docstring, 5): every value given as the answer counts; the answer must
+        give every conflicting value and no other, or give none and abstain. Appends to ``problems``;
+        returns (note, missing claim ids, forbidden claim ids)."""
+        given = self.conflict_answer(line, events)
+        matched = list(dict.fromkeys(e.claim_id for e in given if e.kind == "required" and e.claim_id))
+        forbidden = list(dict.fromkeys(e.claim_id for e in given if e.kind == "forbidden" and e.claim_id))
+        others = list(dict.fromkeys(e.token for e in given if e.kind == "other"))
+        values = self.conflict_display
+        if not given:
+            if abstained:
+                return "abstained or flagged the conflict, as accepted: the sources disagree", [], []
+            problems.append(
+                f"no answer found: {_describe_line(raw_line)}; expected an abstention or every conflicting "
+                f"value ({values})"
+            )
+            return "", list(self.required_ids), []
+        missing = [claim_id for claim_id in self.required_ids if claim_id not in matched]
+        if forbidden or others:
+            extra = [*(f"{c!r} (forbidden claim)" for c in forbidden), *(repr(t) for t in others)]
+            problems.append(
+                f"gave {', '.join(extra)} beside the conflicting values ({values}), which no source states "
+                "for the question"
+            )
+        if missing:
+            shown = ", ".join(f"{self.display[c]!r} ({c})" for c in matched) or "no conflicting value"
+            problems.append(
+                f"answered only {shown} although the sources disagree: lacks required claim(s) {missing}; "
+                f"expected an abstention or every value ({values})"
+            )
+        if problems:
+            return "", missing, forbidden
+        flagged = "flagged the conflict and " if abstained else ""
+        return f"{flagged}gave every conflicting value ({values})", [], []
+
+    def conflict_answer(self, line: str, events: Sequence[_Event]) -> list[_Event]:
+        """The value events of a conflict case's answer: from the start of the line to the end of the
+        sentence holding the last required claim (or, without one, the first event); what follows is the
+        continuation a base model copies on, as in the head rule."""
+        if not events:
+            return []
+        required = [e for e in events if e.kind == "required"]
+        anchor = required[-1] if required else events[0]
+        match = _SENTENCE_END.search(line, anchor.end)
+        end = match.start() if match else len(line)
+        return [e for e in events if e.start < end and e.kind != "abstain"]
+
+    def without_citations(self, text: str) -> str:
+        """``text`` (NFKC) with its citations (:func:`extract_citations`' forms) blanked out: on a conflict
+        case every value of the answer counts, and the numbers of a cited id (``[doc-7]``) are none."""
+        known = self.case_doc_ids | self.distractor_ids
+        nfkc = unicodedata.normalize("NFKC", text)
+        spans = [(m.start(), m.end()) for m in _SOURCE.finditer(nfkc)]
+        for match in _BRACKET.finditer(nfkc):
+            tokens = [token.strip() for token in _CITATION_SPLIT.split(match.group(1).strip())]
+            if all(t in known or (_ID_LIKE.match(t) and _ID_MARK.search(t)) for t in tokens):
+                spans.append((match.start(), match.end()))
+        for start, end in spans:
+            nfkc = nfkc[:start] + " " * (end - start) + nfkc[end:]
+        return nfkc
 
     def required_found(self, events: Sequence[_Event]) -> bool:
         return any(e.kind == "required" for e in events)
@@ -798,6 +908,7 @@ def score_records(records: pl.DataFrame, suite: Suite, layouts: pl.DataFrame) ->
 
 __all__ = [
     "ABSTAIN_PHRASES",
+    "CONFLICT_PHRASES",
     "RECORD_COLUMNS",
     "SCORE_COLUMNS",
     "STATUS_INFRA_ERROR",

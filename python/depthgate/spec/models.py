@@ -46,7 +46,9 @@ from depthgate.spec.files import ReadFailures, read_json, read_utf8
 
 Language: TypeAlias = Literal["en", "zh"]
 TaskKind: TypeAlias = Literal["extraction", "qa"]
-EvidencePattern: TypeAlias = Literal["single", "override", "exception", "order", "negation", "absent"]
+EvidencePattern: TypeAlias = Literal[
+    "single", "override", "exception", "order", "negation", "absent", "conflict"
+]
 Risk: TypeAlias = Literal["low", "medium", "high"]
 EvidenceRole: TypeAlias = Literal["decisive", "competing"]
 Backend: TypeAlias = Literal["llamacpp", "vllm", "vllm-server", "openai", "anthropic"]
@@ -408,6 +410,8 @@ class Case(_Frozen):
                 case=case,
                 fix="keep exactly one decisive document, or use evidence_pattern 'order'",
             )
+        if self.evidence_pattern == "conflict":
+            self._check_conflict()
         if self.evidence_pattern in ("override", "exception") and not competing:
             raise _violation(
                 f"evidence_pattern {self.evidence_pattern!r} needs a competing document "
@@ -437,6 +441,94 @@ class Case(_Frozen):
                     field="competing_depth",
                     case=case,
                     fix="give a depth between 0 (start of the context) and 1 (end)",
+                )
+
+    def _check_conflict(self) -> None:
+        """A conflict: two or more unversioned decisive sources, each stating its own value of the same
+        fact, none superseding another. The oracle passes an abstention or every value (judge/oracle.py)."""
+        case = self.id
+        for index, doc in enumerate(self.evidence):
+            if doc.role == "competing":
+                raise _violation(
+                    f"a conflict case has the competing document {doc.id!r}",
+                    field=f"evidence[{index}].role",
+                    case=case,
+                    fix="set role = 'decisive' (conflicting sources move together), or use evidence_pattern "
+                    "'override' if one source supersedes the other",
+                )
+        decisive = self.decisive
+        if len(decisive) < 2:
+            raise _violation(
+                f"a conflict case has {len(decisive)} decisive document(s)",
+                field="evidence",
+                case=case,
+                fix="add a second decisive source stating another value, or use evidence_pattern 'single'",
+            )
+        first = decisive[0]
+        for index, doc in enumerate(self.evidence):
+            if doc.version != first.version:
+                raise _violation(
+                    f"version {doc.version!r} differs from {first.id!r} (version {first.version!r}): a "
+                    "newer version supersedes an older one, it does not conflict with it",
+                    field=f"evidence[{index}].version",
+                    case=case,
+                    fix="give the conflicting sources the same version, or use evidence_pattern 'override'",
+                )
+        required = {claim.id: claim for claim in self.required_claims}
+        stated: dict[str, str] = {}  # required claim id -> the document that states it
+        for index, doc in enumerate(self.evidence):
+            claims = [claim_id for claim_id in doc.supports if claim_id in required]
+            if len(claims) != 1:
+                raise _violation(
+                    f"conflicting source {doc.id!r} supports {len(claims)} required claims",
+                    field=f"evidence[{index}].supports",
+                    case=case,
+                    fix="let each source support exactly one required claim: the value it states",
+                )
+            if claims[0] in stated:
+                raise _violation(
+                    f"sources {stated[claims[0]]!r} and {doc.id!r} support the same claim {claims[0]!r}: "
+                    "they agree",
+                    field=f"evidence[{index}].supports",
+                    case=case,
+                    fix="give each source its own required claim with its own value",
+                )
+            stated[claims[0]] = doc.id
+        values: dict[str, str] = {}
+        for index, claim in enumerate(self.required_claims):
+            field = f"required_claims[{index}]"
+            if claim.id not in stated:
+                raise _violation(
+                    f"required claim {claim.id!r} is stated by no conflicting source",
+                    field=field,
+                    case=case,
+                    fix="a conflict case requires exactly the values its sources state; drop the claim or "
+                    "add it to a source's supports",
+                )
+            if not claim.value or not claim.value.strip():
+                raise _violation(
+                    "a conflicting claim has no value",
+                    field=f"{field}.value",
+                    case=case,
+                    fix="give the value its source states, e.g. value = '245'",
+                )
+            key = " ".join(claim.value.casefold().split())
+            if key in values:
+                raise _violation(
+                    f"value {claim.value!r} is also the value of {values[key]}: the sources agree",
+                    field=f"{field}.value",
+                    case=case,
+                    fix="give each conflicting source a different value, or use evidence_pattern 'single'",
+                )
+            values[key] = field
+        for name in ("value", "abstain"):
+            if name in self.expected_fields:
+                raise _violation(
+                    f"expected_fields[{name!r}] is set, but a conflict case passes on an abstention or on "
+                    "every conflicting value",
+                    field=f"expected_fields.{name}",
+                    case=case,
+                    fix=f"remove expected_fields[{name!r}]",
                 )
 
 

@@ -19,11 +19,21 @@ Evidence patterns and fact types:
   to Y); the block moves as a whole, so document order never changes meaning.
 * ``negation``  one evidence block that rules out a value before stating the right one.
 * ``absent``    the asked-for fact is not in the context (only distractors): the system must abstain.
+* ``conflict``  two unversioned, undated copies of the handbook state different values of the same fact
+  (hotel_cap, invoice_terms, incident_contact); both move together as the evidence block. The system must
+  abstain (or flag the disagreement) or give both values (judge/oracle.py, the conflict rule). Opt-in:
+  ``generate_suite(..., conflict=True)``, so the default suites stay byte-identical.
 
 Generation is deterministic (:class:`~depthgate.spec.filler.SplitMix64`, no :mod:`random`) and prefix-stable:
 ``generate_suite(s, n)`` is the first ``n`` cases of ``generate_suite(s, n + k)``. The ``en`` and ``zh``
 suites of one seed are translations of each other, case by case. The first 8 cases are the pilot's smoke set:
 override, alternating hotel_cap and invoice_terms.
+
+``conflict=True`` cycles through :data:`_CONFLICT_SCHEDULE` instead of :data:`_SCHEDULE`: the same 20 slots
+with 4 conflict slots added (one after every fifth slot). Its first 13 cases (the smoke set and 5 slots) are
+those of the default suite. Adding the slots to ``_SCHEDULE`` itself would change every default suite past
+case 8 (tests/test_suites.py pins 300-case digests), and an entry past the current cycle would first appear
+after several hundred cases.
 """
 
 from __future__ import annotations
@@ -125,11 +135,26 @@ _SCHEDULE: tuple[tuple[EvidencePattern, FactType], ...] = (
     ("absent", "incident_contact"),
 )
 
+_CONFLICT_SLOTS: tuple[tuple[EvidencePattern, FactType], ...] = (
+    ("conflict", "hotel_cap"),
+    ("conflict", "invoice_terms"),
+    ("conflict", "incident_contact"),
+    ("conflict", "hotel_cap"),
+)
+#: The schedule of ``generate_suite(..., conflict=True)``: ``_SCHEDULE`` with a conflict slot after every
+#: fifth slot (24 slots: 4 of them conflict).
+_CONFLICT_SCHEDULE: tuple[tuple[EvidencePattern, FactType], ...] = tuple(
+    slot
+    for block in range(len(_CONFLICT_SLOTS))
+    for slot in (*_SCHEDULE[5 * block : 5 * block + 5], _CONFLICT_SLOTS[block])
+)
 
-def _slot(index: int) -> tuple[EvidencePattern, FactType]:
+
+def _slot(index: int, conflict: bool = False) -> tuple[EvidencePattern, FactType]:
     if index < SMOKE_CASES:
         return ("override", "hotel_cap" if index % 2 == 0 else "invoice_terms")
-    return _SCHEDULE[(index - SMOKE_CASES) % len(_SCHEDULE)]
+    schedule = _CONFLICT_SCHEDULE if conflict else _SCHEDULE
+    return schedule[(index - SMOKE_CASES) % len(schedule)]
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -295,7 +320,8 @@ class _Generator:
                     continue
                 answer = rng.choice(free)
             others = [v for v in values if answer is None or v.key() != answer.key()]
-            needs_old = pattern in ("override", "exception", "order", "negation")
+            # the superseded, general or ruled-out value; for a conflict, the second source's value
+            needs_old = pattern in ("override", "exception", "order", "negation", "conflict")
             picked = rng.sample(others, DISTRACTORS_PER_CASE + (1 if needs_old else 0))
             old = picked.pop() if needs_old else None
             other_regions = [r for r in range(len(REGIONS)) if r != region]
@@ -370,7 +396,19 @@ def _build_case(case_id: str, pattern: EvidencePattern, fact: FactType, draw: _D
                 unit=writer.unit(fact),
             )
         )
-    if old is not None:
+    if pattern == "conflict" and answer is not None and old is not None:
+        # two required claims, one per source; the oracle passes both values or an abstention
+        required = [
+            Claim(
+                id=f"source_{letter}",
+                text=writer.claim_text(prefix, fact, value),
+                aliases=writer.aliases(fact, value),
+                value=writer.value(value),
+                unit=writer.unit(fact),
+            )
+            for letter, value in (("a", answer), ("b", old))
+        ]
+    elif old is not None:
         forbidden.append(
             Claim(
                 id="competing" if pattern in ("override", "exception") else "ruled_out",
@@ -447,6 +485,15 @@ def _build_case(case_id: str, pattern: EvidencePattern, fact: FactType, draw: _D
                 supports=["answer"],
             )
         )
+    elif pattern == "conflict" and answer is not None and old is not None:
+        for letter, value in (("a", answer), ("b", old)):
+            evidence.append(
+                EvidenceDoc(
+                    id=f"{case_id}/source-{letter}",
+                    text=" " + writer.sentence(fact, f"conflict_{letter}", region=region, value=value),
+                    supports=[f"source_{letter}"],
+                )
+            )
     elif pattern == "negation" and answer is not None and old is not None:
         evidence.append(
             EvidenceDoc(
@@ -475,7 +522,11 @@ def _build_case(case_id: str, pattern: EvidencePattern, fact: FactType, draw: _D
         )
 
     expected: dict[str, str] = {"region": writer.region(region)}
-    if answer is not None:
+    if pattern == "conflict":  # either an abstention or every value passes: no single value is expected
+        unit = writer.unit(fact)
+        if unit is not None:
+            expected["unit"] = unit
+    elif answer is not None:
         expected["value"] = writer.value(answer)
         unit = writer.unit(fact)
         if unit is not None:
@@ -518,8 +569,12 @@ def _check_non_negative(value: int, field: str, *, minimum: int = 0) -> None:
         raise SpecError(f"{value!r} is not a valid {field}", field=field, fix=f"give an integer >= {minimum}")
 
 
-def generate_suite(seed: int, n_cases: int, language: Language | str = "en") -> Suite:
-    """``n_cases`` generated cases (see the module docstring). Deterministic and prefix-stable."""
+def generate_suite(
+    seed: int, n_cases: int, language: Language | str = "en", *, conflict: bool = False
+) -> Suite:
+    """``n_cases`` generated cases (see the module docstring). Deterministic and prefix-stable.
+    ``conflict``: add conflict cases (two sources disagree) to the schedule; the suite is named
+    ``generated-<lang>-s<seed>-conflict``."""
     _check_non_negative(seed, "seed")
     _check_non_negative(n_cases, "n_cases", minimum=1)
     lang = _check_language(language)
@@ -529,13 +584,13 @@ def generate_suite(seed: int, n_cases: int, language: Language | str = "en") -> 
     slot = 0
     misses = 0
     while len(cases) < n_cases:
-        pattern, fact = _slot(slot)
+        pattern, fact = _slot(slot, conflict)
         slot += 1
         index = len(cases)
         draw = generator.draw(index, pattern, fact)
         if draw is None:
             misses += 1
-            if misses > len(_SCHEDULE) + SMOKE_CASES:
+            if misses > len(_CONFLICT_SCHEDULE if conflict else _SCHEDULE) + SMOKE_CASES:
                 raise SpecError(
                     f"cannot generate {n_cases} distinct cases from one seed (stopped at {len(cases)})",
                     field="n_cases",
@@ -545,13 +600,18 @@ def generate_suite(seed: int, n_cases: int, language: Language | str = "en") -> 
         misses = 0
         case_id = f"{lang}-s{seed}-{index:04d}-{pattern}-{fact}"
         cases.append(_build_case(case_id, pattern, fact, draw, writer))
-    return Suite(name=f"generated-{lang}-s{seed}", seed=seed, language=lang, cases=cases)
+    name = f"generated-{lang}-s{seed}" + ("-conflict" if conflict else "")
+    return Suite(name=name, seed=seed, language=lang, cases=cases)
 
 
-def builtin_suite(n_cases: int = SMOKE_CASES, seed: int = 0, language: Language | str = "en") -> Suite:
-    """The built-in suite: the first ``n_cases`` generated cases (the default 8 are the pilot's smoke set)."""
-    suite = generate_suite(seed, n_cases, language)
-    return suite.model_copy(update={"name": f"builtin-{suite.language}-s{seed}-n{n_cases}"})
+def builtin_suite(
+    n_cases: int = SMOKE_CASES, seed: int = 0, language: Language | str = "en", *, conflict: bool = False
+) -> Suite:
+    """The built-in suite: the first ``n_cases`` generated cases (the default 8 are the pilot's smoke set);
+    ``conflict``: with conflict cases (:func:`generate_suite`)."""
+    suite = generate_suite(seed, n_cases, language, conflict=conflict)
+    name = f"builtin-{suite.language}-s{seed}-n{n_cases}" + ("-conflict" if conflict else "")
+    return suite.model_copy(update={"name": name})
 
 
 # --------------------------------------------------------------------------------------------------------
