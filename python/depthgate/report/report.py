@@ -162,6 +162,21 @@ class OracleCounts(_Strict):
     system_fail_reasons: dict[str, int]
 
 
+class LengthChars(_Strict):
+    """The prompts one arm built at one token length, in characters (its ok layouts): a token length
+    means another amount of text under another tokenizer, so a tokenizer upgrade compares like with like
+    only beside these numbers. ``chars_per_token``: total characters / total tokens."""
+
+    length: int
+    arm: Literal["baseline", "candidate"]
+    layouts: int
+    chars_mean: float
+    chars_min: int
+    chars_max: int
+    tokens_mean: float
+    chars_per_token: float
+
+
 class VerdictDocument(_Strict):
     """Schema of ``verdict.json``; validation also checks that verdict, exit code and slices agree."""
 
@@ -197,6 +212,8 @@ class VerdictDocument(_Strict):
     system_driven_slices: list[str] = []
     system_fail_reasons: dict[str, int] = {}
     infra: dict[str, Any] | None = None
+    # Characters per token length and arm (:func:`length_chars`); None when the layouts were not at hand.
+    length_chars: list[LengthChars] | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> VerdictDocument:
@@ -251,6 +268,114 @@ class ReportPaths:
     junit_xml: Path
     report_html: Path
     heatmaps: tuple[Path, ...]
+
+
+# --------------------------------------------------------------------------------------------------------
+# Length in characters
+
+
+def length_chars(layouts: Mapping[str, str | Path]) -> list[LengthChars]:
+    """Characters of each arm's ok layouts per token length (``target_tokens``), from the rendered
+    ``text``. ``layouts``: arm → ``layouts.parquet``. The file is checked and its small columns read with
+    :func:`~depthgate.layout.layouts.read_layouts`; the text is only measured, in a streaming scan, never
+    held (it is ≈ 4 bytes per token: gigabytes for a 128K matrix)."""
+    from depthgate.layout.layouts import read_layouts
+
+    rows: list[LengthChars] = []
+    for arm in ARMS:
+        if arm not in layouts:
+            continue
+        path = Path(layouts[arm])
+        read_layouts(path, columns=["target_tokens", "total_tokens", "status"])  # a layouts file, or refused
+        stats = (
+            pl.scan_parquet(path)
+            .filter(pl.col("status") == "ok")
+            .select("target_tokens", "total_tokens", pl.col("text").str.len_chars().alias("chars"))
+            .group_by("target_tokens")
+            .agg(
+                pl.len().alias("layouts"),
+                pl.col("chars").mean().alias("chars_mean"),
+                pl.col("chars").min().alias("chars_min"),
+                pl.col("chars").max().alias("chars_max"),
+                pl.col("total_tokens").mean().alias("tokens_mean"),
+                (pl.col("chars").sum() / pl.col("total_tokens").sum()).alias("chars_per_token"),
+            )
+            .sort("target_tokens")
+            .collect(engine="streaming")
+        )
+        for row in stats.iter_rows(named=True):
+            rows.append(
+                LengthChars.model_validate(
+                    {
+                        "length": int(row["target_tokens"]),
+                        "arm": arm,
+                        "layouts": int(row["layouts"]),
+                        "chars_mean": round(float(row["chars_mean"]), 2),
+                        "chars_min": int(row["chars_min"]),
+                        "chars_max": int(row["chars_max"]),
+                        "tokens_mean": round(float(row["tokens_mean"]), 2),
+                        "chars_per_token": round(float(row["chars_per_token"]), 4),
+                    }
+                )
+            )
+    return sorted(rows, key=lambda r: (r.length, ARMS.index(r.arm)))
+
+
+def run_layouts(out_dir: str | Path, manifest: Mapping[str, Any]) -> dict[str, Path] | None:
+    """The layouts of the run whose reports go to ``out_dir``, when ``out_dir`` is the run folder's
+    ``report`` (the default of ``depthgate run``, ``gate`` and ``report``): its parent holds a
+    ``manifest.json`` with this manifest's digest and ``<arm>/layouts.parquet``. None otherwise."""
+    run = Path(out_dir).resolve().parent
+    digest = manifest.get("manifest_digest")
+    try:
+        on_disk = json.loads((run / "manifest.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not digest or not isinstance(on_disk, dict) or on_disk.get("manifest_digest") != digest:
+        return None
+    paths = {arm: run / arm / "layouts.parquet" for arm in ARMS}
+    return paths if all(path.is_file() for path in paths.values()) else None
+
+
+def _length_char_rows(chars: Sequence[LengthChars]) -> list[dict[str, str]]:
+    """One row per token length: both arms' characters (mean, min–max), characters per token and the
+    candidate's mean relative to the baseline's."""
+    by_length: dict[int, dict[str, LengthChars]] = {}
+    for row in chars:
+        by_length.setdefault(row.length, {})[row.arm] = row
+    out: list[dict[str, str]] = []
+    for length in sorted(by_length):
+        arms = by_length[length]
+        b, c = arms.get(BASELINE), arms.get(CANDIDATE)
+
+        def cell(r: LengthChars | None) -> str:
+            return "–" if r is None else f"{r.chars_mean:,.0f} ({r.chars_min:,}–{r.chars_max:,})"
+
+        def per_token(r: LengthChars | None) -> str:
+            return "–" if r is None else f"{r.chars_per_token:.2f}"
+
+        change = (
+            f"{100 * (c.chars_mean / b.chars_mean - 1):+.1f}%"
+            if b is not None and c is not None and b.chars_mean
+            else "–"
+        )
+        out.append(
+            {
+                "length": f"{length:,}",
+                "layouts": f"{b.layouts if b else 0} / {c.layouts if c else 0}",
+                "baseline": cell(b),
+                "candidate": cell(c),
+                "per_token": f"{per_token(b)} → {per_token(c)}",
+                "change": change,
+            }
+        )
+    return out
+
+
+_CHARS_NOTE = (
+    "Characters of the rendered prompts (ok layouts) at each token length, per arm: a token length holds "
+    "another amount of text under another tokenizer or template, so compare a tokenizer upgrade here."
+)
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -536,8 +661,9 @@ def build_verdict(
     oracle: Sequence[OracleCounts],
     manifest: Mapping[str, Any],
     health: RunHealth | None = None,
+    chars: Sequence[LengthChars] | None = None,
 ) -> VerdictDocument:
-    """The validated verdict document of a gate result."""
+    """The validated verdict document of a gate result (``chars``: :func:`length_chars`)."""
     data = result.to_dict()
     code = exit_code_for(result, health)
     slices = [{"slice": slice_key(s.length, s.position), **s.to_dict()} for s in result.slice_results]
@@ -573,6 +699,7 @@ def build_verdict(
                 "heatmap_accuracy": HEATMAP_ACCURACY,
             },
             **(health.to_dict() if health is not None else {}),
+            "length_chars": None if chars is None else [c.model_dump() for c in chars],
         }
     )
 
@@ -594,8 +721,9 @@ def render_summary(
     oracle: Sequence[OracleCounts],
     manifest: Mapping[str, Any],
     health: RunHealth | None = None,
+    chars: Sequence[LengthChars] | None = None,
 ) -> str:
-    """The Markdown pull-request comment."""
+    """The Markdown pull-request comment (``chars``: :func:`length_chars`, its section when given)."""
     plan = result.plan
     code = exit_code_for(result, health)
     ordered = _ordered(result.slice_results)
@@ -689,6 +817,24 @@ def render_summary(
             )
     else:
         lines.append("No complete cases to compare positions.")
+
+    if chars:
+        lines += [
+            "",
+            "### Length in characters",
+            "",
+            _CHARS_NOTE,
+            "",
+            "| length (tokens) | layouts baseline / candidate | baseline chars: mean (min–max) | "
+            "candidate chars: mean (min–max) | chars per token, baseline → candidate | candidate vs "
+            "baseline chars |",
+            "|---:|---:|---:|---:|---|---:|",
+        ]
+        lines += [
+            f"| {r['length']} | {r['layouts']} | {r['baseline']} | {r['candidate']} | {r['per_token']} | "
+            f"{r['change']} |"
+            for r in _length_char_rows(chars)
+        ]
 
     lines += ["", "### Oracle: problems per slice", ""]
     by_slice: dict[str, dict[str, OracleCounts]] = {}
@@ -1058,8 +1204,9 @@ def render_html(
     delta_png: bytes,
     accuracy_png: bytes,
     health: RunHealth | None = None,
+    chars: Sequence[LengthChars] | None = None,
 ) -> str:
-    """The self-contained HTML page (heatmaps embedded as base64 PNG)."""
+    """The self-contained HTML page (heatmaps embedded as base64 PNG; ``chars``: :func:`length_chars`)."""
     plan = result.plan
     df = _prepare_scored(scored)
     ordered = _ordered(result.slice_results)
@@ -1210,6 +1357,8 @@ def render_html(
         problem_lists=problem_lists,
         seeds_note=seeds_note,
         digests=manifest_digests(manifest),
+        chars=_length_char_rows(chars or ()),
+        chars_note=_CHARS_NOTE,
     )
 
 
@@ -1233,7 +1382,11 @@ def _write_bytes(path: Path, data: bytes) -> None:
 
 
 def _render_all(
-    result: GateResult, scored: pl.DataFrame, manifest: Mapping[str, Any], health: RunHealth
+    result: GateResult,
+    scored: pl.DataFrame,
+    manifest: Mapping[str, Any],
+    health: RunHealth,
+    chars: Sequence[LengthChars] | None = None,
 ) -> dict[str, bytes]:
     """Every report file, rendered in memory; ``verdict.json`` is rendered last."""
     oracle = oracle_counts(scored)
@@ -1242,13 +1395,20 @@ def _render_all(
     files: dict[str, bytes] = {
         HEATMAP_DELTA: delta_png,
         HEATMAP_ACCURACY: accuracy_png,
-        SUMMARY_MD: render_summary(result, oracle, manifest, health).encode("utf-8"),
+        SUMMARY_MD: render_summary(result, oracle, manifest, health, chars).encode("utf-8"),
         JUNIT_XML: render_junit(result, health),
         REPORT_HTML: render_html(
-            result, scored, oracle, manifest, delta_png=delta_png, accuracy_png=accuracy_png, health=health
+            result,
+            scored,
+            oracle,
+            manifest,
+            delta_png=delta_png,
+            accuracy_png=accuracy_png,
+            health=health,
+            chars=chars,
         ).encode("utf-8"),
     }
-    verdict = build_verdict(result, oracle, manifest, health)
+    verdict = build_verdict(result, oracle, manifest, health, chars)
     files[VERDICT_JSON] = (
         json.dumps(verdict.model_dump(mode="json"), indent=2, ensure_ascii=False, allow_nan=False) + "\n"
     ).encode("utf-8")
@@ -1262,12 +1422,17 @@ def write_reports(
     *,
     manifest: Mapping[str, Any],
     infra: InfraSummary | None = None,
+    layouts: Mapping[str, str | Path] | None = None,
 ) -> ReportPaths:
     """Write verdict.json, summary.md, junit.xml, report.html and the heatmap PNGs into ``out_dir``.
 
     ``infra``: the planned-versus-recorded account of the run (:func:`depthgate.judge.health.infra_summary`);
     any lost run makes the verdict ``INFRA`` (exit 30). Failing slices driven by the candidate's system
     failures are named in every file (:func:`depthgate.judge.health.assess`).
+
+    ``layouts``: arm → ``layouts.parquet``, for the length in characters (:func:`length_chars`) in every
+    file but junit.xml; without it, the run folder's own layouts when ``out_dir`` is its ``report``
+    folder (:func:`run_layouts`), else the section is left out.
 
     ``scored`` is the frame of :func:`depthgate.judge.oracle.score_records` (per-run oracle columns);
     ``manifest`` the run manifest (only its digests and short scalar fields are copied). All files are
@@ -1281,7 +1446,10 @@ def write_reports(
     staging = Path(tempfile.mkdtemp(prefix=".depthgate-report-", dir=out))
     try:
         health = assess(result, scored, infra)
-        files = _render_all(result, scored, manifest, health)
+        if layouts is None:
+            layouts = run_layouts(out, manifest)
+        chars = None if layouts is None else length_chars(layouts)
+        files = _render_all(result, scored, manifest, health, chars)
         for name, data in files.items():
             _write_bytes(staging / name, data)
         (out / VERDICT_JSON).unlink(missing_ok=True)
@@ -1312,6 +1480,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "SUMMARY_MD",
     "VERDICT_JSON",
+    "LengthChars",
     "OracleCounts",
     "ReportPaths",
     "VerdictDocument",
@@ -1320,6 +1489,7 @@ __all__ = [
     "depth_label",
     "exit_code_for",
     "health_reasons",
+    "length_chars",
     "load_verdict",
     "manifest_digests",
     "oracle_counts",
@@ -1328,6 +1498,7 @@ __all__ = [
     "render_html",
     "render_junit",
     "render_summary",
+    "run_layouts",
     "slice_key",
     "verdict_name",
     "write_reports",
