@@ -48,7 +48,7 @@ def matrix_power(
     """Power of every (length, position) slice of ``matrix`` at its case count (the suite's placed
     cases) and seed count, margin, look alpha and n_min."""
     plan = matrix.plan
-    labels = [p.label for p in parse_positions([str(p) for p in matrix.positions])]
+    labels = [p.label for p in parse_positions(matrix.position_values())]
     slices = [(length, label) for length in matrix.lengths for label in labels]
     n_cases = sum(1 for c in suite.cases if c.decisive)
     if not 0.0 <= p_baseline <= 1.0:  # DesignParameters.from_icc would fail in math.sqrt first

@@ -16,6 +16,9 @@ so a case with one valid seed weighs as much as a case with five.
   whose evidence-only control passes, so "the model cannot do this task" is told apart from "the model
   loses it at this depth".
 * :func:`pass_hat_k` — per slice, the mean beside pass^k (the share of cases all of whose k seeds pass).
+* :func:`spacing_accuracy` — with evidence spacing (issue #13 item 5: position labels ``"0.5~far"``), per
+  (arm, length, depth, spacing) the accuracy, its change from the adjacent spacing at the same depth, and
+  the MEASURED token gap between the decisive documents from the layouts.
 
 Only numpy, polars and statsmodels are used; bootstrap seeds go through
 :func:`depthgate.judge.stats.stable_seed`, so a result is identical in every process.
@@ -46,6 +49,7 @@ from depthgate.judge.stats import (
     position_sort_key,
     stable_seed,
 )
+from depthgate.spec.models import spacing_rank, split_position_label
 
 __all__ = [
     "RUN_COLUMNS",
@@ -61,6 +65,7 @@ __all__ = [
     "eligible_cases",
     "pass_hat_k",
     "runs_frame",
+    "spacing_accuracy",
     "wilson_design_interval",
 ]
 
@@ -792,3 +797,100 @@ def pass_hat_k(
     return _sort_slices(
         pl.DataFrame(rows, schema=schema, orient="row") if rows else pl.DataFrame(schema=schema)
     )
+
+
+# --------------------------------------------------------------------------------------------------
+# Evidence spacing
+
+
+def _spacing_key(position: str) -> tuple[tuple[int, float, str], int, str]:
+    base, spacing = split_position_label(position)
+    return position_sort_key(base), spacing_rank(spacing), spacing
+
+
+def spacing_accuracy(scored: pl.DataFrame, layouts: pl.DataFrame | None = None) -> pl.DataFrame | None:
+    """Per (arm, length, depth, spacing), when any position label carries a spacing (``"0.5~far"``);
+    None otherwise.
+
+    Columns: ``arm``, ``length``, ``depth`` (the position without its spacing), ``spacing``, ``position``
+    (the slice's label); ``n_cases`` and ``accuracy`` (case-weighted, every case with a valid seed);
+    ``n_multi`` and ``accuracy_multi`` (only the cases with two or more decisive documents, the ones whose
+    prompt the spacing changes; from ``layouts``, else null); ``vs_adjacent`` (``accuracy_multi`` — or
+    ``accuracy`` without layouts — minus the same at the adjacent spacing, same arm, length and depth;
+    null when the matrix has no adjacent spacing); ``gap_median``, ``gap_min``, ``gap_max``: the measured
+    ``evidence_gap_tokens`` of the slice's ok layouts, per arm when ``layouts`` has an ``arm`` column (the
+    arms may tokenize differently). ``layouts``: ``case_id``, ``target_tokens``, ``position``, ``status``,
+    ``evidence_gap_tokens`` and optionally ``arm``."""
+    runs = runs_frame(scored)
+    positions = sorted(set(runs["position"].unique().to_list()), key=_spacing_key)
+    if not any(split_position_label(p)[1] != "adjacent" for p in positions):
+        return None
+    rates = case_rates(runs)
+    multi: set[str] = set()
+    gaps: dict[tuple[str, int, str], list[int]] = {}
+    if layouts is not None and layouts.height:
+        ok = layouts.filter((pl.col("status") == "ok") & pl.col("evidence_gap_tokens").is_not_null())
+        multi = set(ok["case_id"].unique().to_list())
+        if "arm" not in ok.columns:
+            ok = ok.with_columns(pl.lit("").alias("arm"))
+        for arm, length, position, gap in ok.select(
+            "arm", "target_tokens", "position", "evidence_gap_tokens"
+        ).iter_rows():
+            gaps.setdefault((str(arm), int(length), str(position)), []).append(int(gap))
+    rows: list[dict[str, Any]] = []
+    acc: dict[tuple[str, int, str, str], float | None] = {}
+    for (arm, length, position), part in sorted(
+        rates.group_by(_SLICE), key=lambda kv: (str(kv[0][0]), int(kv[0][1]), _spacing_key(str(kv[0][2])))
+    ):
+        depth, spacing = split_position_label(str(position))
+        arm_, length_ = str(arm), int(length)
+        m = part.filter(pl.col("case_id").is_in(sorted(multi))) if layouts is not None else None
+        g = sorted(gaps.get((arm_, length_, str(position)), gaps.get(("", length_, str(position)), [])))
+        accuracy = float(np.mean(part["rate"].to_numpy()))
+        accuracy_multi = float(np.mean(m["rate"].to_numpy())) if m is not None and m.height else None
+        rows.append(
+            {
+                "arm": arm_,
+                "length": length_,
+                "depth": depth,
+                "spacing": spacing,
+                "position": str(position),
+                "n_cases": part.height,
+                "accuracy": accuracy,
+                "n_multi": None if m is None else m.height,
+                "accuracy_multi": accuracy_multi,
+                "gap_median": float(np.median(g)) if g else None,
+                "gap_min": g[0] if g else None,
+                "gap_max": g[-1] if g else None,
+            }
+        )
+        acc[(arm_, length_, depth, spacing)] = accuracy if m is None else accuracy_multi
+    for row in rows:
+        own = acc.get((row["arm"], row["length"], row["depth"], row["spacing"]))
+        adjacent = acc.get((row["arm"], row["length"], row["depth"], "adjacent"))
+        row["vs_adjacent"] = None if own is None or adjacent is None else own - adjacent
+    schema: dict[str, Any] = {
+        "arm": pl.String,
+        "length": pl.Int64,
+        "depth": pl.String,
+        "spacing": pl.String,
+        "position": pl.String,
+        "n_cases": pl.Int64,
+        "accuracy": pl.Float64,
+        "n_multi": pl.Int64,
+        "accuracy_multi": pl.Float64,
+        "gap_median": pl.Float64,
+        "gap_min": pl.Int64,
+        "gap_max": pl.Int64,
+        "vs_adjacent": pl.Float64,
+    }
+    a_rank = {a: i for i, a in enumerate(ARMS)}
+    rows.sort(
+        key=lambda r: (
+            r["length"],
+            position_sort_key(r["depth"]),
+            spacing_rank(r["spacing"]),
+            a_rank.get(r["arm"], len(ARMS)),
+        )
+    )
+    return pl.DataFrame(rows, schema=schema, orient="row")

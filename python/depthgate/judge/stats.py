@@ -42,7 +42,7 @@ from statsmodels.stats.proportion import proportion_confint
 from depthgate.exceptions import InputError, SpecError
 from depthgate.judge.frames import FrameOf, JsonRow, clean_value
 from depthgate.spec.models import look_alpha as _look_alpha
-from depthgate.spec.models import plan_violations
+from depthgate.spec.models import plan_violations, spacing_rank, split_position_label
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -224,7 +224,12 @@ def stable_seed(base: int, *parts: object) -> int:
 
 
 def position_sort_key(position: str) -> tuple[int, float, str]:
-    """Order positions: relative depths ("0.25") first, then absolute token offsets ("@1200")."""
+    """Order positions: relative depths ("0.25") first, then absolute token offsets ("@1200"); positions
+    with an evidence spacing ("0.5~far") after the adjacent ones, grouped by spacing (near, far, gaps)."""
+    base, spacing = split_position_label(position)
+    if spacing != "adjacent":
+        kind, value, _ = position_sort_key(base)
+        return (3 * (1 + spacing_rank(spacing)) + kind, value, position)
     try:
         return (0, float(position), position)
     except ValueError:

@@ -304,7 +304,11 @@ class _GapFiller:
 
     def __init__(self, tokenizer: Tokenizer, seed: int, language: str, count: int) -> None:
         self._tokenizer = tokenizer
-        self._units = filler_units(seed + _GAP_SEED_OFFSET, language, max(count, 64))
+        # Sentences that continue a paragraph (" ..."), no headings or paragraph starts ("\n..."): a
+        # decisive document's last "." followed by "\n\n" is one token in Llama-3 (".\n\n"), which
+        # would cut through the evidence edge inside the block, where no other boundary can be tried.
+        units = filler_units(seed + _GAP_SEED_OFFSET, language, max(count, 64))
+        self._units = [u for u in units if u.startswith(" ")]
         self._tokens: dict[int, int] = {}
 
     def _count(self, index: int) -> int:
@@ -485,7 +489,7 @@ def build_layouts(
             lang: f'"filler": {json.dumps(units)}, "pool": {json.dumps(pool)}'
             for lang, (units, pool, _) in filler.items()
         }
-        gap_fillers = {
+        gap_fillers: dict[str, _GapFiller] = {
             lang: _GapFiller(tokenizer, options.filler_seed, lang, len(filler[lang][0]))
             for lang in languages
             if spaced

@@ -36,6 +36,7 @@ from depthgate.judge.position import (
     control_normalised_accuracy,
     effective_length,
     pass_hat_k,
+    spacing_accuracy,
 )
 from depthgate.judge.stats import ARMS, position_sort_key
 from depthgate.spec.models import AnalysisPlan, look_alpha
@@ -47,6 +48,7 @@ __all__ = [
     "add_position_section",
     "position_science",
     "render_curve_png",
+    "spacing_layouts",
 ]
 
 #: Where extra sections go in report.html (report.html.j2 holds this comment once).
@@ -65,6 +67,9 @@ class PositionScience:
     repeat: pl.DataFrame
     seeds: int
     notes: tuple[str, ...] = field(default=())
+    #: Accuracy by evidence spacing (:func:`depthgate.judge.position.spacing_accuracy`); None when no
+    #: position carries a spacing (then verdict.json has no ``spacing`` key, as before the axis).
+    spacing: pl.DataFrame | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -74,6 +79,8 @@ class PositionScience:
             "seeds": self.seeds,
             "notes": list(self.notes),
         }
+        if self.spacing is not None:
+            out["spacing"] = self.spacing.to_dicts()
         return dict(_clean(out))
 
 
@@ -111,11 +118,13 @@ def position_science(
     *,
     seeds: Sequence[int],
     scored_controls: pl.DataFrame | None = None,
+    layouts: pl.DataFrame | None = None,
 ) -> PositionScience:
     """Effective length (the plan's rule and threshold), control-normalised accuracy and pass^k of a run.
 
     NoLiMa needs the evidence-only controls for its base score: without them (``--no-controls``) or when
-    they cannot give one, the base score is 1.0 for both arms and a note says so."""
+    they cannot give one, the base score is 1.0 for both arms and a note says so. ``layouts``
+    (:func:`spacing_layouts`) gives the spacing table its measured gaps and multi-evidence cases."""
     notes: list[str] = []
     alpha = look_alpha(plan.alpha, plan.stop_rule)
     common: dict[str, Any] = {
@@ -149,7 +158,26 @@ def position_science(
         except InputError as exc:
             notes.append(f"control-normalised accuracy not computed: {exc.message}")
     repeat = pass_hat_k(scored, seeds=seeds)
-    return PositionScience(effective, normalised, repeat, len(set(seeds)), tuple(notes))
+    spacing = spacing_accuracy(scored, layouts)
+    return PositionScience(effective, normalised, repeat, len(set(seeds)), tuple(notes), spacing)
+
+
+def spacing_layouts(run: Path) -> pl.DataFrame | None:
+    """The small columns of both arms' layouts that :func:`spacing_accuracy` reads (``arm`` added), or
+    None when the run's layouts carry no spacing (built before the axis, or adjacent only)."""
+    from depthgate.layout.layouts import read_layouts
+
+    columns = ["case_id", "target_tokens", "position", "status", "evidence_gap_tokens"]
+    frames = []
+    for arm in ARMS:
+        path = run / arm / "layouts.parquet"
+        if not path.is_file() or "evidence_gap_tokens" not in pl.read_parquet_schema(path):
+            return None
+        frames.append(read_layouts(path, columns=columns).with_columns(pl.lit(arm).alias("arm")))
+    layouts = pl.concat(frames)
+    if not layouts["position"].str.contains("~", literal=True).any():
+        return None
+    return layouts
 
 
 # --------------------------------------------------------------------------------------------------
@@ -226,6 +254,51 @@ def _phk_rows(ps: PositionScience) -> list[list[str]]:
     ]
 
 
+def _gap(r: Mapping[str, Any]) -> str:
+    if r["gap_median"] is None:
+        return "–"
+    if r["gap_min"] == r["gap_max"]:
+        return f"{r['gap_min']}"
+    return f"{r['gap_median']:g} [{r['gap_min']}–{r['gap_max']}]"
+
+
+def _acc(r: Mapping[str, Any] | None) -> str:
+    if r is None:
+        return "–"
+    own = r["accuracy_multi"] if r["n_multi"] is not None else r["accuracy"]
+    n = r["n_multi"] if r["n_multi"] is not None else r["n_cases"]
+    vs = "" if r["vs_adjacent"] is None or r["spacing"] == "adjacent" else f" ({r['vs_adjacent']:+.2f})"
+    return f"{_f(own)}{vs} (n={n})"
+
+
+def _spacing_rows(ps: PositionScience) -> list[list[str]]:
+    """Per (length, depth, spacing): measured gap per arm, each arm's accuracy on the multi-evidence
+    cases with its change from adjacent."""
+    if ps.spacing is None:
+        return []
+    by_key: dict[tuple[int, str, str], dict[str, Mapping[str, Any]]] = {}
+    for r in ps.spacing.iter_rows(named=True):
+        by_key.setdefault((r["length"], r["depth"], r["spacing"]), {})[r["arm"]] = r
+    rows = []
+    for (length, depth, spacing), arms in by_key.items():
+        gaps = " / ".join(_gap(arms[a]) for a in ARMS if a in arms)
+        rows.append([f"{length}/{depth}", spacing, gaps, *(_acc(arms.get(a)) for a in ARMS)])
+    return rows
+
+
+_SPACING_HEAD = [
+    "length/depth",
+    "spacing",
+    "measured gap, tokens (baseline / candidate)",
+    "baseline accuracy (Δ vs adjacent)",
+    "candidate accuracy (Δ vs adjacent)",
+]
+_SPACING_NOTE = (
+    "Evidence spacing: the decisive documents of each multi-evidence case are this many tokens apart "
+    "(measured on the final layout; median [min–max]); accuracies are on those cases only; the gate "
+    "slices are `length/depth~spacing`."
+)
+
 _EL_HEAD = ["depth", "baseline EL [interval]", "candidate EL [interval]", "Δ tokens [interval]"]
 _CNA_HEAD = ["arm", "slice", "raw accuracy", "control-normalised (own control)", "on baseline-eligible"]
 
@@ -256,6 +329,8 @@ def render_position_markdown(ps: PositionScience) -> str:
     if ps.normalised is not None:
         lines += ["Control-normalised accuracy beside raw (cases whose evidence-only control passes):", ""]
         lines += [*_md_table(_CNA_HEAD, _cna_rows(ps)), ""]
+    if ps.spacing is not None:
+        lines += [_SPACING_NOTE, "", *_md_table(_SPACING_HEAD, _spacing_rows(ps)), ""]
     if ps.seeds > 1:
         lines += [f"Repeat stability: pass^{ps.seeds} beside the mean:", ""]
         lines += [*_md_table(_phk_head(ps.seeds), _phk_rows(ps)), ""]
@@ -329,6 +404,10 @@ def render_position_html(ps: PositionScience) -> str:
     if ps.normalised is not None:
         parts.append("<h3>Control-normalised accuracy</h3>")
         parts.append(_html_table(_CNA_HEAD, _cna_rows(ps)))
+    if ps.spacing is not None:
+        parts.append("<h3>Evidence spacing</h3>")
+        parts.append(f'<p class="small">{html.escape(_SPACING_NOTE)}</p>')
+        parts.append(_html_table(_SPACING_HEAD, _spacing_rows(ps)))
     if ps.seeds > 1:
         parts.append(f"<h3>Repeat stability (pass^{ps.seeds})</h3>")
         parts.append(_html_table(_phk_head(ps.seeds), _phk_rows(ps)))

@@ -63,6 +63,7 @@ from depthgate.judge.stats import (
     non_inferiority_shown,
     position_sort_key,
 )
+from depthgate.spec.models import split_position_label
 
 SCHEMA_VERSION = "depthgate.verdict/1"
 VERDICT_JSON = "verdict.json"
@@ -388,7 +389,11 @@ def slice_key(length: int, position: str) -> str:
 
 
 def depth_label(position: str) -> str:
-    """A position for people: ``"0.25"`` → ``"25%"``, ``"@1200"`` → ``"token 1,200"``."""
+    """A position for people: ``"0.25"`` → ``"25%"``, ``"@1200"`` → ``"token 1,200"``, ``"0.5~far"`` →
+    ``"50% · far"`` (evidence spacing)."""
+    base, spacing = split_position_label(position)
+    if spacing != "adjacent":
+        return f"{depth_label(base)} · {spacing}"
     kind, value, _ = position_sort_key(position)
     if kind == 0:
         return f"{100 * value:g}%"

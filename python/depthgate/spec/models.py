@@ -1275,7 +1275,7 @@ class Matrix(_Frozen):
     positions: list[Position]
     # Evidence spacing of multi-evidence cases (issue #13 item 5); the default leaves every layout, id
     # and digest as before (canonical_json leaves it out).
-    spacings: list[Spacing] = Field(default_factory=lambda: ["adjacent"])
+    spacings: list[Spacing] = Field(default_factory=lambda: list[str | int](["adjacent"]))
     repeats: StrictInt = Field(default=1, ge=1)
     decode: DecodeParams = DecodeParams()
     baseline: System
