@@ -233,6 +233,20 @@ def test_spacing_changes_the_measured_gap_and_nothing_else_of_the_layout(tmp_pat
         assert enc.ids == list(row["token_ids"])
         between = [o for o in enc.offsets if o[0] >= spans[0]["char_end"] and o[1] <= spans[1]["char_start"]]
         assert len(between) == row["evidence_gap_tokens"] == row["evidence_gaps"][0]
+    # At depth 1 the spaced block ends where the region ends: snap 0, and requested_offset counts the whole
+    # block (gap filler included) out of the haystack; counting only its evidence would put the gap in snap.
+    for row in multi.filter(
+        (pl.col("spacing") != "adjacent") & pl.col("position").str.starts_with("1")
+    ).iter_rows(named=True):
+        spans = sorted(
+            (s for s in row["evidence_spans"] if s["kind"] == "evidence"), key=lambda s: s["token_start"]
+        )
+        assert spans[-1]["token_end"] == row["region_end"] and row["snap_tokens"] == 0, row["position"]
+        assert (
+            row["requested_offset"]
+            == row["actual_offset"]
+            == row["region_end"] - (spans[-1]["token_end"] - spans[0]["token_start"])
+        )
     # The block moves as a whole: without it, every position of a case × spacing is the same haystack.
     for (case_id, spacing), part in multi.group_by(["case_id", "spacing"]):
         rest = set()
