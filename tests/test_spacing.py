@@ -389,3 +389,28 @@ def test_the_plan_is_validated_over_every_spacing_slice() -> None:
     data["spacings"] = ["adjacent", "near", "far"]
     with pytest.raises(Exception, match="among 15 slices"):
         Matrix.model_validate(data)
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama3-from-gguf"])
+def test_fast_verification_splices_the_spaced_block_exactly(tmp_path: Path, family: str) -> None:
+    """Fast mode (ids from verified cached segments) on a block with filler inside it: the same ids as
+    a full encode, and `depthgate check` re-verifies every layout with no violation."""
+    path = TOK / family / "tokenizer.json"
+    tok = load_tokenizer(path)
+    positions = parse_positions(["0.25~near", "0.75~far", "1~far"])
+    build_layouts(
+        SUITE,
+        tok,
+        BuildOptions(lengths=[2048], positions=positions, verification="fast"),
+        tmp_path / "l.parquet",
+    )
+    frame = read_layouts(tmp_path / "l.parquet")
+    assert set(frame["verification"]) == {"fast"} and set(frame["status"]) == {"ok"}
+    hf = HFTokenizer.from_file(str(path))
+    hf.no_padding()
+    hf.no_truncation()
+    for row in frame.iter_rows(named=True):
+        assert hf.encode(row["text"], add_special_tokens=row["add_special_tokens"]).ids == list(
+            row["token_ids"]
+        )
+    assert main(["check", str(tmp_path / "l.parquet"), "--tokenizer", str(path)]) == ExitCode.PASS
