@@ -56,10 +56,9 @@ class Reader(StubServer):
         super().__init__(Handler, port)
 
 
-@pytest.fixture(scope="module")
-def tokenizer_upgrade_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One CLI run: GPT-2 baseline, SmolLM candidate, 4 cases × 2 lengths × 2 depths, no controls."""
-    tmp = tmp_path_factory.mktemp("chars")
+def run_tokenizer_upgrade(tmp: Path) -> Path:
+    """One CLI run into ``tmp/run``: GPT-2 baseline, SmolLM candidate, 4 cases × 2 lengths × 2 depths, no
+    controls (also used by tests/test_report_junit.py)."""
     port = free_port()
     matrix = tmp / "upgrade.toml"
     text = stub_matrix(
@@ -77,6 +76,11 @@ def tokenizer_upgrade_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
         code = main(["run", str(matrix), "--out", str(run), "--no-controls"])
     assert code in VERDICTS, code
     return run
+
+
+@pytest.fixture(scope="module")
+def tokenizer_upgrade_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return run_tokenizer_upgrade(tmp_path_factory.mktemp("chars"))
 
 
 def expected(run: Path) -> dict[tuple[int, str], dict[str, Any]]:

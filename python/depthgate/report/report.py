@@ -889,12 +889,50 @@ def render_summary(
 # junit.xml
 
 
+def _machine_signed(value: float | None) -> str:
+    """``+0.123`` / ``-0.411`` with an ASCII minus (junit.xml values are read by tools), ``–`` for none."""
+    return "–" if value is None or math.isnan(value) else f"{value:+.3f}"
+
+
+def _worst_lines(result: GateResult) -> list[str]:
+    """The worst position per length, as the console says it (commands/cli.py, from verdict.json)."""
+    return [
+        f"worst position at {w.length} tokens: depth {w.slice_worst_position} (lowest Δ lower bound "
+        f"{_machine_signed(w.slice_worst_lower)}; position range baseline {_plain(w.range_baseline)} → "
+        f"candidate {_plain(w.range_candidate)})"
+        for w in result.worst_by_length
+        if w.slice_worst_position is not None
+    ]
+
+
+def _property(parent: ET.Element, name: str, value: object) -> None:
+    ET.SubElement(parent, "property", name=name, value=str(value))
+
+
 def render_junit(result: GateResult, health: RunHealth | None = None) -> bytes:
     """JUnit XML: suite ``depthgate.slices`` with one testcase per slice, suite ``depthgate.safety``,
-    suite ``depthgate.run`` (an error when runs were lost; a failure naming system-driven slices)."""
+    suite ``depthgate.run`` (an error when runs were lost; a failure naming system-driven slices).
+
+    The position section: suite ``depthgate.slices`` has a property ``worst_position.<length>`` per
+    length (the depth with the lowest Δ lower bound) and the console's worst-position lines in its
+    ``system-out``; every slice testcase has the properties ``length``, ``position``, ``lower_bound``,
+    ``worst_position`` ("true" for the worst depth of its length) and ``worst_position_at_length``.
+    :func:`add_junit_effective_length` adds the effective length once the position science is in
+    verdict.json."""
     plan = result.plan
     root = ET.Element("testsuites", name="depthgate")
     suite = ET.SubElement(root, "testsuite", name="depthgate.slices")
+    suite_properties = ET.SubElement(suite, "properties")
+    worst_at = {
+        w.length: w.slice_worst_position for w in result.worst_by_length if w.slice_worst_position is not None
+    }
+    for w in result.worst_by_length:
+        if w.slice_worst_position is not None:
+            _property(
+                suite_properties,
+                f"worst_position.{w.length}",
+                f"{w.slice_worst_position} (lower bound {_machine_signed(w.slice_worst_lower)})",
+            )
     failures = skipped = 0
     for s in sorted(result.slice_results, key=lambda r: (r.length, position_sort_key(r.position))):
         case = ET.SubElement(
@@ -907,6 +945,12 @@ def render_junit(result: GateResult, health: RunHealth | None = None) -> bytes:
             ),
             time="0",
         )
+        properties = ET.SubElement(case, "properties")
+        _property(properties, "length", s.length)
+        _property(properties, "position", s.position)
+        _property(properties, "lower_bound", _machine_signed(s.lower))
+        _property(properties, "worst_position", "true" if worst_at.get(s.length) == s.position else "false")
+        _property(properties, "worst_position_at_length", worst_at.get(s.length, "–"))
         numbers = (
             f"Δ {_signed(s.delta, 3)} (baseline {_plain(s.acc_baseline, 3)} → candidate "
             f"{_plain(s.acc_candidate, 3)}), lower bound {_signed(s.lower, 3)} vs −M = −{plan.margin:g}, "
@@ -924,6 +968,9 @@ def render_junit(result: GateResult, health: RunHealth | None = None) -> bytes:
             ET.SubElement(case, "skipped", message=f"INCONCLUSIVE: {s.reason}; {numbers}")
         else:
             ET.SubElement(case, "system-out").text = f"PASS: {numbers}; {s.reason}"
+    if not len(suite_properties):
+        suite.remove(suite_properties)
+    ET.SubElement(suite, "system-out").text = "\n".join(_worst_lines(result)) or "no worst position"
     suite.set("tests", str(len(result.slice_results)))
     suite.set("failures", str(failures))
     suite.set("errors", "0")
@@ -1367,6 +1414,84 @@ def render_html(
     )
 
 
+def _effective_text(row: Mapping[str, Any]) -> str:
+    estimate = row.get("estimate")
+    if row.get("at_grid_top"):
+        return f"≥{estimate}"
+    return "below grid" if estimate == 0 else str(estimate)
+
+
+def add_junit_effective_length(report_dir: str | Path) -> bool:
+    """Add the effective length (verdict.json ``position.effective_length``, written by
+    :func:`depthgate.report.position.add_position_section`) to ``junit.xml`` of ``report_dir``: suite
+    ``depthgate.slices`` gets ``effective_length.<arm>.<position>`` properties and the console's
+    effective-length lines in its ``system-out``, every slice testcase ``effective_length.<arm>`` of its
+    depth. Idempotent. Returns False (nothing written) when verdict.json has no effective length."""
+    out = Path(report_dir)
+    doc = json.loads((out / VERDICT_JSON).read_text(encoding="utf-8"))
+    section = (doc.get("position") or {}).get("effective_length") or {}
+    rows = [row for row in section.get("rows") or [] if row.get("arm") in ARMS]
+    if not rows:
+        return False
+    text: dict[tuple[str, str], str] = {(str(r["arm"]), str(r["position"])): _effective_text(r) for r in rows}
+    rule = str(rows[0].get("rule", ""))
+    tree = ET.parse(out / JUNIT_XML)
+    suite = tree.getroot().find("testsuite[@name='depthgate.slices']")
+    if suite is None:
+        raise InputError(
+            "junit.xml has no testsuite 'depthgate.slices'",
+            file=str(out / JUNIT_XML),
+            fix="regenerate the reports with `depthgate gate RUN`",
+        )
+
+    def properties_of(element: ET.Element) -> ET.Element:
+        found = element.find("properties")
+        if found is None:
+            found = ET.Element("properties")
+            element.insert(0, found)
+        for old in [p for p in found if p.get("name", "").startswith("effective_length.")]:
+            found.remove(old)
+        return found
+
+    suite_properties = properties_of(suite)
+    for (arm, position), value in sorted(
+        text.items(), key=lambda item: (item[0][0], position_sort_key(item[0][1]))
+    ):
+        _property(suite_properties, f"effective_length.{arm}.{position}", f"{value} ({rule})")
+    for case in suite.findall("testcase"):
+        depth = next(
+            (p.get("value") for p in case.iterfind("properties/property") if p.get("name") == "position"),
+            None,
+        )
+        if depth is None:
+            continue
+        props = properties_of(case)
+        for arm in ARMS:
+            if (arm, depth) in text:
+                _property(props, f"effective_length.{arm}", f"{text[(arm, depth)]} ({rule})")
+    lines = [
+        f"effective length ({rule}), {arm}: "
+        + ", ".join(
+            f"{p}: {v}"
+            for (a, p), v in sorted(text.items(), key=lambda i: position_sort_key(i[0][1]))
+            if a == arm
+        )
+        for arm in ARMS
+        if any(a == arm for a, _ in text)
+    ]
+    system_out = suite.find("system-out")
+    if system_out is None:
+        system_out = ET.SubElement(suite, "system-out")
+    kept = [
+        line for line in (system_out.text or "").splitlines() if not line.startswith("effective length (")
+    ]
+    system_out.text = "\n".join([*kept, *lines])
+    ET.indent(tree)
+    data = ET.tostring(tree.getroot(), encoding="utf-8", xml_declaration=True) + b"\n"
+    _write_bytes(out / JUNIT_XML, data)
+    return True
+
+
 # --------------------------------------------------------------------------------------------------------
 # Writing
 
@@ -1490,6 +1615,7 @@ __all__ = [
     "ReportPaths",
     "VerdictDocument",
     "VerdictSlice",
+    "add_junit_effective_length",
     "build_verdict",
     "depth_label",
     "exit_code_for",
