@@ -38,7 +38,6 @@ import os
 import pickle
 import sys
 import time
-from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,14 +47,12 @@ from typing import TYPE_CHECKING, Any
 from depthgate.exceptions import InputError
 from depthgate.run.backends.base import Backend, BackendRequestError, Request, Response
 from depthgate.run.runner import (
-    FINAL_STATUSES,
-    RECORD_KEY,
     Job,
     LayoutSource,
+    RunLedger,
     RunOptions,
     RunSummary,
     interleaved_order,
-    read_records,
     shard_of,
 )
 from depthgate.spec.files import import_extra
@@ -362,35 +359,8 @@ def run_pairs_ray(
             store=None if folder is None else str(Path(folder).resolve()),
         )
 
-    out = Path(out_dir)
-    folder_path = rn._records_dir(out)
-    folder_path.mkdir(parents=True, exist_ok=True)
-    with rn._DirLock(out):
-        for stale in folder_path.glob(".tmp-*.parquet"):  # a temp file of a killed writer: never a record
-            stale.unlink(missing_ok=True)
-        existing = read_records(out, dedup=False)
-        rn._check_same_run(existing, run_id, options.manifest_digest, out)
-        done = {
-            (a, lid, int(s))
-            for a, lid, s, st in existing.select([*RECORD_KEY, "status"]).iter_rows()
-            if st in FINAL_STATUSES
-        }
-        seqs = [int(m.group(1)) for p in rn._shards(out) if (m := rn._SHARD_NAME.match(p.name))]
-        writer = rn._ShardWriter(folder_path, max(seqs, default=-1) + 1, options.batch_size)
-        pending = [job for job in order if job.key not in done]
-        already = len(order) - len(pending)
-        meter = rn._Progress(len(pending), True if options.progress is None else options.progress)
-        counts: dict[str, int] = defaultdict(int)
-        written: set[tuple[str, str, int]] = set()
-
-        def finish(rec: dict[str, Any]) -> None:
-            key = (str(rec["arm"]), str(rec["layout_id"]), int(rec["seed"]))
-            if key in written:  # a batch Ray re-ran after an actor died: its first answer counts
-                return
-            written.add(key)
-            writer.add(rec)
-            counts[rec["status"]] += 1
-            meter.tick(rec["status"])
+    with RunLedger(Path(out_dir), run_id, order, options, started=started, dedup=True) as ledger:
+        writer, pending, finish, already = ledger.writer, ledger.pending, ledger.finish, ledger.already
 
         # Refused layouts are recorded here, without a request, as the asyncio runner does.
         refusals = rn._Run(backends=backends, options=options)
@@ -412,19 +382,9 @@ def run_pairs_ray(
                 started_ray = _start_ray(ray, ropts)
                 circuit = _execute(ray, ropts, arms, options, sendable, finish, writer)
         finally:
-            writer.flush()
             if started_ray:
                 ray.shutdown()
-    return RunSummary.from_counts(
-        run_id,
-        out,
-        total=len(order),
-        already=already,
-        counts=counts,
-        shards_written=writer.shards_written,
-        started=started,
-        circuit_open=circuit,
-    )
+    return ledger.summary(circuit)
 
 
 def _execute(

@@ -535,33 +535,6 @@ class RunSummary:
     elapsed_s: float
     circuit_open: str | None = None
 
-    @classmethod
-    def from_counts(
-        cls,
-        run_id: str,
-        out: Path,
-        *,
-        total: int,
-        already: int,
-        counts: Mapping[str, int],
-        shards_written: int,
-        started: float,
-        circuit_open: str | None,
-    ) -> RunSummary:
-        """The summary of one call, from the per-status counts both engines keep (asyncio and Ray)."""
-        return cls(
-            run_id=run_id,
-            out_dir=out,
-            total=total,
-            already_done=already,
-            ok=counts["ok"],
-            system_fail=counts["system_fail"],
-            infra_error=counts["infra_error"],
-            shards_written=shards_written,
-            elapsed_s=time.monotonic() - started,
-            circuit_open=circuit_open,
-        )
-
     @property
     def written(self) -> int:
         return self.ok + self.system_fail + self.infra_error
@@ -570,6 +543,90 @@ class RunSummary:
     def complete(self) -> bool:
         """Every job has a final record (nothing left to re-run)."""
         return self.already_done + self.ok + self.system_fail == self.total
+
+
+class RunLedger:
+    """The records side of one call of either engine (asyncio here, Ray in ``ray_engine``): the run
+    folder, locked; the jobs that still have no final record; the shard writer; per-status counts
+    and the progress line. Use as a context manager: the lock is held and the shards are flushed on
+    exit, whatever happened. ``dedup``: drop a second record of a job (Ray re-runs a batch after an
+    actor died; its first answer counts). It is off for the asyncio engine, which never sends a job
+    twice, because its key set would grow with the matrix (10^6 jobs: ≈ 200 MB)."""
+
+    def __init__(
+        self,
+        out: Path,
+        run_id: str,
+        order: Sequence[Job],
+        options: RunOptions,
+        *,
+        started: float | None = None,
+        dedup: bool = False,
+    ) -> None:
+        self.started = time.monotonic() if started is None else started
+        self.out, self.run_id, self.total = out, run_id, len(order)
+        self._order, self._options = order, options
+        self._lock = _DirLock(out)
+        self.counts: dict[str, int] = defaultdict(int)
+        self._written: set[tuple[str, str, int]] | None = set() if dedup else None
+
+    def __enter__(self) -> RunLedger:
+        folder = _records_dir(self.out)
+        folder.mkdir(parents=True, exist_ok=True)
+        self._lock.__enter__()
+        try:
+            for stale in folder.glob(".tmp-*.parquet"):  # a temp file of a killed writer: never a record
+                stale.unlink(missing_ok=True)
+            existing = read_records(self.out, dedup=False)
+            _check_same_run(existing, self.run_id, self._options.manifest_digest, self.out)
+            done = {
+                (a, lid, int(s))
+                for a, lid, s, st in existing.select([*RECORD_KEY, "status"]).iter_rows()
+                if st in FINAL_STATUSES
+            }
+            shard_seqs = [int(m.group(1)) for p in _shards(self.out) if (m := _SHARD_NAME.match(p.name))]
+            self.writer = _ShardWriter(folder, max(shard_seqs, default=-1) + 1, self._options.batch_size)
+            self.pending = [job for job in self._order if job.key not in done]
+            self.already = self.total - len(self.pending)
+            # None = on; progress lines go to stderr, redrawn on a terminal, one per few percent elsewhere.
+            show = True if self._options.progress is None else self._options.progress
+            self.meter = _Progress(len(self.pending), show)
+        except BaseException:
+            self._lock.__exit__(None, None, None)
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            if hasattr(self, "writer"):
+                self.writer.flush()
+        finally:
+            self._lock.__exit__(None, None, None)
+
+    def finish(self, rec: dict[str, Any]) -> None:
+        """Record one final answer (or refusal) of a job."""
+        if self._written is not None:
+            key = (str(rec["arm"]), str(rec["layout_id"]), int(rec["seed"]))
+            if key in self._written:
+                return
+            self._written.add(key)
+        self.writer.add(rec)
+        self.counts[rec["status"]] += 1
+        self.meter.tick(rec["status"])
+
+    def summary(self, circuit_open: str | None) -> RunSummary:
+        return RunSummary(
+            run_id=self.run_id,
+            out_dir=self.out,
+            total=self.total,
+            already_done=self.already,
+            ok=self.counts["ok"],
+            system_fail=self.counts["system_fail"],
+            infra_error=self.counts["infra_error"],
+            shards_written=self.writer.shards_written,
+            elapsed_s=time.monotonic() - self.started,
+            circuit_open=circuit_open,
+        )
 
 
 def endpoint_of(backend: Backend) -> str:
@@ -897,42 +954,18 @@ async def arun_pairs(
         index, count = options.shard
         order = [job for job in order if shard_of((*job.slice_key, job.seed), count) == index - 1]
 
-    out = Path(out_dir)
-    folder = _records_dir(out)
-    folder.mkdir(parents=True, exist_ok=True)
-    with _DirLock(out):
-        for stale in folder.glob(".tmp-*.parquet"):  # a temp file of a killed writer: never a record
-            stale.unlink(missing_ok=True)
-        existing = read_records(out, dedup=False)
-        _check_same_run(existing, run_id, options.manifest_digest, out)
-        done = {
-            (a, lid, int(s))
-            for a, lid, s, st in existing.select([*RECORD_KEY, "status"]).iter_rows()
-            if st in FINAL_STATUSES
-        }
-        shard_seqs = [int(m.group(1)) for p in _shards(out) if (m := _SHARD_NAME.match(p.name))]
-        writer = _ShardWriter(folder, max(shard_seqs, default=-1) + 1, options.batch_size)
-        pending = [job for job in order if job.key not in done]
-        already = len(order) - len(pending)
-        # None = on; progress lines go to stderr, redrawn on a terminal, one per few percent elsewhere.
-        show = True if options.progress is None else options.progress
-        meter = _Progress(len(pending), show)
+    with RunLedger(Path(out_dir), run_id, order, options, started=started) as ledger:
+        writer, pending, meter, finish = ledger.writer, ledger.pending, ledger.meter, ledger.finish
         run = _Run(backends=backends, options=options, sources=sources)
         run.on_transient = meter.error
         log.info(
             "run %s: %d jobs, %d already recorded, %d to send (concurrency %d)",
             run_id,
             len(order),
-            already,
+            ledger.already,
             len(pending),
             concurrency,
         )
-        counts: dict[str, int] = defaultdict(int)
-
-        def finish(rec: dict[str, Any]) -> None:
-            writer.add(rec)
-            counts[rec["status"]] += 1
-            meter.tick(rec["status"])
 
         sendable: list[Job] = []
         for job in pending:
@@ -989,19 +1022,9 @@ async def arun_pairs(
                 task.cancel()
             if tasks:
                 await asyncio.gather(*list(tasks), return_exceptions=True)
-            writer.flush()
         if fatal:
             raise fatal[0]
-    return RunSummary.from_counts(
-        run_id,
-        out,
-        total=len(order),
-        already=already,
-        counts=counts,
-        shards_written=writer.shards_written,
-        started=started,
-        circuit_open=run.breaker.tripped,
-    )
+    return ledger.summary(run.breaker.tripped)
 
 
 def _check_same_run(existing: pl.DataFrame, run_id: str, manifest_digest: str, out: Path) -> None:
