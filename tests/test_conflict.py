@@ -113,6 +113,8 @@ def test_citing_both_values_passes(output: str) -> None:
         " The sources disagree.",
         " The two copies are inconsistent, so it cannot be determined.",
         '{"abstain": true, "unit": "USD per night"}',
+        # the copied-on next sentence with a distractor's value is not the answer
+        " The sources disagree. The maximum hotel rate in region UK is 260 USD per night.",
     ],
 )
 def test_abstaining_or_flagging_passes(output: str) -> None:
@@ -121,8 +123,15 @@ def test_abstaining_or_flagging_passes(output: str) -> None:
     assert result.abstained and result.reason.startswith("Abstained or flagged the conflict")
 
 
-def test_flag_with_both_values_passes() -> None:
-    result = run(" unclear: the copies conflict, 245 or 300 USD per night.")
+@pytest.mark.parametrize(
+    "output",
+    [
+        " unclear: the copies conflict, 245 or 300 USD per night.",
+        " The sources disagree. One copy says 245 USD per night, the other 300 USD per night.",
+    ],
+)
+def test_flag_with_both_values_passes(output: str) -> None:
+    result = run(output)
     assert result.outcome == "pass" and result.abstained
     assert result.reason.startswith("Flagged the conflict and gave every conflicting value")
 
@@ -151,6 +160,10 @@ def test_both_values_plus_a_wrong_one_fails() -> None:
     assert forbidden.outcome == "fail" and forbidden.forbidden_hits == ["uk"]
     assert not forbidden.missing_claims and "'uk' (forbidden claim)" in forbidden.reason
     assert not forbidden.safety  # severity "wrong"
+    only_wrong = run(" 260 USD per night.")
+    assert only_wrong.outcome == "fail" and only_wrong.forbidden_hits == ["uk"]
+    assert only_wrong.missing_claims == ["source_a", "source_b"]
+    assert "gave none of the conflicting values" in only_wrong.reason
     other = run(" 245, 300 or 999 USD per night.")
     assert other.outcome == "fail" and not other.forbidden_hits and "'999'" in other.reason
     # a safety claim given beside the values raises the flag, as anywhere else

@@ -640,9 +640,10 @@ class CaseOracle:
                 "for the question"
             )
         if missing:
-            shown = ", ".join(f"{self.display[c]!r} ({c})" for c in matched) or "no conflicting value"
+            shown = ", ".join(f"{self.display[c]!r} ({c})" for c in matched)
+            given_text = f"answered only {shown}" if shown else "gave none of the conflicting values"
             problems.append(
-                f"answered only {shown} although the sources disagree: lacks required claim(s) {missing}; "
+                f"{given_text} although the sources disagree: lacks required claim(s) {missing}; "
                 f"expected an abstention or every value ({values})"
             )
         if problems:
