@@ -11,8 +11,10 @@ from typing import Any
 
 import polars as pl
 import pytest
+from tokenizers import Tokenizer as HFTokenizer
 
-from depthgate.exceptions import SpecError
+from depthgate.commands.cli import main
+from depthgate.exceptions import ExitCode, SpecError
 from depthgate.judge.oracle import CaseOracle, score
 from depthgate.layout.layouts import (
     BuildOptions,
@@ -24,6 +26,7 @@ from depthgate.layout.layouts import (
 from depthgate.spec.models import Case, Suite, parse_spec
 from depthgate.spec.suites import builtin_suite, generate_suite
 from fixtures_paths import tokenizers_dir
+from helpers import JSONHandler, StubServer, completion, free_port, stub_matrix
 
 
 def conflict_data(**overrides: Any) -> dict[str, Any]:
@@ -383,3 +386,57 @@ def test_both_sources_move_together_in_real_layouts(tmp_path: Path) -> None:
         starts.append(evidence[0]["token_start"])
     assert starts == sorted(starts) and starts[0] < starts[-1]
     assert isinstance(frame, pl.DataFrame)
+
+
+# ------------------------------------------------------------------------------------------------ CLI run
+
+
+def test_a_conflict_suite_runs_through_the_cli(tmp_path: Path) -> None:
+    """A suite file with conflict cases, a matrix on it, a stub server (labelled: not a model) that
+    answers every value of a conflict case and the one value of the others: the run completes with
+    controls and every conflict case passes at every position."""
+    suite = generate_suite(0, 20, "en", conflict=True)
+    conflicts = [c for c in suite.cases if c.evidence_pattern == "conflict"]
+    assert len(conflicts) == 2
+    answers: dict[str, str] = {}
+    for case in suite.cases:
+        if case.evidence_pattern == "conflict":
+            answers[case.query] = " or ".join(claim.aliases[0] for claim in case.required_claims)
+        elif case.required_claims:
+            answers.setdefault(case.query, case.required_claims[0].aliases[0])
+    (tmp_path / "suite.json").write_text(suite.model_dump_json(), encoding="utf-8")
+    gpt2 = tokenizers_dir() / "gpt2" / "tokenizer.json"
+    decoder = HFTokenizer.from_file(str(gpt2))
+
+    class Handler(JSONHandler):
+        def do_GET(self) -> None:
+            self.send_json(
+                {"object": "list", "data": [{"id": "good", "object": "model", "max_model_len": 4096}]}
+            )
+
+        def do_POST(self) -> None:
+            body = self.read_json()
+            ids = list(body["prompt"])
+            text = decoder.decode(ids)
+            answer = next((a for q, a in answers.items() if q in text), "not stated")
+            self.send_json(completion("good", f" {answer}", ids, completion_tokens=3))
+
+    port = free_port()
+    matrix = tmp_path / "conflict.toml"
+    matrix.write_text(
+        stub_matrix(
+            "conflict",
+            where=f'endpoint = "http://127.0.0.1:{port}"',
+            tokenizer=gpt2,
+            suite='{ kind = "file", path = "suite.json" }',
+        )
+    )
+    run = tmp_path / "run"
+    with StubServer(Handler, port):
+        code = main(["run", str(matrix), "--out", str(run)])
+    assert code == ExitCode.PASS, code  # a perfect reader
+    scored = pl.read_parquet(run / "scored.parquet")
+    conflict_rows = scored.filter(pl.col("case_id").is_in([c.id for c in conflicts]))
+    assert conflict_rows.height == 2 * 2 * 2  # cases × positions × arms
+    assert set(conflict_rows["outcome"]) == {"pass"}, conflict_rows["score_reason"].to_list()
+    assert all("every conflicting value" in reason for reason in conflict_rows["score_reason"])
