@@ -360,19 +360,12 @@ def run_pairs_ray(
         )
 
     with RunLedger(Path(out_dir), run_id, order, options, started=started, dedup=True) as ledger:
-        writer, pending, finish, already = ledger.writer, ledger.pending, ledger.finish, ledger.already
-
         # Refused layouts are recorded here, without a request, as the asyncio runner does.
         refusals = rn._Run(backends=backends, options=options)
-        sendable: list[Job] = []
-        for job in pending:
-            if str(job.layout["status"]) != "ok":
-                finish(refusals.refused(job))
-            else:
-                sendable.append(job)
+        sendable = ledger.sendable(refusals.refused)
         print(
-            f"depthgate: engine ray: {len(order)} jobs, {already} already recorded, {len(sendable)} to "
-            f"send on {ropts.actors} actor(s)",
+            f"depthgate: engine ray: {len(order)} jobs, {ledger.already} already recorded, "
+            f"{len(sendable)} to send on {ropts.actors} actor(s)",
             file=sys.stderr,
         )
         circuit: str | None = None
@@ -380,7 +373,7 @@ def run_pairs_ray(
         try:
             if sendable:
                 started_ray = _start_ray(ray, ropts)
-                circuit = _execute(ray, ropts, arms, options, sendable, finish, writer)
+                circuit = _execute(ray, ropts, arms, options, sendable, ledger.finish, ledger.writer)
         finally:
             if started_ray:
                 ray.shutdown()

@@ -614,6 +614,17 @@ class RunLedger:
         self.counts[rec["status"]] += 1
         self.meter.tick(rec["status"])
 
+    def sendable(self, refused: Callable[[Job], dict[str, Any]]) -> list[Job]:
+        """The pending jobs to send. A job whose layout was refused at build (status other than ok) is
+        recorded here, as ``refused(job)``, without a request: both engines record refusals alike."""
+        out: list[Job] = []
+        for job in self.pending:
+            if str(job.layout["status"]) != "ok":
+                self.finish(refused(job))
+            else:
+                out.append(job)
+        return out
+
     def summary(self, circuit_open: str | None) -> RunSummary:
         return RunSummary(
             run_id=self.run_id,
@@ -955,24 +966,18 @@ async def arun_pairs(
         order = [job for job in order if shard_of((*job.slice_key, job.seed), count) == index - 1]
 
     with RunLedger(Path(out_dir), run_id, order, options, started=started) as ledger:
-        writer, pending, meter, finish = ledger.writer, ledger.pending, ledger.meter, ledger.finish
         run = _Run(backends=backends, options=options, sources=sources)
-        run.on_transient = meter.error
+        run.on_transient = ledger.meter.error
         log.info(
             "run %s: %d jobs, %d already recorded, %d to send (concurrency %d)",
             run_id,
             len(order),
             ledger.already,
-            len(pending),
+            len(ledger.pending),
             concurrency,
         )
 
-        sendable: list[Job] = []
-        for job in pending:
-            if str(job.layout["status"]) != "ok":
-                finish(run.refused(job))
-            else:
-                sendable.append(job)
+        sendable = ledger.sendable(run.refused)
 
         semaphore = asyncio.Semaphore(concurrency)
         tasks: set[asyncio.Task[None]] = set()
@@ -990,7 +995,7 @@ async def arun_pairs(
                     if task is not asyncio.current_task():
                         task.cancel()
                 return
-            finish(rec)
+            ledger.finish(rec)
 
         def released(task: asyncio.Task[None]) -> None:
             # Released here, not inside the coroutine: a task cancelled before it starts runs no code.
@@ -1000,7 +1005,7 @@ async def arun_pairs(
         async def flusher() -> None:
             while True:
                 await asyncio.sleep(options.flush_seconds)
-                writer.flush()
+                ledger.writer.flush()
 
         flush_task = asyncio.create_task(flusher())
         try:
