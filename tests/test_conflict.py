@@ -391,10 +391,15 @@ def test_both_sources_move_together_in_real_layouts(tmp_path: Path) -> None:
 # ------------------------------------------------------------------------------------------------ CLI run
 
 
-def test_a_conflict_suite_runs_through_the_cli(tmp_path: Path) -> None:
-    """A suite file with conflict cases, a matrix on it, a stub server (labelled: not a model) that
-    answers every value of a conflict case and the one value of the others: the run completes with
-    controls and every conflict case passes at every position."""
+@pytest.mark.parametrize(
+    "suite_ref",
+    ['{ kind = "file", path = "suite.json" }', '{ kind = "builtin", cases = 20, conflict = true }'],
+    ids=["suite-file", "builtin-conflict"],
+)
+def test_a_conflict_suite_runs_through_the_cli(tmp_path: Path, suite_ref: str) -> None:
+    """A matrix on conflict cases (a suite file, or the built-in suite with ``conflict = true``), a
+    stub server (labelled: not a model) that answers every value of a conflict case and the one value
+    of the others: the run completes with controls and every conflict case passes at every position."""
     suite = generate_suite(0, 20, "en", conflict=True)
     conflicts = [c for c in suite.cases if c.evidence_pattern == "conflict"]
     assert len(conflicts) == 2
@@ -428,7 +433,7 @@ def test_a_conflict_suite_runs_through_the_cli(tmp_path: Path) -> None:
             "conflict",
             where=f'endpoint = "http://127.0.0.1:{port}"',
             tokenizer=gpt2,
-            suite='{ kind = "file", path = "suite.json" }',
+            suite=suite_ref,
         )
     )
     run = tmp_path / "run"
@@ -440,3 +445,31 @@ def test_a_conflict_suite_runs_through_the_cli(tmp_path: Path) -> None:
     assert conflict_rows.height == 2 * 2 * 2  # cases × positions × arms
     assert set(conflict_rows["outcome"]) == {"pass"}, conflict_rows["score_reason"].to_list()
     assert all("every conflicting value" in reason for reason in conflict_rows["score_reason"])
+
+
+def test_suite_generate_conflict_flag_and_matrix_field(tmp_path: Path) -> None:
+    """``depthgate suite generate --conflict`` adds conflict cases after the 13 default ones; without the
+    flag there are none. A matrix's ``conflict = false`` keeps the digest of a matrix written before the
+    field; ``conflict = true`` changes it (a different case set is a different run)."""
+    plain, with_conflict = tmp_path / "plain.json", tmp_path / "conflict.json"
+    assert main(["suite", "generate", "--cases", "20", "--out", str(plain)]) == ExitCode.PASS
+    assert main(["suite", "generate", "--cases", "20", "--conflict", "--out", str(with_conflict)]) == 0
+    a = Suite.model_validate_json(plain.read_text(encoding="utf-8"))
+    b = Suite.model_validate_json(with_conflict.read_text(encoding="utf-8"))
+    assert not [c for c in a.cases if c.evidence_pattern == "conflict"]
+    assert [c.evidence_pattern for c in b.cases].count("conflict") == 2
+    assert [c.id for c in a.cases[:13]] == [c.id for c in b.cases[:13]]
+
+    from depthgate.spec.models import load_matrix
+
+    gpt2 = tokenizers_dir() / "gpt2" / "tokenizer.json"
+    digests = {}
+    for name, ref in {
+        "unset": '{ kind = "builtin", cases = 20 }',
+        "false": '{ kind = "builtin", cases = 20, conflict = false }',
+        "true": '{ kind = "builtin", cases = 20, conflict = true }',
+    }.items():
+        path = tmp_path / f"{name}.toml"
+        path.write_text(stub_matrix("m", where='endpoint = "http://127.0.0.1:9"', tokenizer=gpt2, suite=ref))
+        digests[name] = load_matrix(path).digest()
+    assert digests["unset"] == digests["false"] != digests["true"]

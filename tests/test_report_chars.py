@@ -146,19 +146,21 @@ def test_summary_and_html_show_the_chars_table(tokenizer_upgrade_run: Path) -> N
     assert "<td" not in (run / "report" / "junit.xml").read_text()
 
 
-def test_gate_rewrites_it_and_a_foreign_report_dir_leaves_it_out(
+def test_gate_rewrites_it_and_a_foreign_report_dir_keeps_it(
     tokenizer_upgrade_run: Path, tmp_path: Path
 ) -> None:
     run = tokenizer_upgrade_run
     before = load_verdict(run / "report" / "verdict.json").length_chars
+    assert before
     assert main(["gate", str(run)]) in VERDICTS
     assert load_verdict(run / "report" / "verdict.json").length_chars == before
-    # Elsewhere, the report cannot tell which run folder it belongs to: no section, never a wrong one.
+    # `depthgate gate RUN --report-dir ELSEWHERE` hands the run's layouts to the report: same section.
     elsewhere = tmp_path / "elsewhere"
     assert main(["gate", str(run), "--report-dir", str(elsewhere)]) in VERDICTS
-    assert load_verdict(elsewhere / "verdict.json").length_chars is None
-    assert "Length in characters" not in (elsewhere / "summary.md").read_text()
-    assert "Length in characters" not in (elsewhere / "report.html").read_text()
+    assert load_verdict(elsewhere / "verdict.json").length_chars == before
+    assert "Length in characters" in (elsewhere / "summary.md").read_text()
+    # write_reports alone, elsewhere and without `layouts=`, leaves it out:
+    # test_run_layouts_needs_the_same_manifest.
 
 
 def test_run_layouts_needs_the_same_manifest(tokenizer_upgrade_run: Path, tmp_path: Path) -> None:

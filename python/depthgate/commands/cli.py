@@ -158,7 +158,7 @@ def _cmd_schema(args: argparse.Namespace) -> int:
 def _cmd_suite_generate(args: argparse.Namespace) -> int:
     from depthgate.spec.suites import generate_suite
 
-    suite = generate_suite(args.seed, args.cases, args.lang)
+    suite = generate_suite(args.seed, args.cases, args.lang, conflict=args.conflict)
     text = suite.model_dump_json(indent=1)
     if args.out:
         out = write_text_atomic(args.out, text, option="--out")
@@ -377,6 +377,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--cases", type=int, default=300)
     g.add_argument("--lang", default="en", choices=["en", "zh"])
+    g.add_argument(
+        "--conflict",
+        action="store_true",
+        help="also generate `conflict` cases (two unversioned sources disagree); the first 13 are unchanged",
+    )
     g.add_argument("--out")
     g.set_defaults(func=_cmd_suite_generate, outputs=(("out", "file"),))
     imp = suite_sub.add_parser("import", help="replay desensitized incidents (JSONL) as cases")

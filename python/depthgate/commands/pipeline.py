@@ -670,8 +670,15 @@ def gate_run(
     gated = scored if eligibility is None else scored.filter(pl.col("case_id").is_in(placed))
     result = gate(gated, gate_plan(plan, lengths, labels, cases=placed, seeds=frozen.seeds))
     infra = infra_summary(records, _planned_jobs(run, frozen.seeds))
+    # The run's own layouts, for the length in characters, wherever the report goes (--report-dir).
+    arm_layouts = {arm: run / arm / "layouts.parquet" for arm in ARMS}
     paths = write_reports(
-        result, gated, Path(report_dir) if report_dir else run / "report", manifest=manifest, infra=infra
+        result,
+        gated,
+        Path(report_dir) if report_dir else run / "report",
+        manifest=manifest,
+        infra=infra,
+        layouts=arm_layouts if all(p.is_file() for p in arm_layouts.values()) else None,
     )
     if scored_controls is not None:
         _add_controls(run, scored, scored_controls, paths.verdict_json, paths.summary_md, eligibility)

@@ -443,11 +443,16 @@ def _add_to_html(html_path: Path, section: str) -> None:
 
 
 def add_position_section(ps: PositionScience, report_dir: Path) -> None:
-    """``position`` in verdict.json, a section in summary.md and in report.html."""
+    """``position`` in verdict.json, a section in summary.md and in report.html, and the effective
+    length in junit.xml (where CI dashboards read a nightly job)."""
+    from depthgate.report.report import add_junit_effective_length
+
     _add_to_verdict(report_dir / "verdict.json", "position", ps.to_dict())
     with (report_dir / "summary.md").open("a", encoding="utf-8") as fh:
         fh.write(render_position_markdown(ps))
     _add_to_html(report_dir / "report.html", render_position_html(ps))
+    if (report_dir / "junit.xml").is_file():
+        add_junit_effective_length(report_dir)
 
 
 def render_noise_markdown(nf: NoiseFloorResult) -> str:

@@ -1098,6 +1098,9 @@ class BuiltinSuiteRef(_Frozen):
     cases: StrictInt = Field(default=8, ge=1)
     seed: StrictInt = Field(default=0, ge=0)
     language: Language = "en"
+    # With the `conflict` pattern (two unversioned sources disagree); the first 13 cases are the default
+    # suite's, conflict cases come after them. Left out of the matrix digest when false.
+    conflict: StrictBool = False
 
 
 class FileSuiteRef(_Frozen):
@@ -1361,11 +1364,13 @@ class Matrix(_Frozen):
         ]
 
     def canonical_json(self) -> str:
-        """As :meth:`_Frozen.canonical_json`, without ``spacings`` when it is the default, so matrices
-        written before the field keep their digest (and their run ids)."""
+        """As :meth:`_Frozen.canonical_json`, without ``spacings`` and the suite's ``conflict`` when they
+        are the defaults, so matrices written before those fields keep their digest (and run ids)."""
         data = self.model_dump(mode="json")
         if data.get("spacings") == ["adjacent"]:
             del data["spacings"]
+        if data["suite"].get("conflict") is False:
+            del data["suite"]["conflict"]
         return canonical_json(data)
 
 

@@ -852,7 +852,7 @@ def import_incidents(jsonl_path: str | Path) -> Suite:
 def resolve_suite(ref: BuiltinSuiteRef | FileSuiteRef, *, base_dir: str | Path | None = None) -> Suite:
     """The suite a matrix refers to; relative paths resolve against ``base_dir``, the matrix dir."""
     if isinstance(ref, BuiltinSuiteRef):
-        return builtin_suite(ref.cases, ref.seed, ref.language)
+        return builtin_suite(ref.cases, ref.seed, ref.language, conflict=ref.conflict)
     path = Path(ref.path)
     if not path.is_absolute() and base_dir is not None:
         path = Path(base_dir) / path
