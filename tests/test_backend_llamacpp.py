@@ -276,3 +276,10 @@ def test_run_with_runtime_block_relative_model_and_cache_control(
     assert all(row["prefix_hit_tokens"] > 0 for row in control["rows"])
     assert not (out / "baseline" / "cache_control.json").exists()
     assert "cache_control.json" in capsys.readouterr().err
+    # The manifest says, per arm, what decides repeatability: one sequence at a time on one context,
+    # the thread count the runtime block set, prefix reuse only where asked.
+    determinism = json.loads((out / "manifest.json").read_text(encoding="utf-8"))["determinism"]
+    assert determinism["candidate"]["n_threads"] == 2 and determinism["candidate"]["reuse_prefix"] is True
+    assert determinism["baseline"]["reuse_prefix"] is False
+    assert {d["sequences_in_flight"] for d in determinism.values()} == {1}
+    assert {d["engine"] for d in determinism.values()} == {"llama.cpp, embedded (llama-cpp-python)"}

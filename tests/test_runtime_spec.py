@@ -6,6 +6,7 @@ tests/test_backend_llamacpp.py (embedded fields, paths, cache control)."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -228,3 +229,38 @@ def test_relative_paths_of_the_matrix_are_not_resolved_from_the_working_director
     assert isinstance(backend, OpenAIChatBackend) and backend.local_count is not None
     assert backend.local_count("Hello world") == 2  # GPT-2: "Hello", " world"
     assert os.getcwd() == str(elsewhere)
+
+
+# --------------------------------------------------------------------------------------------------
+# determinism settings in the manifest (issue #13 item 3)
+
+
+def test_determinism_settings_per_backend(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the manifest records per arm about repeatability, from the system and the environment (no
+    engine is started: vLLM cannot run here, so its row is checked from the spec and env alone)."""
+    from depthgate.run.backends import determinism_settings
+    from depthgate.spec.models import DecodeParams
+
+    greedy, sampled = DecodeParams(seeds=[0, 1]), DecodeParams(temperature=0.7, seeds=[3])
+    embedded = determinism_settings(_system(runtime={"n_threads": 3, "reuse_prefix": True}), greedy)
+    assert embedded["sequences_in_flight"] == 1 and embedded["batch_invariant"] is True
+    assert embedded["n_threads"] == 3 and embedded["reuse_prefix"] is True
+    assert embedded["sampling"] == "greedy (argmax)" and embedded["seeds"] == [0, 1]
+    assert embedded["seed_sent"] == "unused (greedy)"
+    assert determinism_settings(_system(), sampled)["seed_sent"] == "per request (sampler seed)"
+
+    vllm = _system(backend="vllm", model="org/model", tokenizer=str(REPO / "README.md"))
+    vllm = vllm.model_copy(update={"runtime": Runtime(vllm=VLLMEngineArgs(seed=7, enforce_eager=True))})
+    monkeypatch.delenv("VLLM_BATCH_INVARIANT", raising=False)
+    row = determinism_settings(vllm, greedy)
+    assert row["engine_seed"] == 7 and row["enforce_eager"] is True and row["batch_invariant"] is False
+    monkeypatch.setenv("VLLM_BATCH_INVARIANT", "1")
+    assert determinism_settings(vllm, greedy)["batch_invariant"] is True
+
+    server = _system(backend="vllm-server", endpoints=["http://127.0.0.1:1", "http://127.0.0.1:2"])
+    row = determinism_settings(server, sampled)
+    assert row["endpoints"] == 2 and row["batch_invariant"] == "unknown (server-side setting)"
+    assert row["sampling"] == "temperature 0.7, seeded per request"
+    row = determinism_settings(_system(backend="anthropic", model="claude", endpoint=None), greedy)
+    assert row["seed_sent"] == "no (the API has no seed)"
+    assert "key" not in json.dumps(row).lower()

@@ -167,6 +167,8 @@ def plan_digest(plan: AnalysisPlan, lengths: Sequence[int], positions: Sequence[
 
 
 def _manifest(matrix: Matrix, matrix_path: Path, suite: Suite, arms: list[ArmSetup]) -> dict[str, Any]:
+    from depthgate.run.backends import determinism_settings
+
     systems = {}
     for a in arms:
         systems[a.arm] = {
@@ -199,6 +201,7 @@ def _manifest(matrix: Matrix, matrix_path: Path, suite: Suite, arms: list[ArmSet
     # The run id binds the plan, suite and systems: the same matrix reruns into the same id (resume).
     body["run_id"] = f"{matrix.name}-{digest[:12]}"
     body["manifest_digest"] = digest
+    body["determinism"] = {a.arm: determinism_settings(a.system, matrix.decode) for a in arms}
     body["created_at"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     return body
 

@@ -1415,6 +1415,9 @@ class RunManifest(_Frozen):
     # The analysis plan itself (its digest, with the slice list, is plan_digest); absent in manifests
     # written before the plan was frozen into the run folder.
     plan: dict[str, Any] | None = None
+    # Per arm, what decides whether a request is answered the same way twice (engine, version, threads,
+    # batch invariance, seeds; depthgate.run.backends.determinism_settings). Not digested.
+    determinism: dict[str, dict[str, Any]] | None = None
 
 
 # --------------------------------------------------------------------------------------------------------

@@ -21,9 +21,9 @@ if TYPE_CHECKING:
 
     from depthgate.run.backends.http import HTTPOptions
     from depthgate.run.backends.llamacpp import EmbeddedLlamaBackend
-    from depthgate.spec.models import Runtime, System
+    from depthgate.spec.models import DecodeParams, Runtime, System
 
-__all__ = ["make_backend", "make_cache_control_backends", "probe_backend"]
+__all__ = ["determinism_settings", "make_backend", "make_cache_control_backends", "probe_backend"]
 
 
 class _HTTPShared(TypedDict):
@@ -298,3 +298,79 @@ def make_cache_control_backends(
         cold.close()
         raise
     return cold, warm
+
+
+# Environment variables that change whether a vLLM engine gives the same tokens for the same request
+# (research/api_facts.md §1.2–1.3): batch-invariant kernels, and V1's in-process scheduling.
+_VLLM_DETERMINISM_ENV = ("VLLM_BATCH_INVARIANT", "VLLM_ENABLE_V1_MULTIPROCESSING")
+
+
+def _dist_version(dist: str) -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def determinism_settings(system: System, decode: DecodeParams) -> dict[str, Any]:
+    """What decides whether this arm answers the same request the same way twice, as far as depthgate
+    can know it before the first request (recorded in the run manifest, per arm; never part of its
+    digest, so a resume on a machine with another core count is not refused for it). Temperature-0
+    serving is not deterministic under batching (vLLM #51187): an A/A run (``--aa``) measures what
+    these settings allow. Nothing here is secret (the API key's variable is not even named)."""
+    runtime = system.runtime
+    greedy = decode.temperature == 0.0
+    out: dict[str, Any] = {
+        "backend": system.backend,
+        "sampling": "greedy (argmax)"
+        if greedy
+        else f"temperature {decode.temperature:g}, seeded per request",
+        "seeds": list(decode.seeds),
+    }
+    if system.backend == "llamacpp" and not system.urls:
+        from depthgate.run.backends.llamacpp import default_threads
+
+        out.update(
+            engine="llama.cpp, embedded (llama-cpp-python)",
+            engine_version=_dist_version("llama-cpp-python"),
+            # One context, one sequence at a time: no request is ever batched with another, so batch
+            # composition cannot change an answer. The thread count changes the order of floating-point
+            # reductions, so it is recorded; the same machine and count reproduce the same tokens.
+            sequences_in_flight=1,
+            n_threads=runtime.n_threads or default_threads(),
+            reuse_prefix=runtime.reuse_prefix,
+            seed_sent="per request (sampler seed)" if not greedy else "unused (greedy)",
+            batch_invariant=True,
+        )
+    elif system.backend == "vllm" and not system.urls:
+        engine = runtime.vllm.engine_kwargs() if runtime.vllm is not None else {}
+        out.update(
+            engine="vLLM, offline (in process)",
+            engine_version=_dist_version("vllm"),
+            engine_seed=engine.get("seed", 0),  # V1 seeds its workers with 0 when none is given
+            seed_sent="per request (SamplingParams.seed)",
+            **{
+                k: engine[k]
+                for k in ("enforce_eager", "enable_prefix_caching", "max_num_seqs")
+                if k in engine
+            },
+            env={name: os.environ.get(name) for name in _VLLM_DETERMINISM_ENV},
+            batch_invariant=os.environ.get("VLLM_BATCH_INVARIANT") == "1",
+        )
+    elif system.backend == "anthropic":
+        out.update(
+            engine="Anthropic Messages API",
+            seed_sent="no (the API has no seed)",
+            batch_invariant="unknown (provider-side)",
+        )
+    else:
+        out.update(
+            engine="OpenAI-compatible server" if system.backend != "openai" else "OpenAI API",
+            endpoints=len(system.urls),
+            seed_sent="per request (`seed`, best effort on the server's side)",
+            # Set on the server (e.g. `VLLM_BATCH_INVARIANT=1 vllm serve ...`), invisible from here.
+            batch_invariant="unknown (server-side setting)",
+        )
+    return out
