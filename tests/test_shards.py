@@ -69,6 +69,24 @@ def test_three_shards_merge_to_the_unsharded_verdict(
         assert joined[key] == whole[key], key
     assert joined["controls"]["counts"] == whole["controls"]["counts"]
 
+    # A shard run on another machine (its manifest's determinism block differs) still merges; the
+    # frozen fields that bind the run (here the seeds) do not.
+    other = tmp_path / "other-machine"
+    shutil.copytree(dirs[1], other)
+    doc = json.loads((other / "manifest.json").read_text(encoding="utf-8"))
+    assert doc["determinism"]["baseline"]["backend"] == "vllm-server"
+    doc["determinism"]["baseline"]["endpoints"] = 4
+    (other / "manifest.json").write_text(json.dumps(doc), encoding="utf-8")
+    remerged = tmp_path / "remerged"
+    assert main(["merge", str(dirs[0]), str(other), str(dirs[2]), "--out", str(remerged)]) == ExitCode.PASS
+    doc["seeds"] = [0, 1]
+    (other / "manifest.json").write_text(json.dumps(doc), encoding="utf-8")
+    refused = tmp_path / "refused-seeds"
+    assert (
+        main(["merge", str(dirs[0]), str(other), str(dirs[2]), "--out", str(refused)]) == ExitCode.BAD_INPUT
+    )
+    assert "seeds" in capsys.readouterr().err and not refused.exists()
+
     # Refusals, each by name, and nothing written.
     for argv, words in (
         ([dirs[0], dirs[2]], "shard 2/3 missing"),

@@ -42,8 +42,10 @@ from depthgate.run.runner import FINAL_STATUSES, RECORD_KEY, RECORDS_DIR, RECORD
 
 __all__ = ["MergeSummary", "merge_runs"]
 
-# Manifest fields that may differ between shards of one run (each shard froze its own copy).
-_PER_SHARD_FIELDS = frozenset({"created_at"})
+# Manifest fields that may differ between shards of one run (each shard froze its own copy). The
+# determinism block describes the machine a shard ran on (threads per engine); both arms of every pair
+# ran in the same shard, so shards on machines of different sizes still pair like with like.
+_PER_SHARD_FIELDS = frozenset({"created_at", "determinism"})
 
 
 @dataclass(frozen=True)
