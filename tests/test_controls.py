@@ -200,6 +200,35 @@ def test_score_controls_hallucination_rule(suite: Suite, shared_dir: Path, tmp_p
         assert only["outcome"] == "pass" and not only["hallucinated"]
 
 
+def test_one_value_of_a_removed_conflict_is_a_removed_value(shared_dir: Path, tmp_path: Path) -> None:
+    """A conflict case's evidence-absent control answered with one of the two removed sources' values is
+    ``removed_value`` (the other source's claim is missing, yet the value came from removed evidence);
+    a value no source states is ``unsupported_value``; an abstention is no hallucination."""
+    from depthgate.spec.suites import generate_suite
+
+    conflict_suite = generate_suite(0, 20, "en", conflict=True)
+    case = next(c for c in conflict_suite.cases if c.evidence_pattern == "conflict")
+    tok = load_tokenizer(shared_dir / "tokenizers" / "gpt2" / "tokenizer.json")
+    build_controls([case], tok, BuildOptions(lengths=[512], positions=[]), tmp_path / "c.parquet")
+    controls = read_layouts(tmp_path / "c.parquet")
+    first, second = (claim.aliases[0] for claim in case.required_claims)
+    unsupported = next(c.aliases[0] for c in case.forbidden_claims if c.id.startswith("distractor"))
+    expectations = {
+        f" {first}.": "removed_value",
+        f" {second}.": "removed_value",
+        f" {unsupported}.": "unsupported_value",
+        " not stated in the handbook.": None,
+    }
+    for text, expected in expectations.items():
+        both = f" {first} or {second}."
+        records = _records(controls, {"evidence_only": both, "evidence_absent": text})
+        scored = score_controls(records, conflict_suite, controls)
+        absent = scored.filter(pl.col("control") == "evidence_absent").row(0, named=True)
+        assert absent["hallucination"] == expected, (text, absent["score_reason"])
+        only = scored.filter(pl.col("control") == "evidence_only").row(0, named=True)
+        assert only["outcome"] == "pass", only["score_reason"]
+
+
 @pytest.fixture(scope="module")
 def gemma_tokenizer() -> Tokenizer:
     pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed")

@@ -52,7 +52,9 @@ def score_controls(records: pl.DataFrame, suite: Suite, controls: pl.DataFrame) 
             halluc.append(None)
             continue
         supported = {claim for doc in case.evidence if doc.id in docs for claim in doc.supports}
-        if score.outcome == "pass" or not score.missing_claims:
+        # Some required claim answered: the removed evidence's value (all of it, or one of a conflict
+        # case's two sources: its other claim is then "missing", yet the value is a removed one).
+        if score.outcome == "pass" or len(score.missing_claims) < len(case.required_claims):
             halluc.append("removed_value")
         elif score.forbidden_hits and set(score.forbidden_hits) <= supported:
             halluc.append(None)  # read a document that is still in the prompt
