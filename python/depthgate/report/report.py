@@ -661,14 +661,31 @@ def health_reasons(health: RunHealth | None) -> list[str]:
     return out
 
 
-def build_verdict(
-    result: GateResult,
-    oracle: Sequence[OracleCounts],
-    manifest: Mapping[str, Any],
-    health: RunHealth | None = None,
-    chars: Sequence[LengthChars] | None = None,
-) -> VerdictDocument:
-    """The validated verdict document of a gate result (``chars``: :func:`length_chars`)."""
+@dataclass(frozen=True)
+class ReportInputs:
+    """What every report file is rendered from: the gate result, the scored runs and their oracle
+    counts, the run manifest, the run's health and the length in characters (:func:`length_chars`;
+    None leaves its section out)."""
+
+    result: GateResult
+    scored: pl.DataFrame
+    oracle: Sequence[OracleCounts]
+    manifest: Mapping[str, Any]
+    health: RunHealth | None = None
+    chars: Sequence[LengthChars] | None = None
+
+    def parts(
+        self,
+    ) -> tuple[
+        GateResult, Sequence[OracleCounts], Mapping[str, Any], RunHealth | None, Sequence[LengthChars] | None
+    ]:
+        """(result, oracle, manifest, health, chars): what the summary, the page and verdict.json read."""
+        return self.result, self.oracle, self.manifest, self.health, self.chars
+
+
+def build_verdict(inputs: ReportInputs) -> VerdictDocument:
+    """The validated verdict document of a gate result."""
+    result, oracle, manifest, health, chars = inputs.parts()
     data = result.to_dict()
     code = exit_code_for(result, health)
     slices = [{"slice": slice_key(s.length, s.position), **s.to_dict()} for s in result.slice_results]
@@ -721,14 +738,9 @@ def _verdict_icon(verdict: str) -> str:
     return {"PASS": "✅", "FAIL": "❌", "INCONCLUSIVE": "⚠️", "INFRA": "🔌"}[verdict]
 
 
-def render_summary(
-    result: GateResult,
-    oracle: Sequence[OracleCounts],
-    manifest: Mapping[str, Any],
-    health: RunHealth | None = None,
-    chars: Sequence[LengthChars] | None = None,
-) -> str:
-    """The Markdown pull-request comment (``chars``: :func:`length_chars`, its section when given)."""
+def render_summary(inputs: ReportInputs) -> str:
+    """The Markdown pull-request comment."""
+    result, oracle, manifest, health, chars = inputs.parts()
     plan = result.plan
     code = exit_code_for(result, health)
     ordered = _ordered(result.slice_results)
@@ -1247,18 +1259,10 @@ def _share_text(share: PositionShare | None) -> str:
     return f"{_plain(share.share_baseline)} → {_plain(share.share_candidate)}"
 
 
-def render_html(
-    result: GateResult,
-    scored: pl.DataFrame,
-    oracle: Sequence[OracleCounts],
-    manifest: Mapping[str, Any],
-    *,
-    delta_png: bytes,
-    accuracy_png: bytes,
-    health: RunHealth | None = None,
-    chars: Sequence[LengthChars] | None = None,
-) -> str:
-    """The self-contained HTML page (heatmaps embedded as base64 PNG; ``chars``: :func:`length_chars`)."""
+def render_html(inputs: ReportInputs, *, delta_png: bytes, accuracy_png: bytes) -> str:
+    """The self-contained HTML page (heatmaps embedded as base64 PNG)."""
+    result, oracle, manifest, health, chars = inputs.parts()
+    scored = inputs.scored
     plan = result.plan
     df = _prepare_scored(scored)
     ordered = _ordered(result.slice_results)
@@ -1519,26 +1523,17 @@ def _render_all(
     chars: Sequence[LengthChars] | None = None,
 ) -> dict[str, bytes]:
     """Every report file, rendered in memory; ``verdict.json`` is rendered last."""
-    oracle = oracle_counts(scored)
+    inputs = ReportInputs(result, scored, oracle_counts(scored), manifest, health, chars)
     delta_png = render_delta_heatmap(result)
     accuracy_png = render_accuracy_heatmap(result)
     files: dict[str, bytes] = {
         HEATMAP_DELTA: delta_png,
         HEATMAP_ACCURACY: accuracy_png,
-        SUMMARY_MD: render_summary(result, oracle, manifest, health, chars).encode("utf-8"),
+        SUMMARY_MD: render_summary(inputs).encode("utf-8"),
         JUNIT_XML: render_junit(result, health),
-        REPORT_HTML: render_html(
-            result,
-            scored,
-            oracle,
-            manifest,
-            delta_png=delta_png,
-            accuracy_png=accuracy_png,
-            health=health,
-            chars=chars,
-        ).encode("utf-8"),
+        REPORT_HTML: render_html(inputs, delta_png=delta_png, accuracy_png=accuracy_png).encode("utf-8"),
     }
-    verdict = build_verdict(result, oracle, manifest, health, chars)
+    verdict = build_verdict(inputs)
     files[VERDICT_JSON] = (
         json.dumps(verdict.model_dump(mode="json"), indent=2, ensure_ascii=False, allow_nan=False) + "\n"
     ).encode("utf-8")
