@@ -56,6 +56,18 @@ class JSONHandler(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
 
+class ModelsHandler(JSONHandler):
+    """A :class:`JSONHandler` that lists ``models`` (each with ``max_model_len``) on ``GET /v1/models``,
+    as a vLLM server does; subclasses answer the POSTs."""
+
+    models: tuple[str, ...] = ("good",)
+    max_model_len = 4096
+
+    def do_GET(self) -> None:
+        data = [{"id": m, "object": "model", "max_model_len": self.max_model_len} for m in self.models]
+        self.send_json({"object": "list", "data": data})
+
+
 class StubServer:
     """``handler`` served on 127.0.0.1:``port`` (0: any free port, then in :attr:`port`) from a daemon
     thread while the ``with`` block runs; the server is bound at construction."""

@@ -40,7 +40,7 @@ from depthgate.layout.layouts import BuildOptions, build_layouts, load_tokenizer
 from depthgate.spec._compat import tomllib
 from depthgate.spec.suites import builtin_suite
 from fixtures_paths import tokenizers_dir
-from helpers import JSONHandler, StubServer, completion, stub_matrix
+from helpers import ModelsHandler, StubServer, completion, stub_matrix
 
 GPT2 = tokenizers_dir() / "gpt2" / "tokenizer.json"
 BAD = int(ExitCode.BAD_INPUT)
@@ -382,11 +382,8 @@ class _Reader(StubServer):
     prompt ids; enough to take a run to a verdict."""
 
     def __init__(self) -> None:
-        class Handler(JSONHandler):
-            def do_GET(self) -> None:
-                self.send_json(
-                    {"object": "list", "data": [{"id": "good", "object": "model", "max_model_len": 1024}]}
-                )
+        class Handler(ModelsHandler):
+            max_model_len = 1024
 
             def do_POST(self) -> None:
                 body = self.read_json()

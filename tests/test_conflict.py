@@ -26,7 +26,7 @@ from depthgate.layout.layouts import (
 from depthgate.spec.models import Case, Suite, parse_spec
 from depthgate.spec.suites import builtin_suite, generate_suite
 from fixtures_paths import tokenizers_dir
-from helpers import JSONHandler, StubServer, completion, free_port, stub_matrix
+from helpers import ModelsHandler, StubServer, completion, free_port, stub_matrix
 
 
 def conflict_data(**overrides: Any) -> dict[str, Any]:
@@ -413,12 +413,7 @@ def test_a_conflict_suite_runs_through_the_cli(tmp_path: Path, suite_ref: str) -
     gpt2 = tokenizers_dir() / "gpt2" / "tokenizer.json"
     decoder = HFTokenizer.from_file(str(gpt2))
 
-    class Handler(JSONHandler):
-        def do_GET(self) -> None:
-            self.send_json(
-                {"object": "list", "data": [{"id": "good", "object": "model", "max_model_len": 4096}]}
-            )
-
+    class Handler(ModelsHandler):
         def do_POST(self) -> None:
             body = self.read_json()
             ids = list(body["prompt"])

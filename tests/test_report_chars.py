@@ -22,7 +22,7 @@ from depthgate.exceptions import ExitCode, InputError
 from depthgate.report.report import LengthChars, length_chars, load_verdict, run_layouts
 from depthgate.spec.suites import builtin_suite
 from fixtures_paths import tokenizers_dir
-from helpers import JSONHandler, StubServer, completion, free_port, stub_matrix
+from helpers import ModelsHandler, StubServer, completion, free_port, stub_matrix
 
 GPT2 = tokenizers_dir() / "gpt2" / "tokenizer.json"
 SMOLLM = tokenizers_dir() / "smollm" / "tokenizer.json"
@@ -41,10 +41,8 @@ class Reader(StubServer):
         tokenizers = {"gpt2": Tokenizer.from_file(str(GPT2)), "smollm": Tokenizer.from_file(str(SMOLLM))}
         answers = {c.query: c.required_claims[0].aliases[0] for c in builtin_suite(CASES).cases}
 
-        class Handler(JSONHandler):
-            def do_GET(self) -> None:
-                models = [{"id": m, "object": "model", "max_model_len": 4096} for m in tokenizers]
-                self.send_json({"object": "list", "data": models})
+        class Handler(ModelsHandler):
+            models = tuple(tokenizers)
 
             def do_POST(self) -> None:
                 body = self.read_json()

@@ -32,7 +32,7 @@ from depthgate.layout.templates import load_chat_template
 from depthgate.report.report import depth_label
 from depthgate.spec.models import Matrix, load_matrix, load_suite
 from fixtures_paths import tokenizers_dir
-from helpers import JSONHandler, StubServer, completion, free_port, stub_matrix
+from helpers import ModelsHandler, StubServer, completion, free_port, stub_matrix
 
 TOK = tokenizers_dir()
 GPT2 = TOK / "gpt2" / "tokenizer.json"
@@ -59,12 +59,8 @@ class SpacingReader(StubServer):
         self.distances: list[int] = []
         reader = self
 
-        class Handler(JSONHandler):
-            def do_GET(self) -> None:
-                models = [
-                    {"id": m, "object": "model", "max_model_len": 4096} for m in ("good", "near-sighted")
-                ]
-                self.send_json({"object": "list", "data": models})
+        class Handler(ModelsHandler):
+            models = ("good", "near-sighted")
 
             def do_POST(self) -> None:
                 body = self.read_json()

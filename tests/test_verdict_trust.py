@@ -31,7 +31,7 @@ from depthgate.exceptions import ExitCode
 from depthgate.run.runner import read_records
 from depthgate.spec.suites import builtin_suite
 from fixtures_paths import tokenizers_dir
-from helpers import JSONHandler, StubServer, completion, free_port, stub_matrix
+from helpers import ModelsHandler, StubServer, completion, free_port, stub_matrix
 
 GPT2 = tokenizers_dir() / "gpt2" / "tokenizer.json"
 SMOLLM = tokenizers_dir() / "smollm" / "tokenizer.json"
@@ -70,10 +70,8 @@ class PerfectReader(StubServer):
         self.requests = 0
         reader = self
 
-        class Handler(JSONHandler):
-            def do_GET(self) -> None:
-                models = [{"id": m, "object": "model", "max_model_len": 4096} for m in reader.tokenizers]
-                self.send_json({"object": "list", "data": models})
+        class Handler(ModelsHandler):
+            models = tuple(reader.tokenizers)
 
             def do_POST(self) -> None:
                 body = self.read_json()
