@@ -146,16 +146,15 @@ class GatePlan:
     planned_cases: tuple[str, ...] | None = None
     planned_seeds: tuple[int, ...] | None = None
 
+    @property
+    def bootstrap_resamples(self) -> int:
+        """:attr:`bootstrap_reps` under the analysis plan's name (:func:`plan_violations` reads it)."""
+        return self.bootstrap_reps
+
     def __post_init__(self) -> None:
         names = {"bootstrap_resamples": "bootstrap_reps"}
         for name, problem, fix in plan_violations(
-            margin=self.margin,
-            alpha=self.alpha,
-            n_min=self.n_min,
-            floor=self.floor,
-            max_missing=self.max_missing,
-            bootstrap_resamples=self.bootstrap_reps,
-            stop_rule=self.stop_rule,
+            self,
             regression_method=self.regression_method
             if self.regression_method in _REGRESSION_METHODS
             else "BY",

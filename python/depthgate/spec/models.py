@@ -22,7 +22,7 @@ import math
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal, TypeAlias, TypeVar
+from typing import Annotated, Any, ClassVar, Literal, Protocol, TypeAlias, TypeVar
 
 from pydantic import (
     BaseModel,
@@ -605,17 +605,28 @@ def _smallest_q_factor(n_slices: int, method: RegressionMethod) -> float:
     return factor
 
 
+class PlanNumbers(Protocol):
+    """The numbers of a plan that :func:`plan_violations` checks: an :class:`AnalysisPlan`, or the
+    gate's own ``depthgate.judge.stats.GatePlan``."""
+
+    @property
+    def margin(self) -> float: ...
+    @property
+    def alpha(self) -> float: ...
+    @property
+    def n_min(self) -> int: ...
+    @property
+    def floor(self) -> float | None: ...
+    @property
+    def max_missing(self) -> float: ...
+    @property
+    def bootstrap_resamples(self) -> int: ...
+    @property
+    def stop_rule(self) -> str: ...
+
+
 def plan_violations(
-    *,
-    margin: float,
-    alpha: float,
-    n_min: int,
-    floor: float | None,
-    max_missing: float,
-    bootstrap_resamples: int,
-    stop_rule: str = "fixed",
-    regression_method: RegressionMethod = "BY",
-    n_slices: int | None = None,
+    plan: PlanNumbers, *, regression_method: RegressionMethod = "BY", n_slices: int | None = None
 ) -> list[tuple[str, str, str]]:
     """Every rule a plan must meet before anything runs, as (field, problem, fix); empty when valid.
 
@@ -626,6 +637,8 @@ def plan_violations(
     Newcombe-10 p-values, which have no 1/(B+1) floor, but one rule that does not depend on R keeps the
     matrix and the gate in agreement (the default B = 9999 serves up to 96 slices).
     """
+    margin, alpha, n_min, floor = plan.margin, plan.alpha, plan.n_min, plan.floor
+    max_missing, bootstrap_resamples, stop_rule = plan.max_missing, plan.bootstrap_resamples, plan.stop_rule
     problems: list[tuple[str, str, str]] = []
     if not 0.0 < margin < 1.0:
         problems.append(
@@ -724,16 +737,7 @@ class AnalysisPlan(_Frozen):
 
     def violations(self, *, n_slices: int | None = None) -> list[tuple[str, str, str]]:
         """:func:`plan_violations` of this plan (with the slice count when known)."""
-        return plan_violations(
-            margin=self.margin,
-            alpha=self.alpha,
-            n_min=self.n_min,
-            floor=self.floor,
-            max_missing=self.max_missing,
-            bootstrap_resamples=self.bootstrap_resamples,
-            stop_rule=self.stop_rule,
-            n_slices=n_slices,
-        )
+        return plan_violations(self, n_slices=n_slices)
 
     def raise_violations(self, *, n_slices: int | None = None, prefix: str = "") -> None:
         """Raise the first violation as a validation error on ``prefix + field``."""
