@@ -1086,6 +1086,15 @@ def _centred(ax: Any, row: float, col: int, text: str, **style: Any) -> None:
     ax.text(col, row, text, ha="center", va="center", **style)
 
 
+def _slice_cells(ax: Any, grid: _Grid) -> Iterator[tuple[int, int, SliceResult]]:
+    """The grid's cells that hold a slice; a cell without one is labelled "no slice" on ``ax``."""
+    for row, col, s in grid.each_cell():
+        if s is None:
+            _centred(ax, row, col, "no slice", fontsize=8, color="#777777")
+        else:
+            yield row, col, s
+
+
 def _inconclusive_cell(ax: Any, row: int, col: int, label: str) -> None:
     """The cell hatched grey, ``label`` on a grey box in its middle."""
     ax.add_patch(
@@ -1150,10 +1159,7 @@ def render_delta_heatmap(result: GateResult) -> bytes:
     shown = np.where(tested, delta, np.nan)
     image = ax.imshow(shown, cmap="RdBu", norm=norm, aspect="auto", origin="lower")
     cmap = image.get_cmap()
-    for row, col, s in grid.each_cell():
-        if s is None:
-            _centred(ax, row, col, "no slice", fontsize=8, color="#777777")
-            continue
+    for row, col, s in _slice_cells(ax, grid):
         if s.status is SliceStatus.INCONCLUSIVE or s.lower is None:
             detail = f"\nΔ {_signed(s.delta)}" if s.delta is not None else ""
             _inconclusive_cell(ax, row, col, f"INCONCLUSIVE\n{s.n_cases} cases{detail}")
@@ -1199,10 +1205,7 @@ def render_accuracy_heatmap(result: GateResult) -> bytes:
         values = grid.values(attribute)
         image = ax.imshow(values, cmap="viridis", norm=norm, aspect="auto", origin="lower")
         cmap = image.get_cmap()
-        for row, col, s in grid.each_cell():
-            if s is None:
-                _centred(ax, row, col, "no slice", fontsize=8, color="#777777")
-                continue
+        for row, col, s in _slice_cells(ax, grid):
             value = getattr(s, attribute)
             if s.status is SliceStatus.INCONCLUSIVE:
                 acc = f", acc {value:.2f}" if value is not None else ""
