@@ -79,26 +79,14 @@ def model_arithmetic(path: str) -> dict[str, float]:
 
 
 def measure() -> dict[str, object]:
-    import llama_cpp
-
     from depthgate.layout.gguf_tokenizer import gemma_default_gguf
-    from depthgate.run.backends.llamacpp import default_threads
+    from depthgate.run.backends.llamacpp import EmbeddedLlamaBackend, default_threads
 
     path = str(gemma_default_gguf())
     threads = default_threads()
     floor = blas_gflops()
-    llm = llama_cpp.Llama(
-        model_path=path,
-        n_ctx=2048,
-        n_batch=2048,
-        n_ubatch=2048,
-        n_threads=threads,
-        n_threads_batch=threads,
-        flash_attn=True,
-        logits_all=False,
-        swa_full=True,
-        verbose=False,
-    )
+    # The backend's own engine: its threads, batch, flash attention and SWA settings.
+    llm = EmbeddedLlamaBackend(model_path=path, n_ctx=2048)._llm
     rng = np.random.default_rng(1)
     vocab = llm.n_vocab()
     rows = []
