@@ -162,6 +162,25 @@ def test_bad_spacings_are_refused_with_field_and_fix(
     assert main(["plan", str(matrix)]) == 20
 
 
+def test_an_offset_without_room_for_the_gap_is_refused_at_validation(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``@400`` with ``far`` (205 tokens at 512) cannot place the block at any layout: refused before
+    anything is built, naming the spacing, the offset and the largest offset that fits."""
+    matrix = _matrix(tmp_path, 1, spacings='["adjacent", "far"]')
+    matrix.write_text(matrix.read_text().replace("positions = [0.0, 1.0]", 'positions = [0.0, "@400"]'))
+    out = tmp_path / "out"
+    assert main(["build", str(matrix), "--out", str(out)]) == ExitCode.BAD_INPUT
+    err = capsys.readouterr().err
+    assert "offset @400 plus the far gap of 205 tokens is beyond the length 512" in err
+    assert "spacings[1]" in err and "below 307" in err and not out.exists()
+    # the same offset with a gap that fits is accepted
+    matrix.write_text(
+        matrix.read_text().replace('spacings = ["adjacent", "far"]', 'spacings = ["adjacent", 60]')
+    )
+    assert load_matrix(matrix).position_values() == ["0.0", "@400", "0.0~60tok", "@400~60tok"]
+
+
 def test_a_spacing_without_multi_evidence_cases_is_refused_and_nothing_is_left(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -1356,6 +1356,23 @@ class Matrix(_Frozen):
                     fix=f'use a gap of at most {shortest // 2} tokens, "far" (0.4 of the length), or longer '
                     "lengths",
                 )
+        # An absolute offset puts the start of the evidence block there; the gap must still fit after it
+        # at every length (else every such layout would be refused at build, offset_outside_region).
+        for p_index, position in enumerate(self.positions):
+            if not isinstance(position, str):
+                continue
+            offset = int(position[1:])
+            for index, spacing in enumerate(self.spacings):
+                for length in self.lengths:
+                    gap = spacing_gap(spacing, length)
+                    if gap and offset + gap >= length:
+                        raise _violation(
+                            f"offset {position} plus the {spacing_label(spacing)} gap of {gap} tokens is "
+                            f"beyond the length {length}",
+                            field=f"spacings[{index}]",
+                            fix=f"move positions[{p_index}] to an offset below {length - gap}, use a "
+                            "smaller spacing, or longer lengths",
+                        )
 
     def position_values(self) -> list[str]:
         """The position list the run is built, frozen and gated on: every position at every spacing,
