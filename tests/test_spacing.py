@@ -18,7 +18,7 @@ import pytest
 from tokenizers import Tokenizer as HFTokenizer
 
 from depthgate.commands.cli import main
-from depthgate.exceptions import ExitCode, InputError
+from depthgate.exceptions import ExitCode, InputError, SpecError
 from depthgate.judge.stats import position_sort_key
 from depthgate.layout.layouts import (
     BuildOptions,
@@ -229,7 +229,8 @@ def _build_cli(tmp: Path, spacings: str | None) -> pl.DataFrame:
 
 def test_spacing_changes_the_measured_gap_and_nothing_else_of_the_layout(tmp_path: Path) -> None:
     frame = _build_cli(tmp_path, '["adjacent", "near", "far"]')
-    assert frame.height == len(SUITE.cases) * 2 * 3 and set(frame["status"]) == {"ok"}
+    # 2 depths: every case at adjacent, the multi-evidence cases at near and far as well
+    assert frame.height == 2 * (len(SUITE.cases) + 2 * len(MULTI)) and set(frame["status"]) == {"ok"}
     hf = HFTokenizer.from_file(str(GPT2))
     multi = frame.filter(pl.col("case_id").is_in([c.id for c in MULTI]))
     gaps = {
@@ -287,13 +288,11 @@ def test_spacing_changes_the_measured_gap_and_nothing_else_of_the_layout(tmp_pat
         }
         assert len(pieces) == 1
     assert frame["layout_id"].n_unique() == frame.height
-    # A single-evidence case has no spacing: the same prompt at every spacing, no gap.
+    # A single-evidence case has no spacing: laid out at the adjacent positions only, no gap.
     for case in SINGLE:
         one = frame.filter(pl.col("case_id") == case.id)
         assert one["evidence_gap_tokens"].null_count() == one.height
-        for depth in ("0", "1"):
-            texts = one.filter(pl.col("position").str.replace(r"~.*$", "") == depth)["text"].to_list()
-            assert len(texts) == 3 and len(set(texts)) == 1
+        assert sorted(one["position"].to_list()) == ["0", "1"] and set(one["spacing"]) == {"adjacent"}
 
 
 def test_default_build_equals_an_explicit_adjacent_build(tmp_path: Path) -> None:
@@ -376,9 +375,12 @@ def test_run_gates_each_spacing_as_its_own_slice(tmp_path: Path, capsys: pytest.
     cand_far = [r for r in rows if r["arm"] == "candidate" and r["spacing"] == "far"]
     assert cand_far and all(r["accuracy_multi"] == 0.0 and r["n_multi"] == len(MULTI) for r in cand_far)
     assert all(r["vs_adjacent"] == -1.0 and abs(r["gap_median"] - FAR_AT_512) <= 16 for r in cand_far)
-    assert all(
-        r["accuracy"] == len(SINGLE) / len(SUITE.cases) for r in cand_far
-    )  # the single-evidence case still passes
+    # A spaced slice holds only the multi-evidence cases: nothing dilutes the candidate's far loss.
+    assert all(r["accuracy"] == 0.0 for r in cand_far)
+    n_of = {s["slice"]: s["n_cases"] for s in verdict["slices"]}
+    assert all(n_of[f"{LENGTH}/{p}"] == len(SUITE.cases) for p in ("0", "1"))
+    assert all(n_of[f"{LENGTH}/{p}"] == len(MULTI) for p in ("0~near", "1~near", "0~far", "1~far"))
+    assert verdict["plan"]["spaced_cases"] == sorted(c.id for c in MULTI)
     base = [r for r in rows if r["arm"] == "baseline"]
     assert all(r["accuracy_multi"] == 1.0 for r in base)
     assert {r["gap_median"] for r in base if r["spacing"] == "adjacent"} == {0.0}
@@ -404,6 +406,25 @@ def test_the_plan_is_validated_over_every_spacing_slice() -> None:
     data["spacings"] = ["adjacent", "near", "far"]
     with pytest.raises(Exception, match="among 15 slices"):
         Matrix.model_validate(data)
+
+
+def test_plan_and_gate_count_only_multi_evidence_cases_in_spaced_slices(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`depthgate plan` sizes a spaced slice at the multi-evidence cases (the gate's ``spaced_cases``),
+    and the gate refuses a ``spaced_cases`` outside the planned case set."""
+    from depthgate.commands.plan import matrix_power
+    from depthgate.judge.stats import GatePlan
+
+    power = matrix_power(load_matrix(_matrix(tmp_path, 1, spacings='["adjacent", "far"]')), SUITE)
+    n_of = {r.position: r.n_cases for r in power.rows}
+    assert n_of == {"0": 20, "1": 20, "0~far": len(MULTI), "1~far": len(MULTI)} and len(MULTI) < 20
+    assert main(["plan", str(tmp_path / "spacing.toml")]) == 0
+    assert f"{LENGTH}/0~far" in capsys.readouterr().out
+    with pytest.raises(SpecError, match="spaced_cases"):
+        GatePlan(planned_cases=("a", "b"), spaced_cases=("c",))
+    with pytest.raises(SpecError, match="spaced_cases"):
+        GatePlan(spaced_cases=())
 
 
 @pytest.mark.parametrize("family", ["gpt2", "llama3-from-gguf"])

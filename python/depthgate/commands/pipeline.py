@@ -47,6 +47,7 @@ from depthgate.layout.layouts import (
 )
 from depthgate.layout.templates import ChatTemplate, load_chat_template
 from depthgate.spec.models import (
+    SPACING_SEP,
     AnalysisPlan,
     Matrix,
     RunManifest,
@@ -55,6 +56,7 @@ from depthgate.spec.models import (
     canonical_json,
     load_matrix,
     parse_spec,
+    split_position_label,
 )
 
 if TYPE_CHECKING:
@@ -94,6 +96,7 @@ def gate_plan(
     *,
     cases: Sequence[str] | None = None,
     seeds: Sequence[int] | None = None,
+    spaced_cases: Sequence[str] | None = None,
 ) -> GatePlan:
     """The statistical gate's parameters from the frozen analysis plan; the planned slices are the
     matrix's full length × position grid, so a slice that produced no data is INCONCLUSIVE, not absent.
@@ -118,6 +121,7 @@ def gate_plan(
         stop_rule=plan.stop_rule,
         planned_cases=None if cases is None else tuple(cases),
         planned_seeds=None if seeds is None else tuple(int(s) for s in seeds),
+        spaced_cases=tuple(spaced_cases) if spaced_cases else None,
     )
 
 
@@ -671,7 +675,17 @@ def gate_run(
         eligibility = _baseline_eligible(run, scored_controls, placed)
         placed = [c for c in placed if c in eligibility["eligible"]]
     gated = scored if eligibility is None else scored.filter(pl.col("case_id").is_in(placed))
-    result = gate(gated, gate_plan(plan, lengths, labels, cases=placed, seeds=frozen.seeds))
+    # Slices with an evidence spacing hold only the multi-evidence cases (the ones a spacing moves).
+    multi = {c.id for c in suite.cases if len(c.decisive) >= 2}
+    has_spacing = any(split_position_label(label)[1] != "adjacent" for label in labels)
+    spaced = [c for c in placed if c in multi] if has_spacing else None
+    if has_spacing:  # a run built before single-evidence cases left the spaced slices: same view for all
+        adjacent = pl.col("position").str.contains(SPACING_SEP, literal=True).not_()
+        gated = gated.filter(adjacent | pl.col("case_id").is_in(sorted(multi)))
+        scored = scored.filter(adjacent | pl.col("case_id").is_in(sorted(multi)))
+    result = gate(
+        gated, gate_plan(plan, lengths, labels, cases=placed, seeds=frozen.seeds, spaced_cases=spaced)
+    )
     infra = infra_summary(records, _planned_jobs(run, frozen.seeds))
     # The run's own layouts, for the length in characters, wherever the report goes (--report-dir).
     arm_layouts = {arm: run / arm / "layouts.parquet" for arm in ARMS}

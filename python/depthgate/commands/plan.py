@@ -17,7 +17,7 @@ import polars as pl
 from depthgate.exceptions import InputError
 from depthgate.judge.power import DesignParameters, PowerPlan, pilot_parameters, power_plan
 from depthgate.layout.layouts import parse_positions
-from depthgate.spec.models import Matrix, Suite, look_alpha
+from depthgate.spec.models import Matrix, Suite, look_alpha, split_position_label
 
 __all__ = [
     "AA_FILE",
@@ -51,6 +51,11 @@ def matrix_power(
     labels = [p.label for p in parse_positions(matrix.position_values())]
     slices = [(length, label) for length in matrix.lengths for label in labels]
     n_cases = sum(1 for c in suite.cases if c.decisive)
+    # A slice with an evidence spacing holds only the multi-evidence cases (the gate's spaced_cases).
+    n_multi = sum(1 for c in suite.cases if len(c.decisive) >= 2)
+    spaced = {
+        (length, label): n_multi for length, label in slices if split_position_label(label)[1] != "adjacent"
+    }
     if not 0.0 <= p_baseline <= 1.0:  # DesignParameters.from_icc would fail in math.sqrt first
         raise InputError(
             f"p_baseline {p_baseline!r} out of range", field="--p-baseline", fix="an accuracy in [0, 1]"
@@ -67,6 +72,7 @@ def matrix_power(
         pilot=None if pilot is None else pilot_parameters(pilot),
         n_min=plan.n_min,
         target=POWER_TARGET,
+        slice_cases=spaced or None,
     )
 
 

@@ -708,8 +708,10 @@ def power_plan(
     target: float = 0.8,
     joint: bool = True,
     inflation: float = 1.1,
+    slice_cases: Mapping[tuple[int, str], int] | None = None,
 ) -> PowerPlan:
-    """Per slice of a matrix: power at its ``n_cases`` x ``seeds``, and the cases for ``target``.
+    """Per slice of a matrix: power at its ``n_cases`` x ``seeds`` (``slice_cases``: another case count
+    for some slices, e.g. the multi-evidence cases of a spaced slice), and the cases for ``target``.
 
     Parameters per slice come from ``designs`` (explicit), else the ``pilot`` (its slice, or its pooled
     row for a slice it did not run), else the assumed ``design``. ``joint``: size each slice at
@@ -737,7 +739,7 @@ def power_plan(
             )
         rows.append(
             power_per_slice(
-                n_cases,
+                (slice_cases or {}).get((length, pos), n_cases),
                 seeds,
                 margin,
                 alpha,

@@ -145,6 +145,10 @@ class GatePlan:
     stop_rule: Literal["fixed", "one_extension"] = "fixed"
     planned_cases: tuple[str, ...] | None = None
     planned_seeds: tuple[int, ...] | None = None
+    # The cases planned in a slice whose position carries an evidence spacing ("0.5~far"): the
+    # multi-evidence cases, the only ones a spacing moves (single-evidence cases are laid out at adjacent
+    # positions only). None: the planned cases, as in every other slice.
+    spaced_cases: tuple[str, ...] | None = None
 
     @property
     def bootstrap_resamples(self) -> int:
@@ -184,6 +188,16 @@ class GatePlan:
                 "planned_seeds",
                 "a non-empty list of distinct seeds, or None",
             ),
+            (
+                self.spaced_cases is None
+                or (
+                    len(self.spaced_cases) > 0
+                    and len(set(self.spaced_cases)) == len(self.spaced_cases)
+                    and (self.planned_cases is None or set(self.spaced_cases) <= set(self.planned_cases))
+                ),
+                "spaced_cases",
+                "a non-empty list of distinct planned case ids (the multi-evidence cases), or None",
+            ),
         ]
         for ok, name, fix in checks:
             if not ok:
@@ -209,7 +223,7 @@ class GatePlan:
         out = dataclasses.asdict(self)
         if self.planned_slices is not None:
             out["planned_slices"] = [[length, position] for length, position in self.planned_slices]
-        for name in ("planned_cases", "planned_seeds"):
+        for name in ("planned_cases", "planned_seeds", "spaced_cases"):
             value = getattr(self, name)
             out[name] = None if value is None else list(value)
         out["look_alpha"] = self.look_alpha
@@ -1113,6 +1127,14 @@ def gate(records: pl.DataFrame, plan: GatePlan | None = None) -> GateResult:
     ordered = sorted(keys, key=lambda k: (k[0], position_sort_key(k[1])))
     preregistered = None if plan.planned_slices is None else set(plan.planned_slices)
 
+    spaced_cases = None if plan.spaced_cases is None else sorted(plan.spaced_cases)
+
+    def cases_of(position: str) -> list[str]:
+        """The planned cases of a slice: the multi-evidence ones where the position carries a spacing."""
+        if spaced_cases is not None and split_position_label(position)[1] != "adjacent":
+            return spaced_cases
+        return planned_cases
+
     drafts: list[_Draft] = []
     for length, position in ordered:
         hits = (
@@ -1127,8 +1149,8 @@ def gate(records: pl.DataFrame, plan: GatePlan | None = None) -> GateResult:
                 length,
                 position,
                 n_seeds,
-                len(planned_cases),
-                len(planned_cases),
+                len(cases_of(position)),
+                len(cases_of(position)),
                 0,
                 (),
                 empty,
@@ -1137,7 +1159,7 @@ def gate(records: pl.DataFrame, plan: GatePlan | None = None) -> GateResult:
             )
             drafts.append(_Draft(data, ["no records for this pre-registered slice"]))
             continue
-        data = _slice_data(length, position, runs, planned_cases, hits, plan.planned_seeds)
+        data = _slice_data(length, position, runs, cases_of(position), hits, plan.planned_seeds)
         reasons: list[str] = []
         if preregistered is not None and (length, position) not in preregistered:
             reasons.append("not on the pre-registered slice list (exploratory only)")

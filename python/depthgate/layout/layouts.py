@@ -514,8 +514,17 @@ def build_layouts(
                 if len({f.add_special_tokens for f in frames}) != 1:
                     raise SpecError("cases render with different BOS handling", field="chat_template")
                 # One core call per spacing (and per nominal gap): the moving block differs by spacing;
-                # the haystack of a case × length does not, so a case's spacings stay paired.
+                # the haystack of a case × length does not, so a case's spacings stay paired. A case with
+                # one decisive document has no spacing: it is laid out at adjacent positions only (at a
+                # spaced label it would repeat its adjacent prompt and dilute the spaced slice's Δ).
                 for spacing, group in groups:
+                    members = [
+                        (c, f, off)
+                        for c, f, off in zip(lang_cases, frames, offsets, strict=True)
+                        if spacing == "adjacent" or len(c.decisive) >= 2
+                    ]
+                    if not members:
+                        continue
                     for lengths, gap in _gap_batches(spacing, options.lengths):
                         specs = [
                             _case_spec(
@@ -529,7 +538,7 @@ def build_layouts(
                                 if gap
                                 else (),
                             )
-                            for c, f, off in zip(lang_cases, frames, offsets, strict=True)
+                            for c, f, off in members
                         ]
                         batch = {
                             "assembler_version": assembler_version(options.assembler),
