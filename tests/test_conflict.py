@@ -26,57 +26,54 @@ from depthgate.layout.layouts import (
 from depthgate.spec.models import Case, Suite, parse_spec
 from depthgate.spec.suites import builtin_suite, generate_suite
 from fixtures_paths import tokenizers_dir
-from helpers import ModelsHandler, StubServer, completion, free_port, stub_matrix
+from helpers import ModelsHandler, StubServer, case_data, completion, free_port, stub_matrix
 
 
 def conflict_data(**overrides: Any) -> dict[str, Any]:
-    data: dict[str, Any] = {
-        "id": "hotel-china-conflict",
-        "kind": "qa",
-        "evidence_pattern": "conflict",
-        "language": "en",
-        "risk": "low",
-        "query": "What is the maximum hotel rate for business travel in region China?",
-        "answer_prefix": "The maximum hotel rate for business travel in region China is",
-        "evidence": [
-            {
-                "id": "finance-copy",
-                "text": " Travel handbook (finance copy): the maximum hotel rate in region China is "
-                "245 USD per night.",
-                "supports": ["source_a"],
-            },
-            {
-                "id": "desk-copy",
-                "text": " Travel handbook (travel desk copy): the maximum hotel rate in region China is "
-                "300 USD per night.",
-                "supports": ["source_b"],
-            },
-        ],
-        "distractors": [{"id": "d1", "text": " The maximum hotel rate in region UK is 260 USD per night."}],
-        "required_claims": [
-            {
-                "id": "source_a",
-                "text": "245 USD per night",
-                "aliases": ["245 USD"],
-                "value": "245",
-                "unit": "USD",
-            },
-            {
-                "id": "source_b",
-                "text": "300 USD per night",
-                "aliases": ["300 USD"],
-                "value": "300",
-                "unit": "USD",
-            },
-        ],
-        "forbidden_claims": [
-            {"id": "uk", "text": "260 USD per night", "aliases": ["260"], "value": "260", "severity": "wrong"}
-        ],
-        "expected_fields": {"unit": "USD per night"},
-        "family": "hotel_cap:china",
-    }
-    data.update(overrides)
-    return data
+    """Two travel-handbook copies, neither superseding the other, with 245 and 300 USD for region China."""
+    hotel = "the maximum hotel rate in region China is"
+    return case_data(
+        **{
+            "id": "hotel-china-conflict",
+            "evidence_pattern": "conflict",
+            "query": "What is the maximum hotel rate for business travel in region China?",
+            "answer_prefix": "The maximum hotel rate for business travel in region China is",
+            "evidence": [
+                {
+                    "id": "finance-copy",
+                    "text": f" Travel handbook (finance copy): {hotel} 245 USD per night.",
+                    "supports": ["source_a"],
+                },
+                {
+                    "id": "desk-copy",
+                    "text": f" Travel handbook (travel desk copy): {hotel} 300 USD per night.",
+                    "supports": ["source_b"],
+                },
+            ],
+            "required_claims": [
+                {
+                    "id": f"source_{k}",
+                    "text": f"{v} USD per night",
+                    "aliases": [f"{v} USD"],
+                    "value": v,
+                    "unit": "USD",
+                }
+                for k, v in (("a", "245"), ("b", "300"))
+            ],
+            "forbidden_claims": [
+                {
+                    "id": "uk",
+                    "text": "260 USD per night",
+                    "aliases": ["260"],
+                    "value": "260",
+                    "severity": "wrong",
+                }
+            ],
+            "expected_fields": {"unit": "USD per night"},
+            "competing_depth": None,
+            **overrides,
+        }
+    )
 
 
 CASE = Case.model_validate(conflict_data())
@@ -90,40 +87,37 @@ def run(output: str, case: Case = CASE) -> Any:
 # ------------------------------------------------------------------------------------------------ oracle
 
 
+BOTH = "both values"
+ABSTAIN = "abstained or flagged"
+
+
 @pytest.mark.parametrize(
-    "output",
+    ("output", "kind"),
     [
-        " 245 or 300 USD per night.",
-        " 300 USD per night in the travel desk copy, 245 USD in the finance copy.",
-        " 245 USD per night [finance-copy] or 300 USD per night [desk-copy].",
-        " 245 or 300 USD per night (sources: finance-copy, desk-copy)",
+        (" 245 or 300 USD per night.", BOTH),
+        (" 300 USD per night in the travel desk copy, 245 USD in the finance copy.", BOTH),
+        (" 245 USD per night [finance-copy] or 300 USD per night [desk-copy].", BOTH),
+        (" 245 or 300 USD per night (sources: finance-copy, desk-copy)", BOTH),
         # the copied-on next sentence is not part of the answer, as in the head rule
-        " 245 or 300 USD per night. The maximum hotel rate in region UK is 260 USD per night.",
-        " 245 USD per night. The other copy says 300 USD per night.",
-        '{"answer": "245 USD or 300 USD", "unit": "USD per night"}',
-    ],
-)
-def test_citing_both_values_passes(output: str) -> None:
-    result = run(output)
-    assert result.outcome == "pass", result.reason
-    assert "every conflicting value" in result.reason and not result.missing_claims
-
-
-@pytest.mark.parametrize(
-    "output",
-    [
-        " not stated.",
-        " The sources disagree.",
-        " The two copies are inconsistent, so it cannot be determined.",
-        '{"abstain": true, "unit": "USD per night"}',
+        (" 245 or 300 USD per night. The maximum hotel rate in region UK is 260 USD per night.", BOTH),
+        (" 245 USD per night. The other copy says 300 USD per night.", BOTH),
+        ('{"answer": "245 USD or 300 USD", "unit": "USD per night"}', BOTH),
+        (" not stated.", ABSTAIN),
+        (" The sources disagree.", ABSTAIN),
+        (" The two copies are inconsistent, so it cannot be determined.", ABSTAIN),
+        ('{"abstain": true, "unit": "USD per night"}', ABSTAIN),
         # the copied-on next sentence with a distractor's value is not the answer
-        " The sources disagree. The maximum hotel rate in region UK is 260 USD per night.",
+        (" The sources disagree. The maximum hotel rate in region UK is 260 USD per night.", ABSTAIN),
     ],
 )
-def test_abstaining_or_flagging_passes(output: str) -> None:
+def test_citing_both_values_or_abstaining_passes(output: str, kind: str) -> None:
     result = run(output)
     assert result.outcome == "pass", result.reason
-    assert result.abstained and result.reason.startswith("Abstained or flagged the conflict")
+    if kind == BOTH:
+        assert "every conflicting value" in result.reason and not result.missing_claims
+        assert not result.abstained
+    else:
+        assert result.abstained and result.reason.startswith("Abstained or flagged the conflict")
 
 
 @pytest.mark.parametrize(

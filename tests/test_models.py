@@ -28,50 +28,7 @@ from depthgate.spec.models import (
     schema,
     unit_contract_violation,
 )
-
-
-def case_data(**overrides: Any) -> dict[str, Any]:
-    data: dict[str, Any] = {
-        "id": "hotel-china",
-        "kind": "qa",
-        "evidence_pattern": "override",
-        "language": "en",
-        "risk": "low",
-        "query": "Under the current travel policy, what is the maximum hotel rate in region China?",
-        "answer_prefix": "Under the current travel policy, the maximum hotel rate in region China is",
-        "evidence": [
-            {
-                "id": "v3",
-                "version": 3,
-                "text": " Travel policy version 3 (2023): the maximum hotel rate in region China is "
-                "230 USD per night.",
-                "supports": ["old"],
-                "role": "competing",
-            },
-            {
-                "id": "v4",
-                "version": "4",
-                "text": " Travel policy version 4 (2025): the maximum hotel rate in region China is "
-                "245 USD per night.",
-                "supports": ["answer"],
-                "role": "decisive",
-            },
-        ],
-        "distractors": [{"id": "d1", "text": " The maximum hotel rate in region UK is 260 USD per night."}],
-        "required_claims": [
-            {"id": "answer", "text": "245 USD per night", "aliases": ["245", "245 USD"], "value": "245"}
-        ],
-        "forbidden_claims": [
-            {"id": "old", "text": "230 USD per night", "aliases": ["230"], "value": "230"},
-            {"id": "uk", "text": "260 USD per night", "aliases": ["260"], "value": "260"},
-        ],
-        "expected_fields": {"value": "245", "unit": "USD per night"},
-        "abstain_when_absent": True,
-        "family": "hotel_cap:china",
-        "competing_depth": 0.375,
-    }
-    data.update(overrides)
-    return data
+from helpers import case_data
 
 
 def suite_data(*cases: dict[str, Any]) -> dict[str, Any]:
