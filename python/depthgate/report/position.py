@@ -374,7 +374,11 @@ def render_curve_png(ps: PositionScience, position: str) -> bytes:
     ax.set_ylim(-0.02, 1.02)
     ax.set_xlabel("length (tokens)")
     ax.set_ylabel("accuracy")
-    ax.set_title(f"depth {position}: accuracy by length (threshold dotted, EL dashed)", fontsize=9)
+    from depthgate.report.report import depth_label
+
+    ax.set_title(
+        f"depth {depth_label(position)}: accuracy by length (threshold dotted, EL dashed)", fontsize=9
+    )
     ax.legend(fontsize=7, loc="lower left")
     fig.tight_layout()
     buffer = io.BytesIO()
