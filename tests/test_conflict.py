@@ -434,6 +434,13 @@ def test_a_conflict_suite_runs_through_the_cli(tmp_path: Path, suite_ref: str) -
     assert conflict_rows.height == 2 * 2 * 2  # cases × positions × arms
     assert set(conflict_rows["outcome"]) == {"pass"}, conflict_rows["score_reason"].to_list()
     assert all("every conflicting value" in reason for reason in conflict_rows["score_reason"])
+    # The evidence-absent controls of conflict cases (no document left) reach the model: none is a
+    # system failure of the pre-send gate.
+    controls = pl.read_parquet(run / "scored_controls.parquet")
+    absent = controls.filter(
+        pl.col("case_id").is_in([c.id for c in conflicts]) & (pl.col("control") == "evidence_absent")
+    )
+    assert absent.height == 2 * 2 and set(absent["status"]) == {"ok"}, absent["system_fail_reason"].to_list()
 
 
 def test_suite_generate_conflict_flag_and_matrix_field(tmp_path: Path) -> None:

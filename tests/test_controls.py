@@ -304,3 +304,36 @@ def test_prefix_cache_control_on_three_layouts(gemma_tokenizer: Tokenizer, tmp_p
         assert report.incident.n_systematic >= 1 and "incident" in report.summary()
     else:
         assert all(not r.systematic for r in report.rows)
+
+
+def test_evidence_absent_controls_without_competing_evidence_pass_the_presend_gate(
+    shared_dir: Path, tmp_path: Path
+) -> None:
+    """The evidence-absent control of a case with no competing document (single, conflict) has no
+    evidence span by design: the pre-send gate lets it through, while a matrix layout that lost its
+    every evidence span is still refused as presend_evidence_missing. (Before, every such control was
+    recorded as a system failure and the hallucination class could not be decided for those cases.)"""
+    from depthgate.layout.presend import guard_layouts
+    from depthgate.spec.suites import generate_suite
+
+    generated = generate_suite(0, 40, "en", conflict=True)
+    picked = [
+        next(c for c in generated.cases if c.evidence_pattern == pattern)
+        for pattern in ("single", "conflict")
+    ]
+    assert all(not c.competing for c in picked)
+    tok = load_tokenizer(shared_dir / "tokenizers" / "gpt2" / "tokenizer.json")
+    options = BuildOptions(lengths=[512], positions=[])
+    build_controls(picked, tok, options, tmp_path / "c.parquet")
+    controls = read_layouts(tmp_path / "c.parquet")
+    absent = controls.filter(pl.col("control") == "evidence_absent")
+    assert absent.height == 2
+    assert all(not [s for s in spans if s["kind"] == "evidence"] for spans in absent["evidence_spans"])
+    gated = guard_layouts(
+        controls, tokenizer=tok, window=None, max_output_tokens=12, cases={c.id: c for c in picked}
+    )
+    assert set(gated["status"]) == {"ok"}, gated.select("control", "reason_code", "reason").to_dicts()
+
+    # The same rows without the control column are matrix layouts that lost their evidence: refused.
+    lost = guard_layouts(absent.drop("control"), tokenizer=tok, window=None, max_output_tokens=12)
+    assert set(lost["reason_code"]) == {"presend_evidence_missing"}

@@ -107,6 +107,10 @@ def _frame_violation(row: Mapping[str, Any], expected: Frame | TemplateError) ->
     )
 
 
+#: The core's detail for a layout with no evidence span at all (rust/depthgate-core/src/checks.rs).
+_NO_EVIDENCE_SPAN = "the layout records no evidence span"
+
+
 def guard_layouts(
     frame: pl.DataFrame,
     *,
@@ -164,6 +168,11 @@ def guard_layouts(
     )
     statuses = frame["status"].to_list()
     found: list[list[tuple[str, str]]] = [[] for _ in statuses]
+    # An evidence-absent control (run/controls.py) has no evidence span by design when its case has no
+    # competing document (single, conflict, negation ... cases): "no evidence span" is what it must be
+    # there, not a lost document. Every other check still applies to it.
+    controls = frame["control"].to_list() if "control" in frame.columns else [None] * len(statuses)
+    no_evidence_by_design = {i for i, kind in enumerate(controls) if kind == "evidence_absent"}
     ok_index = [i for i, status in enumerate(statuses) if status == "ok"]
     texts = _unit_texts(cases) if cases else {}
     for start in range(0, len(ok_index), _BLOCK_ROWS):
@@ -182,6 +191,10 @@ def guard_layouts(
         reports = block.presend(contract)
         for j, violations in reports.items():
             i = index[j]
+            if i in no_evidence_by_design:
+                violations = [
+                    (c, d) for c, d in violations if (c, d) != ("evidence_missing", _NO_EVIDENCE_SPAN)
+                ]
             found[i].extend((f"presend_{code}", detail) for code, detail in violations)
             if check_frames and cases is not None and block.case_ids[j] in cases:
                 case_id = str(block.case_ids[j])
