@@ -37,9 +37,11 @@ from depthgate.judge.power import (
     power_plan,
     simulate_gate_power,
 )
-from depthgate.judge.stats import GatePlan, sample_size_per_slice
+from depthgate.judge.stats import GatePlan, Sizing, sample_size_per_slice
 
 ARMS = ("baseline", "candidate")
+#: The spec's sizing table (section 3): the bare t-test n, no n_min, no inflation.
+TABLE = Sizing(margin=0.10, alpha=0.05, n_min=0, inflation=1.0)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -576,18 +578,18 @@ def test_power_reproduces_spec_section_3() -> None:
     assert d.moments() == (0.0, pytest.approx(0.17))
     assert d.sd_diff(5) == pytest.approx(math.sqrt(0.034)) and round(d.sd_diff(5), 3) == 0.184
     assert round(d.sd_diff(1), 3) == 0.412
-    five = cases_for_power(seeds=5, margin=0.10, alpha=0.05, design=d, n_min=0, inflation=1.0)
-    one = cases_for_power(seeds=1, margin=0.10, alpha=0.05, design=d, n_min=0, inflation=1.0)
+    five = cases_for_power(d, seeds=5, sizing=TABLE)
+    one = cases_for_power(d, seeds=1, sizing=TABLE)
     assert (five.n_test, one.n_test) == (23, 107)
-    assert sample_size_per_slice(d.sd_diff(5), n_min=0, inflation=1.0) == 23
+    assert sample_size_per_slice(d.sd_diff(5), TABLE) == 23
     flat = DesignParameters(0.85, 0.0, interaction_sd=0.3, within_var=0.0)
     assert flat.sd_diff(3) == pytest.approx(0.3)
-    assert cases_for_power(seeds=3, margin=0.1, alpha=0.05, design=flat, n_min=0, inflation=1.0).n_test == 58
-    joint = cases_for_power(seeds=3, margin=0.1, alpha=0.05, design=flat, n_slices=20, n_min=0, inflation=1.0)
+    assert cases_for_power(flat, seeds=3, sizing=TABLE).n_test == 58
+    joint = cases_for_power(flat, seeds=3, sizing=TABLE, n_slices=20)
     assert joint.n_test == 141 and joint.per_slice_target == pytest.approx(0.8 ** (1 / 20))
-    row = power_per_slice(23, 5, 0.10, 0.05, d, n_min=0)
+    row = power_per_slice(23, 5, d, Sizing(n_min=0))
     assert round(row.power_test, 3) == 0.809 and row.deff == 1.0
-    assert power_per_slice(23, 5, 0.10, 0.05, d).power == 0.0  # below n_min 40: INCONCLUSIVE
+    assert power_per_slice(23, 5, d, Sizing()).power == 0.0  # below n_min 40: INCONCLUSIVE
 
 
 def test_power_moments_hand_example() -> None:
@@ -603,7 +605,7 @@ def test_power_moments_hand_example() -> None:
     assert tau2 == pytest.approx(0.01) and omega2 == pytest.approx(0.12 + 0.08)
     # Expected run table at delta 0: psi = omega^2 = 2 x 0.12 -> b = c = 0.12, a = 0.68, d = 0.08.
     assert expected_table(d) == pytest.approx((0.68, 0.12, 0.12, 0.08))
-    r = power_per_slice(60, 3, 0.10, 0.05, d, true_delta=-0.08, n_min=40)
+    r = power_per_slice(60, 3, d, Sizing(n_min=40), true_delta=-0.08)
     assert r.deff == pytest.approx(1 + 2 * 0.0004 / (0.0004 + 0.2892))
     assert r.sd_diff == pytest.approx(math.sqrt(0.0004 + 0.2892 / 3))
     with pytest.raises(InputError, match="true_delta"):
@@ -664,7 +666,7 @@ def test_pilot_recovers_a_known_design() -> None:
 def test_power_plan_table() -> None:
     slices = [(4096, p) for p in ("0", "0.5", "1")] + [(16384, "0.5")]
     plan = power_plan(
-        slices, n_cases=60, seeds=3, margin=0.1, alpha=0.05, design=DesignParameters.from_icc(0.85, 1 / 3)
+        slices, n_cases=60, seeds=3, sizing=Sizing(), design=DesignParameters.from_icc(0.85, 1 / 3)
     )
     assert [(r.length, r.position) for r in plan.rows] == sorted(slices, key=lambda k: (k[0], float(k[1])))
     assert plan.per_slice_target == pytest.approx(0.8 ** (1 / 4))
@@ -676,14 +678,14 @@ def test_power_plan_table() -> None:
     )
     assert plan.to_dict()["rows"][0]["cases"]["n_slices"] == 4
     with pytest.raises(InputError, match="no design parameters"):
-        power_plan(slices, n_cases=60, seeds=3, margin=0.1, alpha=0.05)
+        power_plan(slices, n_cases=60, seeds=3, sizing=Sizing())
 
 
 def test_newcombe_binds_near_the_ceiling() -> None:
     """p = 0.97 with strong case spread: the t-test promises power the gate cannot have (few discordant
     runs, Newcombe-RS with DEFF = R); the Newcombe approximation binds and the row asks for simulation."""
     d = DesignParameters.from_icc(0.97, 0.5)
-    row = power_per_slice(40, 3, 0.05, 0.05, d)
+    row = power_per_slice(40, 3, d, Sizing(margin=0.05))
     assert row.power_newcombe < row.power_test and row.power == row.power_newcombe
     assert row.check_by_simulation and row.expected_discordant < 10
     c = row.cases

@@ -32,6 +32,7 @@ import pytest
 from depthgate.judge.noise import noise_floor
 from depthgate.judge.position import effective_length
 from depthgate.judge.power import DesignParameters, cases_for_power, power_per_slice, simulate_gate_power
+from depthgate.judge.stats import Sizing
 from helpers import Rate
 from test_position_science import _el_world, from_arrays
 
@@ -69,10 +70,10 @@ def power_table(sims: int = POWER_SIMS) -> list[dict[str, object]]:
     _say("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for k, (p, icc, seeds, margin) in enumerate(POWER_GRID):
         d = DesignParameters.from_icc(p, icc)
-        c = cases_for_power(seeds=seeds, margin=margin, alpha=ALPHA, design=d, n_min=0, inflation=1.1)
+        c = cases_for_power(d, seeds=seeds, sizing=Sizing(margin, ALPHA, n_min=0))
         assert c.n_recommended is not None
         n = c.n_recommended
-        row = power_per_slice(n, seeds, margin, ALPHA, d, n_min=0)
+        row = power_per_slice(n, seeds, d, Sizing(margin, ALPHA, n_min=0))
         at_rec = simulate_gate_power(
             d, n_cases=n, seeds=seeds, margin=margin, alpha=ALPHA, sims=sims, seed=10 + k
         )

@@ -16,6 +16,7 @@ import polars as pl
 
 from depthgate.exceptions import InputError
 from depthgate.judge.power import DesignParameters, PowerPlan, pilot_parameters, power_plan
+from depthgate.judge.stats import Sizing
 from depthgate.layout.layouts import parse_positions
 from depthgate.spec.models import Matrix, Suite, look_alpha, split_position_label
 
@@ -66,12 +67,14 @@ def matrix_power(
         slices,
         n_cases=n_cases,
         seeds=len(matrix.decode.seeds),
-        margin=plan.margin,
-        alpha=look_alpha(plan.alpha, plan.stop_rule),
+        sizing=Sizing(
+            margin=plan.margin,
+            alpha=look_alpha(plan.alpha, plan.stop_rule),
+            target=POWER_TARGET,
+            n_min=plan.n_min,
+        ),
         design=DesignParameters.from_icc(p_baseline, icc),
         pilot=None if pilot is None else pilot_parameters(pilot),
-        n_min=plan.n_min,
-        target=POWER_TARGET,
         slice_cases=spaced or None,
     )
 

@@ -54,6 +54,7 @@ from depthgate.judge.stats import (
     BASELINE,
     CANDIDATE,
     GatePlan,
+    Sizing,
     gate,
     newcombe10_paired,
     non_inferiority_shown,
@@ -294,31 +295,18 @@ _MAX_CASES = 1_000_000
 
 
 def cases_for_power(
-    target: float = 0.8,
-    *,
-    seeds: int,
-    margin: float,
-    alpha: float,
-    design: DesignParameters,
-    true_delta: float = 0.0,
-    n_slices: int = 1,
-    n_min: int = 40,
-    inflation: float = 1.1,
+    design: DesignParameters, *, seeds: int, sizing: Sizing, n_slices: int = 1, true_delta: float = 0.0
 ) -> CasesForPower:
-    """How many cases a slice needs for ``target`` power (per slice, or jointly over ``n_slices``).
+    """How many cases a slice needs for ``sizing.target`` power (per slice, or jointly over
+    ``n_slices``).
 
     ``n_test`` is statsmodels ``TTestPower().solve_power`` on effect (delta + M) / sd_diff, one-sided at
-    ``alpha`` (equal to :func:`depthgate.judge.stats.sample_size_per_slice` with ``n_min=0,
+    ``sizing.alpha`` (equal to :func:`depthgate.judge.stats.sample_size_per_slice` with ``n_min=0,
     inflation=1``); ``n_approx`` also asks the Newcombe-RS approximation (binding near the ceiling);
-    ``n_recommended`` raises ``n_approx`` to ``n_min`` and inflates it.
+    ``n_recommended`` is :meth:`Sizing.recommend` of ``n_approx``.
     """
-    if not 0.0 < target < 1.0:
-        raise InputError(f"target power {target!r} out of range", field="target", fix="a power in (0, 1)")
-    if n_slices < 1:
-        raise InputError(f"n_slices {n_slices!r} < 1", field="n_slices", fix="a positive slice count")
-    if inflation < 1.0:
-        raise InputError(f"inflation {inflation!r} < 1", field="inflation", fix="a factor >= 1, e.g. 1.1")
-    per_slice = float(target ** (1.0 / n_slices))
+    margin, alpha = sizing.margin, sizing.alpha
+    per_slice = sizing.per_slice_target(n_slices)
     sd = design.sd_diff(seeds, true_delta)
     effect = _effect(margin, true_delta, sd)
     n_test: int | None
@@ -349,8 +337,10 @@ def cases_for_power(
                 else:
                     low = mid
             n_approx = high
-    n_rec = None if n_approx is None else math.ceil(max(n_min, n_approx) * inflation - 1e-9)
-    return CasesForPower(target, per_slice, n_slices, sd, n_test, n_approx, n_rec, inflation, n_min)
+    n_rec = None if n_approx is None else sizing.recommend(n_approx)
+    return CasesForPower(
+        sizing.target, per_slice, n_slices, sd, n_test, n_approx, n_rec, sizing.inflation, sizing.n_min
+    )
 
 
 @dataclass(frozen=True)
@@ -404,44 +394,28 @@ class PowerRow:
 def power_per_slice(
     n_cases: int,
     seeds: int,
-    margin: float,
-    alpha: float,
     design: DesignParameters,
+    sizing: Sizing,
     *,
-    true_delta: float = 0.0,
-    n_min: int = 40,
-    target: float = 0.8,
     n_slices: int = 1,
-    inflation: float = 1.1,
+    true_delta: float = 0.0,
     length: int | None = None,
     position: str | None = None,
 ) -> PowerRow:
-    """Power to show non-inferiority at margin ``margin`` in one slice with ``n_cases`` x ``seeds``, and
-    the cases for ``target`` power (jointly over ``n_slices``). ``alpha`` is the one-sided level of the
-    look (``GatePlan.look_alpha``: alpha/2 under the one_extension stop rule). ``design``: assumed
+    """Power to show non-inferiority at ``sizing.margin`` in one slice with ``n_cases`` x ``seeds``, and
+    the cases for ``sizing.target`` power (jointly over ``n_slices``). ``sizing.alpha`` is the
+    one-sided level of the look (``GatePlan.look_alpha``: alpha/2 under the one_extension stop rule;
+    :meth:`Sizing.of_plan`). ``design``: assumed
     (``DesignParameters(p, sd)`` or ``DesignParameters.from_icc(p, icc)``) or from
     :func:`pilot_parameters`."""
     if n_cases < 0:
         raise InputError(f"n_cases {n_cases!r} < 0", field="n_cases", fix="a case count")
     if seeds < 1:
         raise InputError(f"seeds {seeds!r} < 1", field="seeds", fix="a positive seed count")
-    if not 0.0 < margin < 1.0:
-        raise InputError(f"margin {margin!r} out of range", field="margin", fix="a margin in (0, 1)")
-    if not 0.0 < alpha < 0.5:
-        raise InputError(f"alpha {alpha!r} out of range", field="alpha", fix="a one-sided level in (0, 0.5)")
+    margin, alpha = sizing.margin, sizing.alpha
     ap = _approx(design, n_cases, seeds, margin, alpha, true_delta)
-    below = n_cases < n_min
-    cases = cases_for_power(
-        target,
-        seeds=seeds,
-        margin=margin,
-        alpha=alpha,
-        design=design,
-        true_delta=true_delta,
-        n_slices=n_slices,
-        n_min=n_min,
-        inflation=inflation,
-    )
+    below = n_cases < sizing.n_min
+    cases = cases_for_power(design, seeds=seeds, sizing=sizing, n_slices=n_slices, true_delta=true_delta)
     return PowerRow(
         length=length,
         position=position,
@@ -466,7 +440,7 @@ def power_per_slice(
         newcombe_lower_expected=ap.lower_expected,
         power_approx=ap.power,
         power=0.0 if below else ap.power,
-        n_min=n_min,
+        n_min=sizing.n_min,
         below_n_min=below,
         check_by_simulation=ap.discordant < MIN_DISCORDANT_RUNS or n_cases < MIN_CASES_APPROX,
         source=design.source,
@@ -698,23 +672,19 @@ def power_plan(
     *,
     n_cases: int,
     seeds: int,
-    margin: float,
-    alpha: float,
+    sizing: Sizing,
     design: DesignParameters | None = None,
     pilot: PilotParameters | None = None,
     designs: Mapping[tuple[int, str], DesignParameters] | None = None,
     true_delta: float = 0.0,
-    n_min: int = 40,
-    target: float = 0.8,
-    joint: bool = True,
-    inflation: float = 1.1,
     slice_cases: Mapping[tuple[int, str], int] | None = None,
 ) -> PowerPlan:
     """Per slice of a matrix: power at its ``n_cases`` x ``seeds`` (``slice_cases``: another case count
-    for some slices, e.g. the multi-evidence cases of a spaced slice), and the cases for ``target``.
+    for some slices, e.g. the multi-evidence cases of a spaced slice), and the cases for
+    ``sizing.target``.
 
     Parameters per slice come from ``designs`` (explicit), else the ``pilot`` (its slice, or its pooled
-    row for a slice it did not run), else the assumed ``design``. ``joint``: size each slice at
+    row for a slice it did not run), else the assumed ``design``. Every slice is sized at
     target^(1/k) so that all k slices pass together with ``target`` (the release needs every slice).
     ``cases_needed``: the largest per-slice recommendation (the suite size to plan for)."""
     if design is None and pilot is None and designs is None:
@@ -741,14 +711,10 @@ def power_plan(
             power_per_slice(
                 (slice_cases or {}).get((length, pos), n_cases),
                 seeds,
-                margin,
-                alpha,
                 d,
+                sizing,
+                n_slices=k,
                 true_delta=true_delta,
-                n_min=n_min,
-                target=target,
-                n_slices=k if joint else 1,
-                inflation=inflation,
                 length=length,
                 position=pos,
             )
@@ -758,8 +724,8 @@ def power_plan(
     needed = [r.cases.n_recommended for r in rows]
     return PowerPlan(
         rows=tuple(rows),
-        target=target,
-        per_slice_target=target ** (1.0 / k) if joint and k else target,
+        target=sizing.target,
+        per_slice_target=sizing.per_slice_target(max(k, 1)),
         power_all_slices=float(np.prod(powers)) if powers else 0.0,
         min_power=min(powers) if powers else 0.0,
         weakest_slice=None if weakest is None else f"{weakest.length}/{weakest.position}",

@@ -605,33 +605,67 @@ def slice_statistics(
     )
 
 
-def sample_size_per_slice(
-    sd_diff: float,
-    margin: float = 0.10,
-    alpha: float = 0.05,
-    power: float = 0.8,
-    *,
-    n_slices: int = 1,
-    n_min: int = 40,
-    inflation: float = 1.1,
-) -> int:
+@dataclass(frozen=True)
+class Sizing:
+    """What a sample-size or power calculation asks of a slice (section 3), in one place.
+
+    Non-inferiority at ``margin`` M with one-sided ``alpha`` (the look's level: ``GatePlan.look_alpha``)
+    and ``target`` power; over k slices that must all pass, each slice is sized at target^(1/k)
+    (:meth:`per_slice_target`: the release needs every slice). A t-test's n becomes a recommendation
+    as ceil(max(``n_min``, n) * ``inflation``): the gate's sufficiency rule, and the gate being slightly
+    less efficient than a t-test. The defaults are the spec's final rule; its table is ``n_min=0,
+    inflation=1.0``.
+    """
+
+    margin: float = 0.10
+    alpha: float = 0.05
+    target: float = 0.8
+    n_min: int = 40
+    inflation: float = 1.1
+
+    @classmethod
+    def of_plan(cls, plan: GatePlan) -> Sizing:
+        """The sizing a gate plan asks for: its margin, look alpha, power and n_min."""
+        return cls(plan.margin, plan.look_alpha, plan.power, plan.n_min)
+
+    def __post_init__(self) -> None:
+        checks: list[tuple[bool, str, str]] = [
+            (0.0 < self.margin < 1.0, "margin", "a margin in (0, 1)"),
+            (0.0 < self.alpha < 0.5, "alpha", "a one-sided level in (0, 0.5)"),
+            (0.0 < self.target < 1.0, "target", "a power in (0, 1)"),
+            (self.n_min >= 0, "n_min", "a case count >= 0"),
+            (self.inflation >= 1.0, "inflation", "a factor >= 1, e.g. 1.1"),
+        ]
+        for ok, name, fix in checks:
+            if not ok:
+                raise InputError(f"{name} {getattr(self, name)!r} out of range", field=name, fix=fix)
+
+    def per_slice_target(self, n_slices: int = 1) -> float:
+        """The power each of ``n_slices`` slices needs for all to pass together with ``target``."""
+        if n_slices < 1:
+            raise InputError(f"n_slices {n_slices!r} < 1", field="n_slices", fix="a positive slice count")
+        return float(self.target ** (1.0 / n_slices))
+
+    def recommend(self, n: int) -> int:
+        """A test's minimum ``n`` raised to ``n_min`` and inflated."""
+        return math.ceil(max(self.n_min, n) * self.inflation - 1e-9)
+
+
+def sample_size_per_slice(sd_diff: float, sizing: Sizing = Sizing(), *, n_slices: int = 1) -> int:
     """Cases per slice for the NI test at true delta = 0 (section 3).
 
-    Paired t power (statsmodels ``TTestPower``, effect size M / sd_diff, one-sided). ``n_slices`` > 1
-    sizes every slice at power**(1/n_slices) so that all slices pass jointly with ``power``. The result
-    is ceil(max(n_min, n_t) * inflation); the spec's table is ``n_min=0, inflation=1.0``, its final rule
-    ``n_min=40, inflation=1.1`` (the gate is slightly less efficient than a t-test).
+    Paired t power (statsmodels ``TTestPower``, effect size M / sd_diff, one-sided) at the per-slice
+    target for ``n_slices`` slices passing jointly, then :meth:`Sizing.recommend`.
     """
     if sd_diff <= 0 or not math.isfinite(sd_diff):
         raise ValueError(f"sd_diff must be positive and finite, got {sd_diff}")
-    if n_slices < 1:
-        raise ValueError(f"n_slices must be >= 1, got {n_slices}")
-    per_slice_power = power ** (1.0 / n_slices)
     n_t = TTestPower().solve_power(
-        effect_size=margin / sd_diff, alpha=alpha, power=per_slice_power, alternative="larger"
+        effect_size=sizing.margin / sd_diff,
+        alpha=sizing.alpha,
+        power=sizing.per_slice_target(n_slices),
+        alternative="larger",
     )
-    n_table = math.ceil(float(np.asarray(n_t).item()))
-    return math.ceil(max(n_min, n_table) * inflation - 1e-9)
+    return sizing.recommend(math.ceil(float(np.asarray(n_t).item())))
 
 
 def fisher_less(candidate_passes: int, baseline_passes: int, seeds: int) -> float:
@@ -1031,9 +1065,7 @@ def _replanned_n(stats: SliceStatistics, plan: GatePlan, n_slices: int) -> int |
     if not stats.sd_diff > 0:
         return None
     try:
-        return sample_size_per_slice(
-            stats.sd_diff, plan.margin, plan.look_alpha, plan.power, n_slices=n_slices, n_min=plan.n_min
-        )
+        return sample_size_per_slice(stats.sd_diff, Sizing.of_plan(plan), n_slices=n_slices)
     except (ValueError, RuntimeError, ArithmeticError):
         return None
 
@@ -1506,6 +1538,7 @@ __all__ = [
     "OverallResult",
     "PositionShare",
     "SafetySummary",
+    "Sizing",
     "SliceResult",
     "SliceStatistics",
     "SliceStatus",
