@@ -232,9 +232,7 @@ def test_one_value_of_a_removed_conflict_is_a_removed_value(shared_dir: Path, tm
 @pytest.fixture(scope="module")
 def gemma_tokenizer() -> Tokenizer:
     pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed")
-    from depthgate.layout.gguf_tokenizer import resolve_tokenizer_path
-
-    return load_tokenizer(resolve_tokenizer_path("gguf:"))
+    return load_tokenizer("gguf:")
 
 
 @pytest.mark.smoke_model

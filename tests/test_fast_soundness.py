@@ -22,11 +22,10 @@ from depthgate.exceptions import SpecError
 from depthgate.layout.layouts import (
     BuildOptions,
     build_batch,
-    build_layouts,
+    build_frame,
     check_layouts,
     load_tokenizer,
     parse_positions,
-    read_layouts,
 )
 from depthgate.spec.suites import builtin_suite
 from fixtures_paths import tokenizers_dir
@@ -278,13 +277,12 @@ def test_fast_mode_is_exact_or_falls_back_with_the_reason(
     else:
         assert reason is not None and expected in reason, (name, reason)
     out = tmp_path / "layouts.parquet"
-    build_layouts(
+    suite_frame = build_frame(
         builtin_suite(10),
         tok,
         BuildOptions(lengths=[512, 1024], positions=parse_positions(["0", "0.5", "1"]), verification="fast"),
         out,
     )
-    suite_frame = read_layouts(out)
     try:
         batch_frame = build_batch(tok, _adversarial_batch("fast"))
     except SpecError as exc:  # a unit holds one of this variant's special or added strings

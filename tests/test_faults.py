@@ -28,10 +28,10 @@ from depthgate.layout.layouts import (
     LAYOUT_SCHEMA,
     BuildOptions,
     Tokenizer,
+    build_frame,
     build_layouts,
     load_tokenizer,
     parse_positions,
-    read_layouts,
 )
 from depthgate.layout.templates import ChatTemplate, load_chat_template, raw_frame
 from depthgate.spec.models import Suite
@@ -54,8 +54,7 @@ def _build(tmp: Path, suite: Suite, tok: Tokenizer, name: str, **kw: Any) -> pl.
     options = BuildOptions(
         lengths=kw.pop("lengths", [512]), positions=parse_positions(["0", "0.5", "1"]), **kw
     )
-    build_layouts(suite, tok, options, tmp / f"{name}.parquet")
-    frame = read_layouts(tmp / f"{name}.parquet")
+    frame = build_frame(suite, tok, options, tmp / f"{name}.parquet")
     assert frame["status"].to_list() == ["ok"] * frame.height
     return frame
 

@@ -5,6 +5,7 @@ identical at every position, haystack identical across positions."""
 
 from __future__ import annotations
 
+import gzip
 from pathlib import Path
 
 import polars as pl
@@ -13,10 +14,11 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer as HFTokenizer
 
-from depthgate.exceptions import SpecError, TokenizerLoadError
+from depthgate.exceptions import InputError, SpecError, TokenizerLoadError
 from depthgate.layout.layouts import (
     BuildOptions,
     build_batch,
+    build_frame,
     build_layouts,
     check_layouts,
     load_tokenizer,
@@ -105,8 +107,7 @@ def test_positions_move_only_the_evidence() -> None:
     haystack (filler, competing evidence, distractors) is the same at every position."""
     tok = load_tokenizer(TOK / "gpt2" / "tokenizer.json")
     out = Path("/tmp/depthgate-test-paired.parquet")
-    build_layouts(builtin_suite(2), tok, BuildOptions(lengths=[1024], positions=POSITIONS), out)
-    frame = read_layouts(out)
+    frame = build_frame(builtin_suite(2), tok, BuildOptions(lengths=[1024], positions=POSITIONS), out)
     suite = builtin_suite(2)
     for case in suite.cases:
         texts = set()
@@ -128,10 +129,9 @@ def test_golden_values_gpt2() -> None:
     bump ASSEMBLER_VERSION."""
     tok = load_tokenizer(TOK / "gpt2" / "tokenizer.json")
     out = Path("/tmp/depthgate-test-golden.parquet")
-    build_layouts(
+    frame = build_frame(
         builtin_suite(1), tok, BuildOptions(lengths=[1024], positions=parse_positions(["0", "1"])), out
-    )
-    frame = read_layouts(out).sort("position")
+    ).sort("position")
     first, last = frame.row(0, named=True), frame.row(1, named=True)
     assert first["text"].startswith("Company Operations Handbook (excerpt)\n\nTravel policy") is False
     assert first["region_start"] == 7  # "Company Operations Handbook (excerpt)" is 7 GPT-2 tokens
@@ -269,12 +269,25 @@ def test_adversarial_units_keep_the_contract(
         )
 
 
+def test_load_tokenizer_resolves_the_spec_a_matrix_names(tmp_path: Path) -> None:
+    """A path relative to the matrix's folder, and a gzipped tokenizer.json (unpacked once into the
+    cache): the same tokenizer as the plain file, by digest."""
+    plain = TOK / "gpt2" / "tokenizer.json"
+    (tmp_path / "tok.json.gz").write_bytes(gzip.compress(plain.read_bytes()))
+    packed = load_tokenizer("tok.json.gz", base_dir=tmp_path)
+    assert packed.digest == load_tokenizer(plain).digest
+    assert packed.path.suffix == ".json" and packed.path.parent != tmp_path
+
+
 def test_bad_inputs_have_named_errors(tmp_path: Path) -> None:
     bad = tmp_path / "tokenizer.json"
     bad.write_text("{not json")
     with pytest.raises(TokenizerLoadError) as err:
         load_tokenizer(bad)
     assert str(bad) in str(err.value)
+    with pytest.raises(InputError, match="tokenizer file not found") as missing:
+        load_tokenizer("absent.json", base_dir=tmp_path)
+    assert missing.value.file == str(tmp_path / "absent.json") and missing.value.field == "tokenizer"
     tok = load_tokenizer(TOK / "gpt2" / "tokenizer.json")
     out = tmp_path / "layouts.parquet"
     summary = build_layouts(builtin_suite(1), tok, BuildOptions(lengths=[64], positions=POSITIONS[:1]), out)
@@ -294,8 +307,9 @@ def test_zh_suite_builds_on_byte_level_and_spm() -> None:
     for family in ("llama3-from-gguf", "mistral-7b-v1"):
         tok = load_tokenizer(TOK / family / "tokenizer.json")
         out = Path(f"/tmp/depthgate-test-zh-{family}.parquet")
-        build_layouts(suite, tok, BuildOptions(lengths=[1024], positions=POSITIONS), out)
-        _assert_contract(read_layouts(out), family)
+        _assert_contract(
+            build_frame(suite, tok, BuildOptions(lengths=[1024], positions=POSITIONS), out), family
+        )
         out.unlink()
 
 

@@ -96,14 +96,13 @@ def measure_build(out_dir: Path) -> dict[str, Any]:
 
     from depthgate import _core
     from depthgate.layout import layouts
-    from depthgate.layout.gguf_tokenizer import resolve_tokenizer_path
     from depthgate.spec.suites import builtin_suite
 
     n_cases = _env_int("DEPTHGATE_BENCH_LAYOUT_CASES", 40)
     length = _env_int("DEPTHGATE_BENCH_LAYOUT_LENGTH", 131072)
     r: dict[str, Any] = {"cpus": os.cpu_count(), "loadavg_start": os.getloadavg()[0], "length": length}
     t0 = time.perf_counter()
-    tok = layouts.load_tokenizer(resolve_tokenizer_path(str(GPT2)))
+    tok = layouts.load_tokenizer(GPT2)
     suite = builtin_suite(n_cases, 0, "en")
     r["startup_s"] = time.perf_counter() - t0  # tokenizer load + suite (excluded, as the issue asks)
     options = layouts.BuildOptions(
@@ -155,10 +154,9 @@ def measure_build(out_dir: Path) -> dict[str, Any]:
 
 def _build_4k(n_cases: int, out: Path) -> tuple[Any, Any, Any]:
     from depthgate.layout import layouts
-    from depthgate.layout.gguf_tokenizer import resolve_tokenizer_path
     from depthgate.spec.suites import builtin_suite
 
-    tok = layouts.load_tokenizer(resolve_tokenizer_path(str(GPT2)))
+    tok = layouts.load_tokenizer(GPT2)
     suite = builtin_suite(n_cases, 0, "en")
     options = layouts.BuildOptions(
         lengths=[4096], positions=layouts.parse_positions(list(DEPTHS)), verification="fast"

@@ -31,7 +31,6 @@ from depthgate.commands.outputs import (
     write_text_atomic,
 )
 from depthgate.exceptions import DepthgateError, ExitCode, InputError
-from depthgate.layout.gguf_tokenizer import resolve_tokenizer_path
 from depthgate.spec.paths import csv_ints, csv_list
 
 if TYPE_CHECKING:
@@ -84,7 +83,7 @@ def _cmd_build(args: argparse.Namespace) -> int:
             fix="pass --tokenizer path/to/tokenizer.json (or 'gguf:'), or a matrix file",
         )
     preamble = read_text_arg(args.preamble_file, option="--preamble-file") if args.preamble_file else ""
-    tok = load_tokenizer(resolve_tokenizer_path(args.tokenizer))
+    tok = load_tokenizer(args.tokenizer)
     template = load_chat_template(args.chat_template) if args.chat_template else None
     if args.suite:
         from depthgate.spec.models import load_suite
@@ -125,7 +124,7 @@ def _print_build(summary: object, path: Path) -> None:
 def _cmd_check(args: argparse.Namespace) -> int:
     from depthgate.layout.layouts import check_layouts, load_tokenizer
 
-    tok = load_tokenizer(resolve_tokenizer_path(args.tokenizer))
+    tok = load_tokenizer(args.tokenizer)
     summary = check_layouts(args.layouts, tok)
     print(
         f"{args.layouts}: {summary.checked} layouts re-verified, {summary.refused} refused at build, "

@@ -31,7 +31,7 @@ from depthgate.layout.layouts import (
     BuildOptions,
     Position,
     Tokenizer,
-    build_layouts,
+    build_frame,
     case_frame,
     load_tokenizer,
     parse_positions,
@@ -303,9 +303,7 @@ def _pair(old: object, new: object) -> str:
 def _build(
     suite: Suite, tokenizer: Tokenizer, options: BuildOptions, folder: Path, name: str
 ) -> pl.DataFrame:
-    path = folder / f"{name}.parquet"
-    build_layouts(suite, tokenizer, options, path)
-    return read_layouts(path).drop("text")
+    return build_frame(suite, tokenizer, options, folder / f"{name}.parquet").drop("text")
 
 
 def _id_diff(old: Sequence[int] | None, new: Sequence[int] | None) -> tuple[int | None, int]:
@@ -400,9 +398,7 @@ def _as_positions(positions: Sequence[float | str | Position]) -> list[Position]
 def _as_tokenizer(value: Tokenizer | str | Path) -> Tokenizer:
     if isinstance(value, Tokenizer):
         return value
-    from depthgate.layout.gguf_tokenizer import resolve_tokenizer_path
-
-    return load_tokenizer(resolve_tokenizer_path(str(value)))
+    return load_tokenizer(str(value))
 
 
 def diff_tokenizers(

@@ -55,11 +55,10 @@ from depthgate.layout.layouts import (
     LAYOUT_SCHEMA,
     BuildOptions,
     Tokenizer,
-    build_layouts,
+    build_frame,
     case_frame,
     load_tokenizer,
     parse_positions,
-    read_layouts,
 )
 from depthgate.layout.presend import guard_layouts
 from depthgate.layout.templates import ChatTemplate
@@ -491,9 +490,7 @@ def _build(
         max_output_tokens=env.max_tokens,
         system="gemma",
     )
-    path = env.work / f"{name}.parquet"
-    build_layouts(env.suite, tokenizer, options, path)
-    frame = read_layouts(path)
+    frame = build_frame(env.suite, tokenizer, options, env.work / f"{name}.parquet")
     bad = frame.filter(pl.col("status") != "ok")
     if bad.height:
         raise InputError(
@@ -547,7 +544,6 @@ def run_faults(
         )
     from depthgate.layout.gguf_tokenizer import (
         gemma_default_gguf,
-        resolve_tokenizer_path,
         tokenizer_from_gguf,
     )
     from depthgate.layout.templates import raw_frame
@@ -556,7 +552,7 @@ def run_faults(
 
     gguf = Path(model_path) if model_path is not None else gemma_default_gguf()
     suite = builtin_suite(n_cases)
-    tokenizer = load_tokenizer(resolve_tokenizer_path(f"gguf:{gguf}"))
+    tokenizer = load_tokenizer(f"gguf:{gguf}")
     hf = tokenizer_from_gguf(gguf)
     raw_digest = raw_frame(user_before="", user_after="").template_digest
     with tempfile.TemporaryDirectory(prefix="depthgate-faults-") as tmp:

@@ -154,9 +154,7 @@ def _resolve(matrix_dir: Path, value: str) -> Path:
 
 
 def arm_setup(arm: str, system: System, matrix_dir: Path) -> ArmSetup:
-    from depthgate.layout.gguf_tokenizer import resolve_tokenizer_path
-
-    tok = load_tokenizer(resolve_tokenizer_path(system.tokenizer, base_dir=matrix_dir))
+    tok = load_tokenizer(system.tokenizer, base_dir=matrix_dir)
     template = (
         load_chat_template(_resolve(matrix_dir, system.chat_template)) if system.chat_template else None
     )

@@ -25,6 +25,7 @@ import polars as pl
 
 from depthgate import _core
 from depthgate.exceptions import InputError, SpecError
+from depthgate.layout.gguf_tokenizer import resolve_tokenizer_path
 from depthgate.layout.templates import ChatTemplate, Frame, chat_frame, raw_frame
 from depthgate.spec.assemblers import assemble
 from depthgate.spec.filler import filler_pool, filler_units
@@ -48,6 +49,7 @@ __all__ = [
     "Tokenizer",
     "assembler_version",
     "build_batch",
+    "build_frame",
     "build_layouts",
     "case_frame",
     "check_layouts",
@@ -159,8 +161,11 @@ class Tokenizer:
         return self._core.encode(text, add_special_tokens)
 
 
-def load_tokenizer(path: str | Path) -> Tokenizer:
-    return Tokenizer(path)
+def load_tokenizer(spec: str | Path, *, base_dir: Path | None = None) -> Tokenizer:
+    """The tokenizer a matrix, a CLI flag or a test names: a ``tokenizer.json`` (or ``.json.gz``)
+    path, relative to ``base_dir`` (the matrix's folder), or ``gguf:`` / ``gguf:<file>``
+    (:func:`depthgate.layout.gguf_tokenizer.resolve_tokenizer_path`)."""
+    return Tokenizer(resolve_tokenizer_path(str(spec), base_dir=base_dir))
 
 
 @dataclass(frozen=True)
@@ -695,6 +700,16 @@ def build_batch(tokenizer: Tokenizer, batch: dict[str, Any], *, system: str = "d
         assembler=str(batch.get("assembler_version", ASSEMBLER_VERSION)),
         decisive={c["case_id"]: _decisive_ids(c) for c in batch["cases"]},
     )
+
+
+def build_frame(
+    suite: Suite | Sequence[Case], tokenizer: Tokenizer, options: BuildOptions, out_path: str | Path
+) -> pl.DataFrame:
+    """:func:`build_layouts` into ``out_path``, then the whole file read back (:func:`read_layouts`):
+    for the small builds of ``diff``, the fault injection and tests. A matrix build reads its file in
+    column subsets instead: ids and text of every layout are ≈ 8 bytes per token."""
+    build_layouts(suite, tokenizer, options, out_path)
+    return read_layouts(out_path)
 
 
 def read_layouts(path: str | Path, columns: Sequence[str] | None = None) -> pl.DataFrame:
