@@ -43,19 +43,18 @@ import numpy as np
 import polars as pl
 import pytest
 
-from depthgate.exceptions import ExitCode, InfraError, InputError, SpecError
+from depthgate.exceptions import (
+    BackendRequestError,
+    ExitCode,
+    InfraError,
+    InputError,
+    OverLengthError,
+    SpecError,
+    TransientBackendError,
+)
 from depthgate.run.backends import http as http_backends
 from depthgate.run.backends import make_backend
-from depthgate.run.backends.base import (
-    Backend,
-    BackendRequestError,
-    OverLengthError,
-    Request,
-    Response,
-    Secret,
-    TransientBackendError,
-    api_key_from_env,
-)
+from depthgate.run.backends.base import Backend, Request, Response, Secret, api_key_from_env
 from depthgate.run.backends.http import (
     CALIBRATION_PROBE,
     AnthropicBackend,

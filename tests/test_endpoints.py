@@ -32,14 +32,9 @@ import pytest
 from tokenizers import Tokenizer
 
 from depthgate.commands.cli import main
-from depthgate.exceptions import ExitCode, InputError, SpecError
+from depthgate.exceptions import ExitCode, InputError, OverLengthError, SpecError, TransientBackendError
 from depthgate.run.backends import make_backend
-from depthgate.run.backends.base import (
-    OverLengthError,
-    Request,
-    Response,
-    TransientBackendError,
-)
+from depthgate.run.backends.base import Request, Response
 from depthgate.run.backends.pool import ReplicaPool, rendezvous_order
 from depthgate.run.retry import RetryPolicy
 from depthgate.run.runner import RunOptions, read_records, run_pairs

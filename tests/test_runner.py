@@ -27,15 +27,15 @@ from typing import Any
 import polars as pl
 import pytest
 
-from depthgate.exceptions import InfraError, InputError, PlanChangedError
-from depthgate.run.backends.base import (
-    Backend,
+from depthgate.exceptions import (
     BackendRequestError,
+    InfraError,
+    InputError,
     OverLengthError,
-    Request,
-    Response,
+    PlanChangedError,
     TransientBackendError,
 )
+from depthgate.run.backends.base import Backend, Request, Response
 from depthgate.run.runner import (
     RECORD_SCHEMA,
     RECORDS_FILE,

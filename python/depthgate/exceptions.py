@@ -7,6 +7,7 @@ core are translated into these classes once, at the binding boundary (``rust/dep
 from __future__ import annotations
 
 import enum
+from typing import TypedDict, Unpack
 
 
 class ExitCode(enum.IntEnum):
@@ -87,15 +88,98 @@ class BackendError(InfraError):
     """A backend returned an error that is not the caller's input (5xx, timeouts, crashes)."""
 
 
+class Where(TypedDict, total=False):
+    """Where a :class:`~depthgate.exceptions.DepthgateError` points: the file, the field and the fix
+    (the keyword arguments every error below passes on as they are)."""
+
+    file: str | None
+    field: str | None
+    fix: str | None
+
+
+class TransientBackendError(BackendError):
+    """A failure worth retrying: HTTP 429/5xx, a timeout, a refused or dropped connection.
+
+    ``summary`` is a short description without any server-supplied text (safe for records and logs);
+    ``retry_after`` the server's ``Retry-After`` in seconds when it sent one. A backend makes one
+    attempt; the runner retries (:class:`depthgate.run.retry.RetryPolicy`).
+
+    Set by a backend over several endpoints (:class:`~depthgate.run.backends.pool.ReplicaPool`):
+    ``endpoint``, the endpoint that failed; ``failover``, another healthy endpoint that has not failed
+    this request will take the retry at once (the runner retries it without a backoff, without counting
+    a try and without feeding the circuit breaker: one endpoint down is not the arm down).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        summary: str | None = None,
+        retry_after: float | None = None,
+        status: int | None = None,
+        endpoint: str | None = None,
+        failover: bool = False,
+        **where: Unpack[Where],
+    ) -> None:
+        super().__init__(message, **where)
+        self.summary = summary or message
+        self.retry_after = retry_after
+        self.status = status
+        self.endpoint = endpoint
+        self.failover = failover
+
+
+class OverLengthError(DepthgateError):
+    """The backend refused the prompt as longer than its window: a system failure of the layout.
+
+    Recorded as ``system_fail`` with reason ``overflow``, never retried, never a silent truncation.
+    ``endpoint``: the endpoint that refused it, when a backend over several endpoints says so.
+    """
+
+    exit_code = ExitCode.FAIL
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        n_prompt_tokens: int | None = None,
+        window: int | None = None,
+        summary: str | None = None,
+        endpoint: str | None = None,
+        **where: Unpack[Where],
+    ) -> None:
+        super().__init__(message, **where)
+        self.n_prompt_tokens = n_prompt_tokens
+        self.window = window
+        self.summary = summary or "prompt longer than the backend's window"
+        self.endpoint = endpoint
+
+
+class BackendRequestError(InputError):
+    """The backend refused the request for a reason the caller must fix (4xx other than over-length,
+    an unknown model, a parameter the backend does not support). ``summary`` holds no server text."""
+
+    def __init__(
+        self, message: str, *, status: int | None = None, summary: str | None = None, **where: Unpack[Where]
+    ) -> None:
+        super().__init__(message, **where)
+        self.status = status
+        self.summary = summary or message
+
+
 __all__ = [
     "BackendError",
+    "BackendRequestError",
     "DepthgateError",
     "ExitCode",
     "InfraError",
     "InputError",
+    "OverLengthError",
     "PlanChangedError",
     "SpecError",
     "TemplateError",
     "TokenizerLoadError",
+    "TransientBackendError",
     "VerificationError",
+    "Where",
 ]

@@ -44,8 +44,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from depthgate.exceptions import InputError
-from depthgate.run.backends.base import Backend, BackendRequestError, Request, Response
+from depthgate.exceptions import BackendRequestError, InputError
+from depthgate.run.backends.base import Backend, Request, Response
 from depthgate.run.runner import (
     Job,
     LayoutSource,

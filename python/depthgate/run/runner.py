@@ -42,16 +42,15 @@ from typing import IO, TYPE_CHECKING, Any, ParamSpec, Protocol, TypeVar
 import numpy as np
 import polars as pl
 
-from depthgate.exceptions import InfraError, InputError, PlanChangedError
-from depthgate.run.backends.base import (
-    Backend,
+from depthgate.exceptions import (
     BackendRequestError,
+    InfraError,
+    InputError,
     OverLengthError,
-    Request,
-    Response,
+    PlanChangedError,
     TransientBackendError,
-    endpoint_url,
 )
+from depthgate.run.backends.base import Backend, Request, Response, endpoint_url
 from depthgate.run.retry import CircuitBreaker, RetryPolicy
 from depthgate.spec.files import named_failure
 from depthgate.spec.models import DecodeParams

@@ -249,7 +249,7 @@ async def probe_backend(backend: Backend) -> None:
     be reached is left to the run (the runner's retries and circuit breaker: INFRA, exit 30); refusals
     (a model not served, replicas that disagree) raise. Closes the HTTP clients it opened (the run opens
     its own in its event loop)."""
-    from depthgate.run.backends.base import TransientBackendError
+    from depthgate.exceptions import TransientBackendError
     from depthgate.run.backends.http import OpenAICompletionsBackend
     from depthgate.run.backends.pool import ReplicaPool
 

@@ -1,5 +1,5 @@
-"""The typed protocol every backend implements, and its error classes (the factory,
-:func:`depthgate.run.backends.make_backend`, sits one level up).
+"""The typed protocol every backend implements (the factory, :func:`depthgate.run.backends.make_backend`,
+sits one level up; the error classes below live in the one exception tree, :mod:`depthgate.exceptions`).
 
 A backend turns one :class:`Request` (a layout, an arm, a seed and the decode parameters) into one
 :class:`Response`. Every backend is async; a backend that is synchronous underneath (llama.cpp in
@@ -27,10 +27,17 @@ import os
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, TypedDict, TypeVar, Unpack, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 from urllib.parse import urlsplit, urlunsplit
 
-from depthgate.exceptions import BackendError, DepthgateError, ExitCode, InfraError, InputError
+from depthgate.exceptions import (
+    BackendError,
+    BackendRequestError,
+    InfraError,
+    InputError,
+    OverLengthError,
+    TransientBackendError,
+)
 
 if TYPE_CHECKING:
     import numpy.typing as npt
@@ -39,15 +46,11 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Backend",
-    "BackendRequestError",
     "EmbeddedBackendAdapter",
     "OneThreadEngine",
-    "OverLengthError",
     "Request",
     "Response",
     "Secret",
-    "TransientBackendError",
-    "Where",
     "api_key_from_env",
     "check_fits_window",
     "endpoint_url",
@@ -56,74 +59,7 @@ __all__ = [
 T = TypeVar("T")
 
 # --------------------------------------------------------------------------------------------------
-# errors
-
-
-class Where(TypedDict, total=False):
-    """Where a :class:`~depthgate.exceptions.DepthgateError` points: the file, the field and the fix
-    (the keyword arguments every error below passes on as they are)."""
-
-    file: str | None
-    field: str | None
-    fix: str | None
-
-
-class TransientBackendError(BackendError):
-    """A failure worth retrying: HTTP 429/5xx, a timeout, a refused or dropped connection.
-
-    ``summary`` is a short description without any server-supplied text (safe for records and logs);
-    ``retry_after`` the server's ``Retry-After`` in seconds when it sent one. A backend makes one
-    attempt; the runner retries (:class:`depthgate.run.retry.RetryPolicy`).
-
-    Set by a backend over several endpoints (:class:`~depthgate.run.backends.pool.ReplicaPool`):
-    ``endpoint``, the endpoint that failed; ``failover``, another healthy endpoint that has not failed
-    this request will take the retry at once (the runner retries it without a backoff, without counting
-    a try and without feeding the circuit breaker: one endpoint down is not the arm down).
-    """
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        summary: str | None = None,
-        retry_after: float | None = None,
-        status: int | None = None,
-        endpoint: str | None = None,
-        failover: bool = False,
-        **where: Unpack[Where],
-    ) -> None:
-        super().__init__(message, **where)
-        self.summary = summary or message
-        self.retry_after = retry_after
-        self.status = status
-        self.endpoint = endpoint
-        self.failover = failover
-
-
-class OverLengthError(DepthgateError):
-    """The backend refused the prompt as longer than its window: a system failure of the layout.
-
-    Recorded as ``system_fail`` with reason ``overflow``, never retried, never a silent truncation.
-    ``endpoint``: the endpoint that refused it, when a backend over several endpoints says so.
-    """
-
-    exit_code = ExitCode.FAIL
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        n_prompt_tokens: int | None = None,
-        window: int | None = None,
-        summary: str | None = None,
-        endpoint: str | None = None,
-        **where: Unpack[Where],
-    ) -> None:
-        super().__init__(message, **where)
-        self.n_prompt_tokens = n_prompt_tokens
-        self.window = window
-        self.summary = summary or "prompt longer than the backend's window"
-        self.endpoint = endpoint
+# the pre-send window check
 
 
 def check_fits_window(
@@ -141,18 +77,6 @@ def check_fits_window(
         summary=summary,
         fix="shorten the layout or lower max_tokens",
     )
-
-
-class BackendRequestError(InputError):
-    """The backend refused the request for a reason the caller must fix (4xx other than over-length,
-    an unknown model, a parameter the backend does not support). ``summary`` holds no server text."""
-
-    def __init__(
-        self, message: str, *, status: int | None = None, summary: str | None = None, **where: Unpack[Where]
-    ) -> None:
-        super().__init__(message, **where)
-        self.status = status
-        self.summary = summary or message
 
 
 # --------------------------------------------------------------------------------------------------

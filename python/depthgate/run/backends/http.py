@@ -57,16 +57,14 @@ import aiohttp
 import numpy as np
 import orjson
 
-from depthgate.exceptions import BackendError, InputError
-from depthgate.run.backends.base import (
+from depthgate.exceptions import (
+    BackendError,
     BackendRequestError,
+    InputError,
     OverLengthError,
-    Request,
-    Response,
-    Secret,
     TransientBackendError,
-    check_fits_window,
 )
+from depthgate.run.backends.base import Request, Response, Secret, check_fits_window
 
 if TYPE_CHECKING:
     import httpx

@@ -44,16 +44,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from depthgate.exceptions import DepthgateError, InputError
-from depthgate.run.backends.base import (
-    Backend,
+from depthgate.exceptions import (
     BackendRequestError,
+    DepthgateError,
+    InputError,
     OverLengthError,
-    Request,
-    Response,
     TransientBackendError,
-    endpoint_url,
 )
+from depthgate.run.backends.base import Backend, Request, Response, endpoint_url
 
 __all__ = ["DRAIN_AFTER", "READMIT_AFTER_S", "ProbedBackend", "ReplicaPool", "rendezvous_order"]
 

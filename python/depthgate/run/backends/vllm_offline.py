@@ -17,16 +17,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from depthgate.exceptions import InfraError
-from depthgate.run.backends.base import (
-    BackendRequestError,
-    OneThreadEngine,
-    OverLengthError,
-    Request,
-    Response,
-    TransientBackendError,
-    check_fits_window,
-)
+from depthgate.exceptions import BackendRequestError, InfraError, OverLengthError, TransientBackendError
+from depthgate.run.backends.base import OneThreadEngine, Request, Response, check_fits_window
 from depthgate.spec.files import import_extra
 
 __all__ = ["VLLMOfflineBackend", "import_vllm"]
