@@ -235,6 +235,15 @@ def test_relative_paths_of_the_matrix_are_not_resolved_from_the_working_director
 # determinism settings in the manifest (issue #13 item 3)
 
 
+def _installed(dist: str) -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
 def test_determinism_settings_per_backend(monkeypatch: pytest.MonkeyPatch) -> None:
     """What the manifest records per arm about repeatability, from the system and the environment (no
     engine is started: vLLM cannot run here, so its row is checked from the spec and env alone)."""
@@ -260,6 +269,10 @@ def test_determinism_settings_per_backend(monkeypatch: pytest.MonkeyPatch) -> No
     server = _system(backend="vllm-server", endpoints=["http://127.0.0.1:1", "http://127.0.0.1:2"])
     row = determinism_settings(server, sampled)
     assert row["endpoints"] == 2 and row["batch_invariant"] == "unknown (server-side setting)"
+    # The installed engine's version; an absent one (vLLM here) is said, not made up.
+    assert embedded["engine_version"] == _installed("llama-cpp-python")
+    assert determinism_settings(vllm, greedy)["engine_version"] == _installed("vllm")
+
     assert row["sampling"] == "temperature 0.7, seeded per request"
     row = determinism_settings(_system(backend="anthropic", model="claude", endpoint=None), greedy)
     assert row["seed_sent"] == "no (the API has no seed)"

@@ -27,7 +27,6 @@ import platform
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -46,6 +45,7 @@ from depthgate.layout.layouts import (
     read_layouts,
 )
 from depthgate.layout.templates import ChatTemplate, load_chat_template
+from depthgate.spec.files import dist_version
 from depthgate.spec.models import (
     SPACING_SEP,
     AnalysisPlan,
@@ -82,10 +82,9 @@ def _versions() -> dict[str, str]:
         "llama_cpp_python",
         "jinja2",
     ):
-        try:
-            out[dist] = metadata.version(dist.replace("_", "-"))
-        except metadata.PackageNotFoundError:
-            continue
+        version = dist_version(dist.replace("_", "-"))
+        if version is not None:
+            out[dist] = version
     return out
 
 

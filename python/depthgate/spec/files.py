@@ -19,7 +19,7 @@ from typing import Any, NoReturn
 
 from depthgate.exceptions import DepthgateError
 
-__all__ = ["ReadFailures", "import_extra", "named_failure", "read_json", "read_utf8"]
+__all__ = ["ReadFailures", "dist_version", "import_extra", "named_failure", "read_json", "read_utf8"]
 
 
 @dataclass(frozen=True)
@@ -112,3 +112,14 @@ def import_extra(
     except ImportError as exc:
         raise error(f"{what} ({exc})", field=field, file=file, fix=fix) from None
     return loaded[0]
+
+
+def dist_version(dist: str) -> str | None:
+    """The installed version of distribution ``dist`` (``llama-cpp-python``), None when it is not
+    installed: what a manifest records of the engine and libraries a run used."""
+    from importlib import metadata
+
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypedDict
 
 from depthgate.exceptions import InputError
 from depthgate.run.backends.base import Backend, EmbeddedBackendAdapter, api_key_from_env
+from depthgate.spec.files import dist_version
 from depthgate.spec.paths import resolve_relative
 
 if TYPE_CHECKING:
@@ -305,15 +306,6 @@ def make_cache_control_backends(
 _VLLM_DETERMINISM_ENV = ("VLLM_BATCH_INVARIANT", "VLLM_ENABLE_V1_MULTIPROCESSING")
 
 
-def _dist_version(dist: str) -> str:
-    from importlib import metadata
-
-    try:
-        return metadata.version(dist)
-    except metadata.PackageNotFoundError:
-        return "not installed"
-
-
 def determinism_settings(system: System, decode: DecodeParams) -> dict[str, Any]:
     """What decides whether this arm answers the same request the same way twice, as far as depthgate
     can know it before the first request (recorded in the run manifest, per arm; never part of its
@@ -334,7 +326,7 @@ def determinism_settings(system: System, decode: DecodeParams) -> dict[str, Any]
 
         out.update(
             engine="llama.cpp, embedded (llama-cpp-python)",
-            engine_version=_dist_version("llama-cpp-python"),
+            engine_version=dist_version("llama-cpp-python") or "not installed",
             # One context, one sequence at a time: no request is ever batched with another, so batch
             # composition cannot change an answer. The thread count changes the order of floating-point
             # reductions, so it is recorded; the same machine and count reproduce the same tokens.
@@ -348,7 +340,7 @@ def determinism_settings(system: System, decode: DecodeParams) -> dict[str, Any]
         engine = runtime.vllm.engine_kwargs() if runtime.vllm is not None else {}
         out.update(
             engine="vLLM, offline (in process)",
-            engine_version=_dist_version("vllm"),
+            engine_version=dist_version("vllm") or "not installed",
             engine_seed=engine.get("seed", 0),  # V1 seeds its workers with 0 when none is given
             seed_sent="per request (SamplingParams.seed)",
             **{
