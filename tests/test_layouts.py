@@ -74,10 +74,12 @@ def _assert_contract(frame: pl.DataFrame, family: str) -> None:
 @pytest.mark.parametrize(
     ("family", "template"), PAIRS, ids=[f"{f}-{t.stem if t else 'raw'}" for f, t in PAIRS]
 )
-def test_every_family_and_template_meets_the_contract(family: str, template: Path | None) -> None:
+def test_every_family_and_template_meets_the_contract(
+    family: str, template: Path | None, tmp_path: Path
+) -> None:
     tok = load_tokenizer(TOK / family / "tokenizer.json")
     chat = load_chat_template(template) if template else None
-    out = Path(f"/tmp/depthgate-test-{family}-{template.stem if template else 'raw'}.parquet")
+    out = tmp_path / "layouts.parquet"
     summary = build_layouts(
         builtin_suite(4), tok, BuildOptions(lengths=[768, 2048], positions=POSITIONS, template=chat), out
     )
@@ -99,14 +101,13 @@ def test_every_family_and_template_meets_the_contract(family: str, template: Pat
         assert len({ev for ev, _ in seen}) == len(seen), case_id
     # The Rust re-check agrees.
     assert check_layouts(out, tok).ok
-    out.unlink()
 
 
-def test_positions_move_only_the_evidence() -> None:
+def test_positions_move_only_the_evidence(tmp_path: Path) -> None:
     """Removing the moving evidence from every layout of a case leaves the identical text: the
     haystack (filler, competing evidence, distractors) is the same at every position."""
     tok = load_tokenizer(TOK / "gpt2" / "tokenizer.json")
-    out = Path("/tmp/depthgate-test-paired.parquet")
+    out = tmp_path / "layouts.parquet"
     frame = build_frame(builtin_suite(2), tok, BuildOptions(lengths=[1024], positions=POSITIONS), out)
     suite = builtin_suite(2)
     for case in suite.cases:
@@ -121,14 +122,13 @@ def test_positions_move_only_the_evidence() -> None:
         depth_rows = frame.filter((pl.col("case_id") == case.id) & (pl.col("position") != "@200"))
         offsets = depth_rows.sort("position")["actual_offset"].to_list()
         assert offsets == sorted(offsets)  # deeper position, later evidence
-    out.unlink()
 
 
-def test_golden_values_gpt2() -> None:
+def test_golden_values_gpt2(tmp_path: Path) -> None:
     """Exact values on GPT-2 for the first built-in case: a change here is a layout change and must
     bump ASSEMBLER_VERSION."""
     tok = load_tokenizer(TOK / "gpt2" / "tokenizer.json")
-    out = Path("/tmp/depthgate-test-golden.parquet")
+    out = tmp_path / "layouts.parquet"
     frame = build_frame(
         builtin_suite(1), tok, BuildOptions(lengths=[1024], positions=parse_positions(["0", "1"])), out
     ).sort("position")
@@ -139,7 +139,6 @@ def test_golden_values_gpt2() -> None:
     decisive = next(s for s in last["evidence_spans"] if s["evidence_id"].endswith("/v7"))
     assert decisive["token_end"] == last["region_end"]
     assert last["text"].endswith("in region Andean States is")
-    out.unlink()
 
 
 # ---- adversarial units (hypothesis) -------------------------------------------------------------
@@ -302,15 +301,14 @@ def test_bad_inputs_have_named_errors(tmp_path: Path) -> None:
     assert summary["reason_code"].to_list() == ["window_too_small"]
 
 
-def test_zh_suite_builds_on_byte_level_and_spm() -> None:
+def test_zh_suite_builds_on_byte_level_and_spm(tmp_path: Path) -> None:
     suite = generate_suite(0, 3, "zh")
     for family in ("llama3-from-gguf", "mistral-7b-v1"):
         tok = load_tokenizer(TOK / family / "tokenizer.json")
-        out = Path(f"/tmp/depthgate-test-zh-{family}.parquet")
+        out = tmp_path / f"zh-{family}.parquet"
         _assert_contract(
             build_frame(suite, tok, BuildOptions(lengths=[1024], positions=POSITIONS), out), family
         )
-        out.unlink()
 
 
 def test_front_filler_digest_equals_the_core_digest() -> None:
