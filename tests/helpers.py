@@ -47,9 +47,9 @@ class JSONHandler(BaseHTTPRequestHandler):
     def read_json(self) -> Any:
         return json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
 
-    def send_json(self, payload: Any) -> None:
+    def send_json(self, payload: Any, status: int = 200) -> None:
         data = json.dumps(payload).encode()
-        self.send_response(200)
+        self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()

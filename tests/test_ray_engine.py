@@ -124,11 +124,14 @@ def test_ray_engine_gives_the_asyncio_verdict(tmp_path: Path, reference: tuple[P
     assert set(records["endpoint"].to_list()) == {"in-process:gemma-base", "in-process:gemma-preamble"}
 
 
-def test_http_arms_on_ray_actors_give_the_asyncio_verdict(tmp_path: Path) -> None:
+def test_http_arms_on_ray_actors_give_the_asyncio_verdict(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """HTTP arms (``/v1/completions`` with token ids) sent from the Ray actors: the perfect-reader
     **stub** of tests/test_verdict_trust.py on 127.0.0.1 (a vLLM-shaped stub server reading the prompt
-    with the real GPT-2 tokenizer). Same verdict as the asyncio engine, and the server saw exactly as
-    many requests from each engine (nothing sent twice)."""
+    with the real GPT-2 tokenizer). Same verdict as the asyncio engine, and the server answered exactly
+    as many requests from each engine (nothing sent twice). The server answers the Ray run's first two
+    requests with HTTP 503: the actors retry them, and the progress line counts them per endpoint."""
     from test_verdict_trust import PerfectReader
     from test_verdict_trust import _matrix as stub_matrix_file
 
@@ -139,9 +142,15 @@ def test_http_arms_on_ray_actors_give_the_asyncio_verdict(tmp_path: Path) -> Non
     with PerfectReader(port) as reader:
         code = main(["run", str(matrix), "--out", str(tmp_path / "asyncio")])
         sent_asyncio = reader.requests
+        reader.fail_next = 2
+        capsys.readouterr()
         assert main(["run", str(matrix), "--out", str(tmp_path / "ray"), "--engine", "ray"]) == code
         sent_ray = reader.requests - sent_asyncio
-    assert code in VERDICTS and sent_ray == sent_asyncio > 0
+    assert code in VERDICTS and sent_ray == sent_asyncio > 0 and reader.fail_next == 0
+    # The matrix run's last progress line (the controls' run follows it, with no failure).
+    matrix_run = capsys.readouterr().err.split("engine ray:")[1]
+    final = [line for line in matrix_run.splitlines() if " ETA " in line][-1]
+    assert final.endswith(f"transient errors: http://127.0.0.1:{port} 2"), final
     assert _outputs(tmp_path / "ray") == _outputs(tmp_path / "asyncio")
     mine, theirs = _verdict(tmp_path / "ray"), _verdict(tmp_path / "asyncio")
     for key in SAME:

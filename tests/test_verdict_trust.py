@@ -67,7 +67,8 @@ class PerfectReader(StubServer):
         # Model "short-blind" fails the first case's short (evidence-only control) input only: a case
         # the model "cannot do" without a document around it.
         self.blind_query, self.tokenizers["short-blind"] = first.query, gpt2
-        self.requests = 0
+        self.requests = 0  # answered
+        self.fail_next = 0  # answer this many requests with HTTP 503 (an overloaded server), then recover
         reader = self
 
         class Handler(ModelsHandler):
@@ -75,6 +76,10 @@ class PerfectReader(StubServer):
 
             def do_POST(self) -> None:
                 body = self.read_json()
+                if reader.fail_next > 0:
+                    reader.fail_next -= 1
+                    self.send_json({"error": {"message": "overloaded", "code": 503}}, status=503)
+                    return
                 reader.requests += 1
                 ids = list(body["prompt"])
                 text = reader.tokenizers[body["model"]].decode(ids)

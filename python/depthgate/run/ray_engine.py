@@ -359,7 +359,9 @@ def run_pairs_ray(
             store=None if folder is None else str(Path(folder).resolve()),
         )
 
-    with RunLedger(Path(out_dir), run_id, order, options, started=started, dedup=True) as ledger:
+    with RunLedger(
+        Path(out_dir), run_id, order, options, started=started, dedup=True, errors_from_records=True
+    ) as ledger:
         # Refused layouts are recorded here, without a request, as the asyncio runner does.
         refusals = rn._Run(backends=backends, options=options)
         sendable = ledger.sendable(refusals.refused)

@@ -550,7 +550,11 @@ class RunLedger:
     and the progress line. Use as a context manager: the lock is held and the shards are flushed on
     exit, whatever happened. ``dedup``: drop a second record of a job (Ray re-runs a batch after an
     actor died; its first answer counts). It is off for the asyncio engine, which never sends a job
-    twice, because its key set would grow with the matrix (10^6 jobs: ≈ 200 MB)."""
+    twice, because its key set would grow with the matrix (10^6 jobs: ≈ 200 MB).
+    ``errors_from_records``: the progress line counts transient errors per endpoint from each record's
+    ``failed_endpoints`` (the Ray engine, whose retries happen in actor processes); the asyncio engine
+    counts them as they happen instead (``_Run.on_transient``), so a dead endpoint shows while its
+    jobs are still retrying."""
 
     def __init__(
         self,
@@ -561,6 +565,7 @@ class RunLedger:
         *,
         started: float | None = None,
         dedup: bool = False,
+        errors_from_records: bool = False,
     ) -> None:
         self.started = time.monotonic() if started is None else started
         self.out, self.run_id, self.total = out, run_id, len(order)
@@ -568,6 +573,7 @@ class RunLedger:
         self._lock = _DirLock(out)
         self.counts: dict[str, int] = defaultdict(int)
         self._written: set[tuple[str, str, int]] | None = set() if dedup else None
+        self._errors_from_records = errors_from_records
 
     def __enter__(self) -> RunLedger:
         folder = _records_dir(self.out)
@@ -611,6 +617,9 @@ class RunLedger:
             self._written.add(key)
         self.writer.add(rec)
         self.counts[rec["status"]] += 1
+        if self._errors_from_records:
+            for endpoint in str(rec.get("failed_endpoints") or "").split():
+                self.meter.error(endpoint)
         self.meter.tick(rec["status"])
 
     def sendable(self, refused: Callable[[Job], dict[str, Any]]) -> list[Job]:
