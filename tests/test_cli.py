@@ -4,6 +4,9 @@ exit codes and nothing half-written, and `depthgate run` on the real embedded mo
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from importlib import metadata
 from pathlib import Path
 
 import polars as pl
@@ -14,6 +17,22 @@ from depthgate.exceptions import ExitCode
 from fixtures_paths import tokenizers_dir
 
 TOK = tokenizers_dir()
+
+
+@pytest.mark.parametrize(
+    "command",
+    [[str(Path(sys.executable).with_name("depthgate"))], [sys.executable, "-m", "depthgate"]],
+    ids=["console-script", "python-m"],
+)
+def test_version_through_both_entry_points(command: list[str]) -> None:
+    """`depthgate --version` names the installed package and the layout assembler version (the one a
+    layout digest changes with), through the console script and `python -m depthgate`; exit 0."""
+    from depthgate.layout.layouts import ASSEMBLER_VERSION
+
+    done = subprocess.run([*command, "--version"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    expected = f"depthgate {metadata.version('depthgate')} (layout assembler {ASSEMBLER_VERSION})"
+    assert done.stdout.strip() == expected
 
 
 def test_build_then_check_roundtrip(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,4 +1,5 @@
-"""Command line: ``depthgate build | check | schema | suite generate | run | gate | report``.
+"""Command line: ``depthgate build | check | run | plan | merge | gate | report | schema | suite | faults |
+diff-tokenizer | diff-template``, and ``depthgate --version``.
 
 Every error a user can cause is a :class:`~depthgate.exceptions.DepthgateError`; it is printed as one
 line naming the file, field and fix, and the process exits with the error's documented code
@@ -286,9 +287,27 @@ def _cmd_suite_import(args: argparse.Namespace) -> int:
     return ExitCode.PASS
 
 
+class _Version(argparse.Action):
+    """``--version``: the package version and ``ASSEMBLER_VERSION`` (a layout changes only with the
+    latter), read when asked: the layout module loads the Rust core, which ``--help`` need not."""
+
+    def __init__(self, option_strings: list[str], dest: str, help: str | None = None) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=help)
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: object, **kwargs: object) -> None:
+        from depthgate.layout.layouts import ASSEMBLER_VERSION
+        from depthgate.spec.files import dist_version
+
+        print(f"depthgate {dist_version('depthgate') or 'unknown'} (layout assembler {ASSEMBLER_VERSION})")
+        parser.exit(0)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="depthgate", description=__doc__.splitlines()[0] if __doc__ else None
+    parser = argparse.ArgumentParser(prog="depthgate", description="Long-context position regression gate.")
+    parser.add_argument(
+        "--version",
+        action=_Version,
+        help="print the package version and the layout assembler version, then exit",
     )
     sub = parser.add_subparsers(dest="command", required=True)
 
