@@ -130,6 +130,22 @@ def test_plan_prints_power_per_slice(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert main(["plan", str(tmp_path / "missing.toml")]) == 20
 
 
+def test_plan_json_is_the_printed_plan(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`plan --json F` writes what the table prints (per-slice power, cases for the target, the cases
+    needed) for a release job to read; a folder as F is exit 20 before any work, nothing written."""
+    matrix, out = _matrix(tmp_path, free_port()), tmp_path / "plans" / "plan.json"
+    assert main(["plan", str(matrix), "--json", str(out)]) == ExitCode.PASS
+    printed = capsys.readouterr().out
+    doc = json.loads(out.read_text(encoding="utf-8"))
+    assert [f"{r['length']}/{r['position']}" for r in doc["rows"]] == ["640/0", "640/1"]
+    assert f"cases needed: {doc['cases_needed']}" in printed
+    assert f"power_all_slices: {doc['power_all_slices']:.3f}" in printed
+    assert doc["rows"][0]["cases"]["n_slices"] == 2 and doc["target"] == 0.8
+    assert main(["plan", str(matrix), "--json", str(tmp_path)]) == ExitCode.BAD_INPUT
+    assert "--json" in capsys.readouterr().err
+    assert not list(tmp_path.rglob("*.tmp")) and sorted(p.name for p in out.parent.iterdir()) == ["plan.json"]
+
+
 def test_run_warns_when_the_plan_is_under_powered(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     port = free_port()
     matrix, run = _matrix(tmp_path, port), tmp_path / "run"

@@ -212,7 +212,10 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     matrix = load_matrix(matrix_path)
     suite = resolve_suite(matrix.suite, base_dir=matrix_path.parent)
     pilot = read_pilot(args.pilot) if args.pilot else None
-    print_power(matrix_power(matrix, suite, p_baseline=args.p_baseline, icc=args.icc, pilot=pilot))
+    power = matrix_power(matrix, suite, p_baseline=args.p_baseline, icc=args.icc, pilot=pilot)
+    print_power(power)
+    if args.json:
+        write_text_atomic(args.json, json.dumps(power.to_dict(), indent=2) + "\n", option="--json")
     return ExitCode.PASS
 
 
@@ -369,7 +372,12 @@ def build_parser() -> argparse.ArgumentParser:
     pl_.add_argument("--pilot", help="a finished run folder: estimate the design from its scored.parquet")
     pl_.add_argument("--p-baseline", type=float, default=0.85, help="assumed baseline accuracy")
     pl_.add_argument("--icc", type=float, default=0.33, help="assumed intra-case correlation of runs")
-    pl_.set_defaults(func=_cmd_plan)
+    pl_.add_argument(
+        "--json",
+        help="also write the plan as JSON to this file (every slice's power and cases for the target, "
+        "cases_needed): a release job can size its suite from it",
+    )
+    pl_.set_defaults(func=_cmd_plan, outputs=(("json", "file"),))
 
     m = sub.add_parser("merge", help="join the shard folders of one run (then `depthgate gate` the result)")
     m.add_argument("shards", nargs="+", help="the --out folder of every shard")
