@@ -215,7 +215,9 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     power = matrix_power(matrix, suite, p_baseline=args.p_baseline, icc=args.icc, pilot=pilot)
     print_power(power)
     if args.json:
-        write_text_atomic(args.json, json.dumps(power.to_dict(), indent=2) + "\n", option="--json")
+        write_text_atomic(
+            args.json, json.dumps(power.to_dict(), indent=2, allow_nan=False) + "\n", option="--json"
+        )
     return ExitCode.PASS
 
 
