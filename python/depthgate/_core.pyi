@@ -9,7 +9,6 @@ __all__ = [
     "ASSEMBLER_VERSION",
     "Tokenizer",
     "build_layout_columns",
-    "build_layouts",
     "presend_check",
     "presend_check_batch",
     "verify_layouts",
@@ -35,9 +34,6 @@ class Tokenizer:
     def special_strings(self) -> list[str]: ...
     def encode(self, text: str, add_special_tokens: bool) -> np.ndarray[Any, np.dtype[np.uint32]]: ...
 
-def build_layouts(
-    tokenizer: Tokenizer, spec_json: str
-) -> tuple[np.ndarray[Any, np.dtype[np.uint32]], np.ndarray[Any, np.dtype[np.uint64]], str]: ...
 def build_layout_columns(
     tokenizer: Tokenizer, spec_json: str
 ) -> tuple[np.ndarray[Any, np.dtype[np.uint32]], np.ndarray[Any, np.dtype[np.uint64]], list[str], str]: ...

@@ -86,42 +86,6 @@ impl PyTokenizer {
     }
 }
 
-/// Flat token ids of all layouts, their row offsets (n + 1), and the layouts' metadata as JSON.
-type BuiltBatch<'py> = (Bound<'py, PyArray1<u32>>, Bound<'py, PyArray1<u64>>, String);
-
-/// Build a batch of layouts. Returns (flat token ids, row offsets, layouts JSON without ids).
-#[pyfunction]
-fn build_layouts<'py>(
-    py: Python<'py>,
-    tokenizer: &PyTokenizer,
-    spec_json: String,
-) -> PyResult<BuiltBatch<'py>> {
-    let spec: BatchSpec = serde_json::from_str(&spec_json).map_err(|e| {
-        spec_error(
-            "spec",
-            e,
-            "build the spec with depthgate.layout.layouts (pydantic), not by hand",
-        )
-    })?;
-    let (flat, offsets, meta) = detached(py, || {
-        let mut layouts = depthgate_core::build_layouts(&tokenizer.inner, &spec)?;
-        let total: usize = layouts.iter().map(|l| l.token_ids.len()).sum();
-        let mut flat = Vec::with_capacity(total);
-        let mut offsets = Vec::with_capacity(layouts.len() + 1);
-        offsets.push(0u64);
-        for l in &mut layouts {
-            flat.append(&mut l.token_ids);
-            offsets.push(flat.len() as u64);
-        }
-        let meta = serde_json::to_string(&layouts).map_err(|e| CoreError::Encode {
-            what: "layout metadata".into(),
-            detail: e.to_string(),
-        })?;
-        Ok((flat, offsets, meta))
-    })?;
-    Ok((flat.into_pyarray(py), offsets.into_pyarray(py), meta))
-}
-
 /// Flat token ids, their row offsets (n + 1), the prompt texts, and the layouts' other fields as JSON.
 type BuiltColumns<'py> = (
     Bound<'py, PyArray1<u32>>,
@@ -395,7 +359,6 @@ fn presend_check_batch(
 #[pymodule(gil_used = false)]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyTokenizer>()?;
-    m.add_function(wrap_pyfunction!(build_layouts, m)?)?;
     m.add_function(wrap_pyfunction!(verify_layouts, m)?)?;
     m.add_function(wrap_pyfunction!(presend_check, m)?)?;
     m.add_function(wrap_pyfunction!(presend_check_batch, m)?)?;
