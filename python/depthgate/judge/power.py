@@ -656,15 +656,8 @@ class PowerPlan:
         return pl.DataFrame(flat, infer_schema_length=None)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "target": self.target,
-            "per_slice_target": self.per_slice_target,
-            "power_all_slices": self.power_all_slices,
-            "min_power": self.min_power,
-            "weakest_slice": self.weakest_slice,
-            "cases_needed": self.cases_needed,
-            "rows": [r.to_dict() for r in self.rows],
-        }
+        """JSON-ready (non-finite floats as None), the rows last."""
+        return {**finite_fields(self, skip=("rows",)), "rows": [r.to_dict() for r in self.rows]}
 
 
 def power_plan(
