@@ -7,7 +7,10 @@ core are translated into these classes once, at the binding boundary (``rust/dep
 from __future__ import annotations
 
 import enum
-from typing import TypedDict, Unpack
+from typing import TYPE_CHECKING, TypedDict
+
+if TYPE_CHECKING:  # typing.Unpack is Python 3.11; annotations are not evaluated, so 3.10 imports this
+    from typing import Unpack
 
 
 class ExitCode(enum.IntEnum):

@@ -50,7 +50,7 @@ import urllib.request
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Any, Generic, Literal, TypedDict, TypeVar, Unpack
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypedDict, TypeVar
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -67,6 +67,8 @@ from depthgate.exceptions import (
 from depthgate.run.backends.base import Request, Response, Secret, check_fits_window
 
 if TYPE_CHECKING:
+    from typing import Unpack  # Python 3.11; annotations only (postponed), so 3.10 imports this module
+
     import httpx
     import numpy.typing as npt
 
