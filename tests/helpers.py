@@ -47,6 +47,21 @@ class JSONHandler(BaseHTTPRequestHandler):
     def read_json(self) -> Any:
         return json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
 
+    # The tokenizer routes a real server may offer (vLLM, llama.cpp): a stub that does not implement them
+    # answers 404 there, as an OpenAI-compatible server without them does (depthgate then records the
+    # tokenizer parity check as "not checked"), instead of treating the call as a completion.
+    tokenizer_routes: tuple[str, ...] = ("/tokenize", "/extras/tokenize")
+    serves_tokenize = False
+
+    def parse_request(self) -> bool:
+        if not super().parse_request():
+            return False
+        if self.command == "POST" and self.path in self.tokenizer_routes and not self.serves_tokenize:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self.send_json({"detail": "Not Found"}, status=404)
+            return False
+        return True
+
     def send_json(self, payload: Any, status: int = 200) -> None:
         data = json.dumps(payload).encode()
         self.send_response(status)

@@ -9,6 +9,7 @@ SIGKILL mid-run and resumes. The smoke test runs the real embedded llama.cpp bac
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 import os
@@ -200,6 +201,34 @@ def test_order_is_interleaved_random_and_deterministic(tmp_path: Path) -> None:
     shared = FakeBackend("shared")
     _run(tmp_path, {arm: shared for arm in ARMS}, concurrency=1)
     assert shared.calls == keys
+
+
+def test_haystack_order_keeps_each_haystack_together_and_random_inside() -> None:
+    """``order = "haystack"``: a haystack's (case × length × seed) pairs are sent back to back, so a
+    server's prefix cache reuses the shared prefix; haystacks, pairs and arms stay shuffled."""
+    job_list = jobs()
+    sticky = interleaved_order(job_list, [0, 1, 2], "run-1", "haystack")
+    shuffled = interleaved_order(job_list, [0, 1, 2], "run-1")
+    assert sorted(j.key for j in sticky) == sorted(j.key for j in shuffled)
+    assert [j.key for j in sticky] == [
+        j.key for j in interleaved_order(job_list, [0, 1, 2], "run-1", "haystack")
+    ]
+
+    def haystack(job: Any) -> tuple[str, int, int]:
+        return (job.slice_key[0], job.slice_key[1], job.seed)
+
+    runs = [haystack(j) for j in sticky]
+    changes = sum(a != b for a, b in itertools.pairwise(runs))
+    assert changes == len(set(runs)) - 1  # each haystack is one contiguous block
+    assert sum(haystack(a) != haystack(b) for a, b in itertools.pairwise(shuffled)) > changes
+    for a, b in zip(sticky[::2], sticky[1::2], strict=True):  # still interleaved by pair
+        assert {a.arm, b.arm} == set(ARMS) and (*a.slice_key, a.seed) == (*b.slice_key, b.seed)
+    # the positions inside a haystack are not always sent in one order
+    first_positions = {
+        sticky[i].slice_key[2] for i in range(0, len(sticky), 2) if i == 0 or runs[i] != runs[i - 1]
+    }
+    assert len(first_positions) > 1
+    assert 10 < sum(j.arm == "baseline" for j in sticky[::2]) < 44
 
 
 def test_concurrency_is_bounded(tmp_path: Path) -> None:

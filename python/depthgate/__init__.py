@@ -22,6 +22,7 @@ from depthgate.exceptions import (
     InputError,
     SpecError,
     TemplateError,
+    TokenizerMismatchError,
     VerificationError,
 )
 
@@ -87,6 +88,7 @@ __all__ = [
     "System",
     "TemplateError",
     "Tokenizer",
+    "TokenizerMismatchError",
     "VerificationError",
     "__version__",
     "build_layouts",

@@ -23,6 +23,7 @@ class ExitCode(enum.IntEnum):
     FAIL_SYSTEM = 13
     BAD_INPUT = 20
     VERIFY_FAILED = 21
+    TOKENIZER_MISMATCH = 22
     INFRA = 30
 
 
@@ -79,6 +80,13 @@ class VerificationError(DepthgateError):
     """A layout or record violates the token-exact contract (re-check found a violation)."""
 
     exit_code = ExitCode.VERIFY_FAILED
+
+
+class TokenizerMismatchError(DepthgateError):
+    """The server tokenizes a built prompt differently from the arm's tokenizer (checked before the
+    first request, :mod:`depthgate.run.parity`): nothing was sent."""
+
+    exit_code = ExitCode.TOKENIZER_MISMATCH
 
 
 class InfraError(DepthgateError, RuntimeError):
@@ -182,6 +190,7 @@ __all__ = [
     "SpecError",
     "TemplateError",
     "TokenizerLoadError",
+    "TokenizerMismatchError",
     "TransientBackendError",
     "VerificationError",
     "Where",

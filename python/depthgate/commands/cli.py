@@ -42,7 +42,7 @@ BUILTIN_CASES = 8
 
 def _cmd_build(args: argparse.Namespace) -> int:
     from depthgate.layout.layouts import BuildOptions, build_layouts, load_tokenizer
-    from depthgate.layout.templates import load_chat_template
+    from depthgate.layout.model_files import load_template
     from depthgate.spec.suites import builtin_suite
 
     out = Path(args.out)
@@ -85,7 +85,7 @@ def _cmd_build(args: argparse.Namespace) -> int:
         )
     preamble = read_text_arg(args.preamble_file, option="--preamble-file") if args.preamble_file else ""
     tok = load_tokenizer(args.tokenizer)
-    template = load_chat_template(args.chat_template) if args.chat_template else None
+    template = load_template(args.chat_template) if args.chat_template else None
     if args.suite:
         from depthgate.spec.models import load_suite
 

@@ -37,7 +37,8 @@ from depthgate.layout.layouts import (
     parse_positions,
     read_layouts,
 )
-from depthgate.layout.templates import ChatTemplate, load_chat_template, raw_frame
+from depthgate.layout.model_files import load_template
+from depthgate.layout.templates import ChatTemplate, raw_frame
 from depthgate.spec.models import Suite
 
 __all__ = [
@@ -448,7 +449,7 @@ def _as_template(value: TemplateSpec) -> ChatTemplate | None:
         return value
     if str(value) == "raw":
         return None
-    return load_chat_template(value)
+    return load_template(str(value))
 
 
 def _template_label(t: ChatTemplate | None) -> str:
@@ -583,7 +584,7 @@ def _finish(report: DiffReport, args: argparse.Namespace) -> int:
 
 def cmd_diff_tokenizer(args: argparse.Namespace) -> int:
     """``depthgate diff-tokenizer --old A --new B``: 0 no drift, 10 drift, 20 bad input."""
-    template = load_chat_template(args.chat_template) if args.chat_template else None
+    template = load_template(args.chat_template) if args.chat_template else None
     report = diff_tokenizers(
         args.old, args.new, _suite_from(args), args.lengths, args.positions, template=template
     )

@@ -26,7 +26,7 @@ import os
 import platform
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -44,7 +44,8 @@ from depthgate.layout.layouts import (
     parse_positions,
     read_layouts,
 )
-from depthgate.layout.templates import ChatTemplate, load_chat_template
+from depthgate.layout.model_files import is_model_reference, load_template, resolve_model_files
+from depthgate.layout.templates import ChatTemplate
 from depthgate.spec.files import dist_version
 from depthgate.spec.models import (
     SPACING_SEP,
@@ -130,6 +131,7 @@ class ArmSetup:
     system: System
     tokenizer: Tokenizer
     template: ChatTemplate | None
+    snapshots: dict[str, Any] = field(default_factory=dict)
 
     def build_options(self, matrix: Matrix, verification: str) -> BuildOptions:
         """How this arm's layouts are built from the matrix (``depthgate run`` and ``build --matrix``
@@ -147,17 +149,22 @@ class ArmSetup:
         )
 
 
-def _resolve(matrix_dir: Path, value: str) -> Path:
-    path = Path(value)
-    return path if path.is_absolute() else matrix_dir / path
+def _snapshots(system: System, matrix_dir: Path) -> dict[str, Any]:
+    """The model snapshots (folder or ``hf:``) the arm's tokenizer and template come from: revision and
+    file digests, for the manifest. Empty for plain files (their digests are the tokenizer/template's)."""
+    out: dict[str, Any] = {}
+    for name, spec in (("tokenizer", system.tokenizer), ("chat_template", system.chat_template)):
+        if spec and is_model_reference(spec, base_dir=matrix_dir):
+            out[name] = resolve_model_files(spec, base_dir=matrix_dir).manifest()
+    return out
 
 
 def arm_setup(arm: str, system: System, matrix_dir: Path) -> ArmSetup:
     tok = load_tokenizer(system.tokenizer, base_dir=matrix_dir)
-    template = (
-        load_chat_template(_resolve(matrix_dir, system.chat_template)) if system.chat_template else None
+    template = load_template(system.chat_template, base_dir=matrix_dir) if system.chat_template else None
+    return ArmSetup(
+        arm=arm, system=system, tokenizer=tok, template=template, snapshots=_snapshots(system, matrix_dir)
     )
-    return ArmSetup(arm=arm, system=system, tokenizer=tok, template=template)
 
 
 def plan_digest(plan: AnalysisPlan, lengths: Sequence[int], positions: Sequence[str]) -> str:
@@ -170,7 +177,7 @@ def plan_digest(plan: AnalysisPlan, lengths: Sequence[int], positions: Sequence[
 def _manifest(matrix: Matrix, matrix_path: Path, suite: Suite, arms: list[ArmSetup]) -> dict[str, Any]:
     from depthgate.run.backends import determinism_settings
 
-    systems = {}
+    systems: dict[str, dict[str, Any]] = {}
     for a in arms:
         systems[a.arm] = {
             "name": a.system.name,
@@ -183,6 +190,8 @@ def _manifest(matrix: Matrix, matrix_path: Path, suite: Suite, arms: list[ArmSet
             "assembler": a.system.assembler,
             "assembler_version": ASSEMBLER_VERSION,
         }
+        if a.snapshots:  # only then: manifests of runs on plain files digest exactly as before
+            systems[a.arm]["snapshots"] = a.snapshots
     body = {
         "matrix": matrix.name,
         "matrix_file": str(matrix_path),
@@ -270,6 +279,7 @@ def run_matrix(
     from depthgate.layout.presend import guard_layouts
     from depthgate.run.backends import make_backend, probe_backend
     from depthgate.run.controls import build_controls, read_controls
+    from depthgate.run.parity import verify_arm
     from depthgate.run.runner import RunOptions, compact
     from depthgate.spec.suites import resolve_suite
 
@@ -326,6 +336,10 @@ def run_matrix(
             # Every endpoint probed before the first request (served model, window; replicas that
             # disagree are refused, exit 20), so the pre-send gate below checks the served window.
             asyncio.run(probe_backend(backend))
+            # The server's own tokenizer on built prompts, before anything is sent (exit 22 on a
+            # difference): a sample for id arms, every prompt for text arms.
+            for report in verify_arm(a.arm, backend, layout_path, out / a.arm, a.tokenizer):
+                print(report.line(), file=sys.stderr)
             _note_endpoints(a.arm, backend, concurrency)
             # The pre-send gate: built under this system's tokenizer, Rust pre-send checks against
             # the *served* window and the system's template, and a full re-encode of every layout —
@@ -374,6 +388,7 @@ def run_matrix(
             seeds=matrix.decode.seeds,
             progress=progress,
             shard=shard,
+            order=matrix.order,
         )
         if shard is not None:
             _freeze_shard(out, shard)

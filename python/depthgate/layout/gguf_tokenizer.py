@@ -31,7 +31,13 @@ from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalize
 from tokenizers.processors import TemplateProcessing
 
 from depthgate.exceptions import InfraError, InputError, TokenizerLoadError
-from depthgate.spec.files import import_extra, named_failure
+from depthgate.spec.files import (
+    atomic_write_bytes,
+    cache_dir,
+    import_extra,
+    named_failure,
+    sha256_file,
+)
 from depthgate.spec.paths import resolve_relative
 
 __all__ = [
@@ -102,34 +108,12 @@ _SUPPORTED_MODELS = ("gpt2", "llama")
 # cache
 
 
-def cache_dir() -> Path:
-    """The depthgate cache folder: ``$DEPTHGATE_CACHE`` or ``~/.cache/depthgate`` (created)."""
-    env = os.environ.get("DEPTHGATE_CACHE")
-    base = Path(env).expanduser() if env else Path.home() / ".cache" / "depthgate"
-    base.mkdir(parents=True, exist_ok=True)
-    return base
+# cache_dir and the atomic write live in depthgate.spec.files (model_files shares them); re-exported
+# here, where the callers have always found them.
+_atomic_write_bytes = atomic_write_bytes
 
 
-def _atomic_write_bytes(target: Path, data: bytes) -> None:
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600; cache entries are shared, read-only data
-        os.replace(tmp, target)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
-def _sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        while block := fh.read(1 << 20):
-            digest.update(block)
-    return digest.hexdigest()
+_sha256_file = sha256_file
 
 
 def _stat_key(path: Path) -> tuple[Path, str]:
@@ -768,7 +752,8 @@ def verify_against_llamacpp(
 
 
 def resolve_tokenizer_path(spec: str, *, base_dir: Path | None = None) -> Path:
-    """A tokenizer path, or ``gguf:`` (the embedded Gemma model) / ``gguf:<file>`` (any GGUF).
+    """A tokenizer path, ``gguf:`` (the embedded Gemma model) / ``gguf:<file>`` (any GGUF), or a model
+    folder / ``hf:ORG/NAME@REV`` (:mod:`depthgate.layout.model_files`).
 
     A ``tokenizer.json.gz`` is unpacked once into the cache (keyed by the compressed file's sha256),
     so a matrix can name the gzipped tokenizers the repository ships."""
@@ -776,13 +761,19 @@ def resolve_tokenizer_path(spec: str, *, base_dir: Path | None = None) -> Path:
         target = spec[len("gguf:") :]
         gguf = resolve_relative(target, base_dir) if target else gemma_default_gguf()
         return tokenizer_json_from_gguf(gguf)
+    from depthgate.layout.model_files import is_model_reference, resolve_model_files
+
+    if is_model_reference(spec, base_dir=base_dir):
+        # A model folder or hf:ORG/NAME@REV: its tokenizer.json with the BOS/EOS its config asks for.
+        return resolve_model_files(spec, base_dir=base_dir).tokenizer_file
     path = resolve_relative(spec, base_dir)
     if not path.is_file():
         raise InputError(
             "tokenizer file not found",
             file=str(path),
             field="tokenizer",
-            fix="pass the path of a tokenizer.json (or .json.gz), or 'gguf:' for the embedded model",
+            fix="pass the path of a tokenizer.json (or .json.gz), a model folder, hf:ORG/NAME@REV, "
+            "or 'gguf:' for the embedded model",
         )
     if path.suffix == ".gz":
         target_json = cache_dir() / "tokenizers" / f"{_sha256_file(path)}.json"

@@ -338,7 +338,7 @@ def run_pairs_ray(
             fix="pass one system per arm",
         )
     rows = rn._check_jobs(jobs, list(backends), streamed=bool(sources))
-    order = interleaved_order(rows, seed_list, run_id)
+    order = interleaved_order(rows, seed_list, run_id, options.order)
     if options.shard is not None:
         index, count = options.shard
         order = [job for job in order if shard_of((*job.slice_key, job.seed), count) == index - 1]

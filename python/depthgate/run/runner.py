@@ -247,12 +247,16 @@ def shard_of(pair: tuple[str, int, str, int], count: int) -> int:
 
 
 def interleaved_order(
-    jobs: Iterable[tuple[str, Mapping[str, Any]]], seeds: Sequence[int], run_id: str
+    jobs: Iterable[tuple[str, Mapping[str, Any]]], seeds: Sequence[int], run_id: str, order: str = "shuffled"
 ) -> list[Job]:
     """All (arm, layout, seed) jobs in the run's randomized, interleaved, deterministic order.
 
     Pairs (the arms' jobs of one case × length × position × seed) are shuffled, and the arms inside each
-    pair, with :func:`order_seed`; the result depends only on the run id and the set of jobs.
+    pair, with :func:`order_seed`; the result depends only on the run id and the set of jobs. With
+    ``order = "haystack"`` the pairs of one haystack (case × length × seed) stay together: the haystacks
+    are shuffled, then the pairs inside each, then the arms inside each pair — still random (no position
+    is always sent first) and interleaved, but a server's prefix cache sees each haystack's requests
+    back to back.
     """
     units: dict[tuple[str, int, str, int], list[Job]] = defaultdict(list)
     for arm, layout in jobs:
@@ -262,12 +266,19 @@ def interleaved_order(
     rng = random.Random(order_seed(run_id))
     keys = sorted(units)
     rng.shuffle(keys)
-    order: list[Job] = []
+    if order == "haystack":
+        groups: dict[tuple[str, int, int], list[tuple[str, int, str, int]]] = defaultdict(list)
+        for key in keys:  # already shuffled: the pairs inside a haystack keep that random order
+            groups[(key[0], key[1], key[3])].append(key)
+        haystacks = sorted(groups)
+        rng.shuffle(haystacks)
+        keys = [key for haystack in haystacks for key in groups[haystack]]
+    result: list[Job] = []
     for key in keys:
         unit = sorted(units[key], key=lambda j: (j.arm, j.layout_id))
         rng.shuffle(unit)
-        order.extend(unit)
-    return order
+        result.extend(unit)
+    return result
 
 
 # --------------------------------------------------------------------------------------------------
@@ -704,7 +715,8 @@ class RunOptions:
     first, and at the end. A crash loses (and the rerun re-sends) at most that much finished work: for
     slow requests ``flush_seconds`` bounds it; ``batch_size`` only matters for fast ones, where each
     shard's fixed cost (a polars frame, a parquet file, two fsyncs) was ≈ 70 % of the runner's own CPU
-    per request with batches of 64 (docs/benchmarks-runner-gate.md).
+    per request with batches of 64 (docs/benchmarks-runner-gate.md). ``order``: the matrix's request
+    order, ``"shuffled"`` or ``"haystack"`` (:func:`interleaved_order`).
     """
 
     run_id: str
@@ -717,6 +729,7 @@ class RunOptions:
     batch_size: int = 512
     flush_seconds: float = 5.0
     shard: tuple[int, int] | None = None
+    order: str = "shuffled"
 
     def __post_init__(self) -> None:
         if self.shard is not None and not 1 <= self.shard[0] <= self.shard[1]:
@@ -968,7 +981,7 @@ async def arun_pairs(
             "seeds must be a non-empty list of distinct integers", field="seeds", fix="e.g. seeds=[0, 1]"
         )
     rows = _check_jobs(jobs, list(backends), streamed=bool(sources))
-    order = interleaved_order(rows, seed_list, run_id)
+    order = interleaved_order(rows, seed_list, run_id, options.order)
     if options.shard is not None:
         index, count = options.shard
         order = [job for job in order if shard_of((*job.slice_key, job.seed), count) == index - 1]

@@ -8,8 +8,12 @@ own wording, so the messages the tests pin stay as they were.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import importlib
 import json
+import os
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -19,7 +23,17 @@ from typing import Any, NoReturn
 
 from depthgate.exceptions import DepthgateError
 
-__all__ = ["ReadFailures", "dist_version", "import_extra", "named_failure", "read_json", "read_utf8"]
+__all__ = [
+    "ReadFailures",
+    "atomic_write_bytes",
+    "cache_dir",
+    "dist_version",
+    "import_extra",
+    "named_failure",
+    "read_json",
+    "read_utf8",
+    "sha256_file",
+]
 
 
 @dataclass(frozen=True)
@@ -123,3 +137,35 @@ def dist_version(dist: str) -> str | None:
         return metadata.version(dist)
     except metadata.PackageNotFoundError:
         return None
+
+
+def cache_dir() -> Path:
+    """The depthgate cache folder: ``$DEPTHGATE_CACHE`` or ``~/.cache/depthgate`` (created)."""
+    env = os.environ.get("DEPTHGATE_CACHE")
+    base = Path(env).expanduser() if env else Path.home() / ".cache" / "depthgate"
+    base.mkdir(parents=True, exist_ok=True)
+    return base
+
+
+def atomic_write_bytes(target: Path, data: bytes) -> None:
+    """Write ``target`` whole or not at all (a temporary file beside it, then a rename)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600; cache entries are shared, read-only data
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def sha256_file(path: Path) -> str:
+    """The file's sha256, read in 1 MiB blocks."""
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        while block := fh.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()

@@ -1284,6 +1284,11 @@ class Matrix(_Frozen):
     # and digest as before (canonical_json leaves it out).
     spacings: list[Spacing] = Field(default_factory=lambda: list[str | int](["adjacent"]))
     repeats: StrictInt = Field(default=1, ge=1)
+    # The order requests are sent in: "shuffled" (pairs in a seeded random order) or "haystack" (the
+    # pairs of one haystack — case × length × seed — sent together, the haystacks and the pairs inside
+    # each shuffled): a server's prefix cache then reuses the shared haystack prefix (docs/nightly.md
+    # measures it on vLLM). Left out of the digest when "shuffled", so older run ids stay.
+    order: Literal["shuffled", "haystack"] = "shuffled"
     decode: DecodeParams = DecodeParams()
     baseline: System
     candidate: System
@@ -1385,11 +1390,14 @@ class Matrix(_Frozen):
         ]
 
     def canonical_json(self) -> str:
-        """As :meth:`_Frozen.canonical_json`, without ``spacings`` and the suite's ``conflict`` when they
-        are the defaults, so matrices written before those fields keep their digest (and run ids)."""
+        """As :meth:`_Frozen.canonical_json`, without ``spacings``, ``order`` and the suite's
+        ``conflict`` when they are the defaults, so matrices written before those fields keep their digest
+        (and run ids)."""
         data = self.model_dump(mode="json")
         if data.get("spacings") == ["adjacent"]:
             del data["spacings"]
+        if data.get("order") == "shuffled":
+            del data["order"]
         if data["suite"].get("conflict") is False:
             del data["suite"]["conflict"]
         return canonical_json(data)
@@ -1409,6 +1417,8 @@ class SystemRecord(_Frozen):
     pinned_date: str
     assembler: str
     assembler_version: str
+    snapshots: dict[str, dict[str, Any]] | None = None
+    """Model folders / ``hf:`` snapshots the tokenizer and template came from (revision, file digests)."""
 
 
 class RunManifest(_Frozen):

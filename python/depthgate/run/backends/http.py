@@ -776,6 +776,38 @@ class OpenAICompletionsBackend(_OpenAIShaped):
         self._probed = True
         return dict(card or {})
 
+    async def server_tokenize(
+        self, text: str, *, add_special_tokens: bool
+    ) -> tuple[list[int], str, bool] | None:
+        """The server's own ids for ``text``, the route that gave them and whether that route adds special
+        tokens (BOS …), or ``None`` when it offers no tokenizer route. vLLM: ``POST /tokenize``
+        (``add_special_tokens`` as asked); llama.cpp's ``llama-server``: ``POST /tokenize`` (``content``,
+        ``add_special``, ``parse_special``); llama-cpp-python: ``POST /extras/tokenize`` (always adds BOS
+        and parses special tokens: what it does to a text prompt)."""
+        routes: list[tuple[str, dict[str, Any], bool]] = []
+        if self.vllm:
+            payload = {"model": self.model, "prompt": text, "add_special_tokens": add_special_tokens}
+            routes.append(("/tokenize", payload, add_special_tokens))
+        else:
+            payload = {"content": text, "add_special": add_special_tokens, "parse_special": True}
+            routes.append(("/tokenize", payload, add_special_tokens))
+            routes.append(("/extras/tokenize", {"input": text, "model": self.model}, True))
+        for path, body_out, specials in routes:
+            try:
+                body = await self._call("POST", path, body_out)
+            except BackendRequestError as exc:
+                if exc.status in (404, 405):  # no such route on this server: try the next
+                    continue
+                raise
+            tokens = body.get("tokens") if isinstance(body, Mapping) else None
+            if isinstance(tokens, list) and all(isinstance(t, int) for t in tokens):
+                return [int(t) for t in tokens], path, specials
+            # llama-server answers pieces with ids when asked (with_pieces); take the ids.
+            if isinstance(tokens, list) and all(isinstance(t, Mapping) and "id" in t for t in tokens):
+                return [int(t["id"]) for t in tokens], path, specials
+            raise self._malformed(f"POST {self.base_url}{path}", "a token list ('tokens')")
+        return None
+
     async def _ensure_probed(self) -> None:
         """:meth:`probe` once, however many requests start at the same time."""
         if self._probed:

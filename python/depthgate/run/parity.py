@@ -1,0 +1,199 @@
+"""Tokenizer parity before the first request: the server tokenizes the built prompts itself.
+
+depthgate builds every layout with the arm's tokenizer and proves ``ids == encode(text)`` *for that
+tokenizer*. If the server's tokenizer is another one (a stale copy, another revision, a BOS rule the
+copy lost), every id sent still reaches the model, and every position is silently wrong; a text arm
+is worse, since the server re-tokenizes the text. So before any request the server is asked to
+tokenize built prompts with its own tokenizer (vLLM ``/tokenize``, llama.cpp ``/tokenize`` or
+llama-cpp-python ``/extras/tokenize``; vLLM offline: the engine's tokenizer): a sample for arms that send
+token ids (the ids sent are the ones checked after each request too), **every** prompt for arms that
+send text (nothing else checks what the server makes of them). Any difference refuses the run
+(:class:`~depthgate.exceptions.TokenizerMismatchError`, exit 22) before anything is sent, naming the
+arm, the endpoint, the layout and the first differing position with the ids on both sides.
+
+What is compared:
+
+* **text arms**: the server's ids for the prompt text, special tokens added as the server adds them to
+  a text prompt, against the layout's ids, exactly. A BOS the server's tokenizer does not add (measured:
+  vLLM 0.32 serving Gemma-3-270M converted from GGUF adds none although its config says
+  ``add_bos_token``), or a second BOS when the rendered text already holds one, differ at token 0.
+* **token-id arms**: the ids are sent as built, so the server's *text* tokenizer only has to agree on
+  the content: its ids without special tokens against depthgate's ``encode(text,
+  add_special_tokens=False)`` (a route that always adds them, like llama-cpp-python's, against
+  ``encode(text, add_special_tokens=True)``).
+
+A server with no tokenizer route is recorded as "not checked" (the per-request count and echo checks
+still run); an endpoint that cannot be reached is left to the run's retries, as the probe does.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import polars as pl
+
+from depthgate.exceptions import TokenizerMismatchError, TransientBackendError
+from depthgate.run.backends.base import Backend
+
+__all__ = ["PARITY_FILE", "ParityReport", "check_parity", "sample_rows", "verify_arm"]
+
+PARITY_FILE = "tokenizer_parity.json"
+SAMPLE_SIZE = 8
+"""Prompts checked per endpoint for a token-id arm: one tokenize call each (≈ 10–40 ms for 1–2K tokens on
+vLLM CPU, measured 2026-12-03), spread over the layouts' lengths and positions."""
+
+
+@dataclass(frozen=True)
+class ParityReport:
+    arm: str
+    endpoint: str
+    route: str | None
+    """The route that answered (``/tokenize`` …), ``None`` when the server has none (not checked)."""
+    checked: int
+    scope: str
+    """``"sample"`` (token-id arms) or ``"every prompt"`` (text arms)."""
+
+    def line(self) -> str:
+        if self.route is None:
+            return (
+                f"tokenizer parity: {self.arm} @ {self.endpoint}: not checked "
+                "(the server has no tokenize route)"
+            )
+        return (
+            f"tokenizer parity: {self.arm} @ {self.endpoint}: {self.checked} prompt(s) ({self.scope}) "
+            f"tokenized identically by {self.route}"
+        )
+
+
+def sample_rows(layouts: pl.DataFrame, k: int = SAMPLE_SIZE) -> pl.DataFrame:
+    """Up to ``k`` placed layouts spread over lengths and positions: the first of each (length,
+    position) cell in layout-id order, then every other cell's, deterministic for a given build."""
+    ok = layouts.filter(pl.col("status") == "ok") if "status" in layouts.columns else layouts
+    if ok.height == 0:
+        return ok
+    ranked = ok.sort("layout_id").with_columns(
+        pl.col("layout_id").cum_count().over("target_tokens", "position").alias("_rank")
+    )
+    return ranked.sort("_rank", "target_tokens", "position", "layout_id").head(k).drop("_rank")
+
+
+def _targets(backend: Any) -> list[tuple[str, Any]]:
+    """(endpoint label, object with ``server_tokenize``) for every endpoint of the arm."""
+    replicas = getattr(backend, "replicas", None)
+    if replicas is not None:
+        return [(str(getattr(r, "base_url", "?")), r) for r in replicas]
+    if hasattr(backend, "server_tokenize"):
+        label = str(getattr(backend, "base_url", None) or getattr(backend, "name", "engine"))
+        return [(label, backend)]
+    return []
+
+
+def _first_difference(ours: Sequence[int], theirs: Sequence[int]) -> int:
+    for i, (a, b) in enumerate(zip(ours, theirs, strict=False)):
+        if a != b:
+            return i
+    return min(len(ours), len(theirs))
+
+
+def _window(ids: Sequence[int], at: int) -> list[int]:
+    return [int(t) for t in ids[max(0, at - 3) : at + 4]]
+
+
+def _rows(frame: pl.DataFrame) -> Iterator[dict[str, Any]]:
+    yield from frame.select("layout_id", "text", "token_ids", "add_special_tokens").iter_rows(named=True)
+
+
+class _Encoder(Protocol):
+    def encode(self, text: str, *, add_special_tokens: bool = False) -> Any: ...
+
+
+async def check_parity(
+    arm: str, backend: Backend, rows: pl.DataFrame, *, every_prompt: bool, tokenizer: _Encoder
+) -> list[ParityReport]:
+    """Ask every endpoint of ``backend`` to tokenize ``rows`` (columns ``layout_id``, ``text``,
+    ``token_ids``, ``add_special_tokens``) and compare with depthgate's ids (see the module docstring;
+    ``every_prompt``: the arm sends text). Raises :class:`TokenizerMismatchError` on the first
+    difference."""
+    reports: list[ParityReport] = []
+    scope = "every prompt" if every_prompt else "sample"
+    for label, target in _targets(backend):
+        route: str | None = None
+        checked = 0
+        for row in _rows(rows):
+            text = row["text"]
+            try:
+                # A text arm: what the server does to a text prompt (special tokens added). An id arm:
+                # the content only, since the specials are in the ids sent.
+                answer = await target.server_tokenize(text, add_special_tokens=every_prompt)
+            except TransientBackendError:
+                break  # unreachable: the run's retries and breaker decide, as for the probe
+            if answer is None:
+                break
+            theirs, route, specials = answer
+            if every_prompt:
+                ours = [int(t) for t in row["token_ids"]]
+            else:
+                ours = [int(t) for t in tokenizer.encode(text, add_special_tokens=specials)]
+            if theirs != ours:
+                at = _first_difference(ours, theirs)
+                what = "the prompt as sent" if every_prompt else "the prompt text (without special tokens)"
+                raise TokenizerMismatchError(
+                    f"arm {arm!r}: the server at {label} ({route}) tokenizes layout {row['layout_id'][:16]} "
+                    f"differently from depthgate: {what} first differs at token {at} of {len(ours)} "
+                    f"(depthgate {_window(ours, at)} vs server {_window(theirs, at)} from position "
+                    f"{max(0, at - 3)}; the server made {len(theirs)} tokens); nothing was sent",
+                    field=f"{arm}.tokenizer",
+                    fix="name the served model's own tokenizer (its folder or hf:ORG/NAME@REV) as the arm's "
+                    "tokenizer, or serve the model with the tokenizer the layouts were built with"
+                    + (
+                        "; a text arm whose server adds no BOS: send token ids instead"
+                        if every_prompt
+                        else ""
+                    ),
+                )
+            checked += 1
+        reports.append(ParityReport(arm=arm, endpoint=label, route=route, checked=checked, scope=scope))
+    return reports
+
+
+def write_reports(reports: Sequence[ParityReport], path: Path) -> None:
+    """``RUN/<arm>/tokenizer_parity.json``: what was checked, for the run folder's record."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps([asdict(r) for r in reports], indent=2), encoding="utf-8")
+    tmp.replace(path)
+
+
+def _prompt_rows(layouts: Path, every_prompt: bool) -> pl.DataFrame:
+    columns = ["layout_id", "status", "target_tokens", "position", "text", "token_ids", "add_special_tokens"]
+    frame = pl.read_parquet(layouts, columns=columns)
+    return frame.filter(pl.col("status") == "ok") if every_prompt else sample_rows(frame)
+
+
+def verify_arm(
+    arm: str, backend: Backend, layouts: Path, arm_dir: Path, tokenizer: _Encoder
+) -> list[ParityReport]:
+    """:func:`check_parity` for one arm's built layouts: every prompt when the arm sends text, a sample
+    when it sends ids; the reports go to ``arm_dir/tokenizer_parity.json``. HTTP clients opened here are
+    closed again (the run opens its own in its event loop)."""
+    import asyncio
+
+    every_prompt = not bool(getattr(backend, "accepts_token_ids", True))
+    targets = _targets(backend)
+    if not targets:
+        return []
+
+    async def run() -> list[ParityReport]:
+        try:
+            rows = _prompt_rows(layouts, every_prompt)
+            return await check_parity(arm, backend, rows, every_prompt=every_prompt, tokenizer=tokenizer)
+        finally:
+            if any(hasattr(t, "base_url") for _, t in targets):
+                await backend.aclose()
+
+    reports = asyncio.run(run())
+    write_reports(reports, arm_dir / PARITY_FILE)
+    return reports

@@ -1,0 +1,94 @@
+"""Measure, on a real ``vllm serve``, what docs/nightly.md reports: prefix-cache reuse with the two
+request orders, and an A/A run's flips.
+
+    VLLM_SERVER_DEV_MODE=1 bash scripts/vllm_serve.sh &      # dev mode: POST /reset_prefix_cache
+    .venv/bin/python scripts/vllm/measure.py http://127.0.0.1:8011 docs/vllm-cpu
+
+For each of ``order = "shuffled"`` and ``order = "haystack"`` it empties the server's prefix cache, runs
+matrices/vllm-cpu.toml (matrix requests only, no controls) and reads vLLM's own counters
+(``vllm:prefix_cache_queries_total`` / ``_hits_total`` from ``/metrics``) before and after; then it runs
+the same matrix as an A/A run (``--aa``). Every run folder is kept under OUT (records, scored.parquet,
+verdict.json) and the numbers go to OUT/measurements.json.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+COUNTERS = ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total")
+
+
+def metrics(url: str) -> dict[str, float]:
+    out = dict.fromkeys(COUNTERS, 0.0)
+    with urllib.request.urlopen(f"{url}/metrics", timeout=30) as answer:
+        for line in answer.read().decode().splitlines():
+            name = line.split("{", 1)[0].split(" ", 1)[0]
+            if name in out:
+                out[name] += float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def reset_prefix_cache(url: str) -> None:
+    request = urllib.request.Request(f"{url}/reset_prefix_cache", method="POST")
+    with urllib.request.urlopen(request, timeout=60) as answer:
+        if answer.status != 200:
+            raise SystemExit(
+                f"reset_prefix_cache answered {answer.status}: serve with VLLM_SERVER_DEV_MODE=1"
+            )
+
+
+def matrix(url: str, out: Path, *, order: str) -> Path:
+    text = (REPO / "matrices" / "vllm-cpu.toml").read_text(encoding="utf-8")
+    text = text.replace('endpoint = "http://127.0.0.1:8011"', f'endpoint = "{url}"')
+    model = os.path.relpath(REPO / "models" / "gemma3-270m-hf", out.resolve())
+    text = text.replace('tokenizer = "../models/gemma3-270m-hf"', f'tokenizer = "{model}"')
+    text = text.replace("repeats = 1", f'repeats = 1\norder = "{order}"')
+    path = out / f"vllm-cpu-{order}.toml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def run(args: list[str]) -> tuple[int, float]:
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "depthgate", *args], check=False)
+    return done.returncode, time.monotonic() - started
+
+
+def main(url: str, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    results: dict[str, object] = {}
+    for order in ("shuffled", "haystack"):
+        reset_prefix_cache(url)
+        before = metrics(url)
+        path = matrix(url, out, order=order)
+        code, seconds = run(["run", str(path), "--out", str(out / order), "--no-controls"])
+        after = metrics(url)
+        queries = after[COUNTERS[0]] - before[COUNTERS[0]]
+        hits = after[COUNTERS[1]] - before[COUNTERS[1]]
+        results[order] = {
+            "exit_code": code,
+            "wall_s": round(seconds, 1),
+            "prefix_cache_queries": int(queries),
+            "prefix_cache_hits": int(hits),
+            "hit_rate": round(hits / queries, 4) if queries else None,
+        }
+        print(order, results[order], flush=True)
+    reset_prefix_cache(url)
+    path = matrix(url, out, order="shuffled")
+    code, seconds = run(["run", str(path), "--out", str(out / "aa"), "--aa", "--no-controls"])
+    results["aa"] = {"exit_code": code, "wall_s": round(seconds, 1)}
+    (out / "measurements.json").write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    print(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3:
+        raise SystemExit("usage: measure.py URL OUT_DIR")
+    main(sys.argv[1], Path(sys.argv[2]))
