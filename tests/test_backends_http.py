@@ -6,8 +6,12 @@ Two kinds of tests live here:
   (``python -m llama_cpp.server``) on 127.0.0.1 with the packaged Gemma-3-270M GGUF.
 * **Recorded shapes** tests: a tiny local stub HTTP server on 127.0.0.1 answers with the request and
   response shapes recorded in research/api_facts.md for vLLM (0.8.5 / 0.11 / 0.32), OpenAI and Anthropic.
-  The stub is a stand-in where no real vLLM, OpenAI or Anthropic endpoint can run here; it checks the
-  wire format both ways, retries, timeouts and refusals.
+  The stub is a stand-in only where no real endpoint can run here: OpenAI and Anthropic; vLLM versions
+  other than the CPU build's 0.32; and failures a healthy vLLM does not produce on demand (an echo that
+  differs from the ids sent, 503 with Retry-After, persistent 500s, timeouts). vLLM 0.32's own answers —
+  ``/v1/models``, ``return_token_ids``, ``/tokenize``, its 400s over and at the window, its silent
+  clamping, an out-of-vocabulary id — are tested against the real engine in ``tests/vllm/`` (offline
+  and ``vllm serve`` on 127.0.0.1, in the test command).
 
 What llama-cpp-python 0.3.36's server does (measured by the smoke tests below): ``/v1/completions`` takes
 text only — a token-id prompt gets HTTP 500 with pydantic ``string_type`` errors; text is tokenized with

@@ -5,11 +5,11 @@
 #   0 1 * * * cd /opt/depthgate && bash docs/examples/nightly-cron.sh >> /var/log/depthgate-nightly.log 2>&1
 #
 # Assumes the checkout has .venv (depthgate installed: `python -m venv .venv && .venv/bin/pip install .`)
-# and .venv-vllm (`pip install vllm==$VLLM_VERSION`), and models/nightly/{tokenizer.json,
-# tokenizer_config.json} of the served model (see docs/nightly.md). Starts vLLM on 127.0.0.1, runs
+# and .venv-vllm (`pip install vllm==$VLLM_VERSION`), and the served model in the Hugging Face cache
+# (vLLM and depthgate read the same snapshot: tokenizer = "hf:…" in the matrix). Starts vLLM on 127.0.0.1, runs
 # `depthgate run matrices/nightly.toml --out runs/$DATE`, resumes once on exit 30 or 11, keeps the
 # report under $REPORT_ROOT/$DATE, and exits with depthgate's code (0 PASS, 10 FAIL, 11 INCONCLUSIVE,
-# 12 SAFETY, 20 BAD_INPUT, 21 VERIFY_FAILED, 30 INFRA). $NOTIFY_CMD, if set, is run with the verdict,
+# 12 SAFETY, 13 FAIL_SYSTEM, 20 BAD_INPUT, 21 VERIFY_FAILED, 22 TOKENIZER_MISMATCH, 30 INFRA). $NOTIFY_CMD, if set, is run with the verdict,
 # the exit code and the report folder as arguments (e.g. a script that posts to your chat).
 set -uo pipefail
 
