@@ -140,18 +140,25 @@ class LlamaServerProcess:
     def wait_up(self, deadline: float, poll_s: float = 0.2) -> None:
         """Return once ``/v1/models`` answers; fail the test (with the log's tail) if the server exits or
         ``deadline`` (``time.monotonic()``) passes first."""
-        while True:
-            if self.proc.poll() is not None:
-                tail = self.log.read_text()[-2000:]
-                pytest.fail(f"llama-cpp-python server exited ({self.proc.returncode}): {tail}")
-            try:
-                if httpx.get(f"{self.url}/v1/models", timeout=1.0).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"llama-cpp-python server did not start: {self.log.read_text()[-2000:]}")
-            time.sleep(poll_s)
+        wait_until_serving(self.url, self.proc, self.log, deadline, "llama-cpp-python server", poll_s)
+
+
+def wait_until_serving(
+    url: str, proc: subprocess.Popen[Any], log: Path, deadline: float, what: str, poll_s: float
+) -> None:
+    """Return once ``url``/v1/models answers 200; fail the test with the tail of ``log`` if ``proc``
+    exits or ``deadline`` (``time.monotonic()``) passes first."""
+    while True:
+        if proc.poll() is not None:
+            pytest.fail(f"{what} exited ({proc.returncode}): {log.read_text(errors='replace')[-3000:]}")
+        try:
+            if httpx.get(f"{url}/v1/models", timeout=2.0).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what} did not start: {log.read_text(errors='replace')[-3000:]}")
+        time.sleep(poll_s)
 
     def stop(self, timeout: float = 20) -> None:
         stop_process(self.proc, timeout)

@@ -3,6 +3,10 @@ request orders, and an A/A run's flips.
 
     VLLM_SERVER_DEV_MODE=1 bash scripts/vllm_serve.sh &      # dev mode: POST /reset_prefix_cache
     .venv/bin/python scripts/vllm/measure.py http://127.0.0.1:8011 docs/vllm-cpu
+    # the same orders with a KV cache of 384 blocks (≈ 7,800 tokens: ≈ 5 requests of this matrix, the ratio of a
+    # 128K nightly on one GPU), no A/A:
+    VLLM_SERVER_DEV_MODE=1 bash scripts/vllm_serve.sh --num-gpu-blocks-override 384 &
+    .venv/bin/python scripts/vllm/measure.py http://127.0.0.1:8011 docs/vllm-cpu/small-cache --no-aa
 
 For each of ``order = "shuffled"`` and ``order = "haystack"`` it empties the server's prefix cache, runs
 matrices/vllm-cpu.toml (matrix requests only, no controls) and reads vLLM's own counters
@@ -61,7 +65,7 @@ def run(args: list[str]) -> tuple[int, float]:
     return done.returncode, time.monotonic() - started
 
 
-def main(url: str, out: Path) -> None:
+def main(url: str, out: Path, *, aa: bool = True) -> None:
     out.mkdir(parents=True, exist_ok=True)
     results: dict[str, object] = {}
     for order in ("shuffled", "haystack"):
@@ -80,15 +84,17 @@ def main(url: str, out: Path) -> None:
             "hit_rate": round(hits / queries, 4) if queries else None,
         }
         print(order, results[order], flush=True)
-    reset_prefix_cache(url)
-    path = matrix(url, out, order="shuffled")
-    code, seconds = run(["run", str(path), "--out", str(out / "aa"), "--aa", "--no-controls"])
-    results["aa"] = {"exit_code": code, "wall_s": round(seconds, 1)}
+    if aa:
+        reset_prefix_cache(url)
+        path = matrix(url, out, order="shuffled")
+        code, seconds = run(["run", str(path), "--out", str(out / "aa"), "--aa", "--no-controls"])
+        results["aa"] = {"exit_code": code, "wall_s": round(seconds, 1)}
     (out / "measurements.json").write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
     print(json.dumps(results, indent=2))
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 3:
-        raise SystemExit("usage: measure.py URL OUT_DIR")
-    main(sys.argv[1], Path(sys.argv[2]))
+    args = [a for a in sys.argv[1:] if a != "--no-aa"]
+    if len(args) != 2:
+        raise SystemExit("usage: measure.py URL OUT_DIR [--no-aa]")
+    main(args[0], Path(args[1]), aa="--no-aa" not in sys.argv)
