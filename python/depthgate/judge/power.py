@@ -61,6 +61,7 @@ from depthgate.judge.stats import (
     position_sort_key,
     stable_seed,
 )
+from depthgate.spec.models import min_bootstrap_resamples
 
 __all__ = [
     "MIN_CASES_APPROX",
@@ -838,6 +839,10 @@ def simulate_gate_power(
         bootstrap_seed=seed,
         max_missing=0.5,
     )
+    # Slices per gate() call: no more than the plan's B can serve (the gate applies the B rule to the
+    # slices of records gated without a pre-registered list, issue #22).
+    while batch > 1 and min_bootstrap_resamples(batch, alpha) > bootstrap_reps:
+        batch -= 1
     shown = 0
     done = 0
     while done < sims:

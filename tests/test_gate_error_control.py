@@ -1,0 +1,166 @@
+"""Issue #22: the gate's error control wherever the data sit.
+
+* Item 2: degeneracy of a bootstrap resample is decided on per-case differences with float residue
+  merged (``depthgate.judge.residue``), so residue never reaches a bound.
+* Item 4: B counts usable (non-degenerate) resamples; gate() without planned slices applies the plan's
+  B rule; unplanned slices stay out of the multiplicity families.
+"""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from depthgate.exceptions import SpecError
+from depthgate.judge.residue import RESIDUE_TOLERANCE, has_spread, snap_differences
+from depthgate.judge.stats import GatePlan, SliceStatus, Verdict, bootstrap_t, gate, stable_seed
+from test_stats import draw_pairs, records_from_arrays
+
+PROPS = settings(deadline=None, database=None, max_examples=40)
+
+
+# --------------------------------------------------------------------------------------------------
+# Item 2: float residue
+
+
+@st.composite
+def residue_cases(draw: st.DrawFn) -> tuple[list[float], list[Fraction]]:
+    """Per-case overall differences (mean over k slices of c/R - b/R, computed the gate's way in floats)
+    whose exact rational values are all equal (zero) but for 1-3 genuinely different cases, with the
+    cancelling slice pairs that leave float residue (2/3 - 1/3 against 2/3 - 1 = -0.33333333333333337)."""
+    seeds = draw(st.integers(2, 5))
+    k = draw(st.integers(2, 10))
+    n = draw(st.integers(20, 60))
+    genuine = draw(st.integers(1, 3))
+    floats: list[float] = []
+    exact: list[Fraction] = []
+    for i in range(n):
+        pairs: list[tuple[int, int]] = []
+        couples = draw(st.integers(1, k // 2)) if k >= 2 else 0
+        for _ in range(couples):
+            j = draw(st.integers(1, seeds))
+            b1 = draw(st.integers(0, seeds - j))
+            b2 = draw(st.integers(j, seeds))
+            pairs += [(b1 + j, b1), (b2 - j, b2)]
+        while len(pairs) < k:
+            b = draw(st.integers(0, seeds))
+            pairs.append((b, b))
+        if i < genuine:  # a real loss: one slice drops one more run
+            c, b = pairs[0]
+            pairs[0] = (c - 1, b) if c > 0 else (c, b + 1) if b < seeds else (c, b)
+        order = draw(st.permutations(range(len(pairs))))
+        pairs = [pairs[o] for o in order]
+        floats.append(float(np.mean([c / seeds - b / seeds for c, b in pairs])))
+        exact.append(sum((Fraction(c - b, seeds) for c, b in pairs), Fraction(0)) / len(pairs))
+    return floats, exact
+
+
+@PROPS
+@given(residue_cases(), st.integers(0, 2**32 - 1))
+def test_bootstrap_bounds_ignore_float_residue(cases: tuple[list[float], list[Fraction]], seed: int) -> None:
+    """The bootstrap on the float per-case differences equals the bootstrap on the exact rationals
+    (rounded once): residue never turns a resample of equal cases into one with spread."""
+    floats, exact = cases
+    got = bootstrap_t(np.array(floats), 0.10, 0.05, reps=499, seed=seed)
+    want = bootstrap_t(np.array([float(v) for v in exact]), 0.10, 0.05, reps=499, seed=seed)
+    assert -1.0 - 1e-9 <= got.lower <= got.upper <= 1.0 + 1e-9
+    assert (got.degenerate, got.used) == (want.degenerate, want.used)
+    assert math.isclose(got.lower, want.lower, abs_tol=1e-9)
+    assert math.isclose(got.upper, want.upper, abs_tol=1e-9)
+    assert got.p_ni == want.p_ni and got.p_reg == want.p_reg
+
+
+def test_snap_merges_residue_only():
+    third = 2 / 3 - 1 / 3
+    other = 1 - 2 / 3
+    assert third != other and abs(third - other) < RESIDUE_TOLERANCE
+    snapped = snap_differences([third, other, other, 0.0, 0.0, 5.6e-18, -5.6e-18, 0.5])
+    assert snapped.tolist() == [other, other, other, 0.0, 0.0, 0.0, 0.0, 0.5]
+    clean = np.array([0.0, 1 / 3, -1 / 3, 0.5])
+    assert snap_differences(clean).tobytes() == clean.tobytes()
+    assert not has_spread([0.0, 5.6e-18, -5.6e-18]) and has_spread([0.0, 1 / 30])
+
+
+def test_overall_bound_of_a_ceiling_release_is_finite():
+    """The issue's case: 10 slices at R = 3, every case's slice differences cancel (+1/3 in one slice,
+    -1/3 in another) but two cases lose one run. The overall per-case means carry residue; the old
+    bootstrap studentized resamples of zeros and +-1e-17 and gave an overall lower bound ~ -1e13."""
+    n, seeds = 40, 3
+    slices = {(1024 * (s + 1), "0.5"): (np.ones((n, seeds)), np.ones((n, seeds))) for s in range(10)}
+    keys = sorted(slices)
+    for i in range(n):  # case i: +1/3 in one slice, -1/3 in the next; the float sum is -/+5.6e-17
+        up, down = ([1, 0, 0], [1, 1, 0]), ([1, 1, 1], [1, 1, 0])  # 2/3 - 1/3, 2/3 - 1
+        if i % 2:
+            up, down = ([1, 1, 0], [1, 1, 1]), ([1, 1, 0], [1, 0, 0])  # 1 - 2/3, 1/3 - 2/3
+        for key, (b, c) in ((keys[i % 10], up), (keys[(i + 1) % 10], down)):
+            slices[key][0][i, :] = b
+            slices[key][1][i, :] = c
+    for i in (0, 1):  # two genuine losses
+        slices[keys[5]][1][i + 20, 0] = 0.0
+    result = gate(records_from_arrays(slices), GatePlan(bootstrap_reps=999))
+    assert result.overall is not None
+    assert -0.1 < result.overall.lower < 0 and result.overall.non_inferior
+    assert result.verdict is Verdict.PASS
+
+
+# --------------------------------------------------------------------------------------------------
+# Item 4: B counts usable resamples; gate() without planned slices applies the plan's B rule
+
+
+def _ceiling_release(n: int = 40, seeds: int = 3, k: int = 20) -> dict[tuple[int, str], tuple]:
+    return {(1024 * (s + 1), "0.5"): (np.ones((n, seeds)), np.ones((n, seeds))) for s in range(k)}
+
+
+def test_regression_is_confirmed_despite_degenerate_resamples():
+    """The issue's case: 20 slices, B = 1,439 (the smallest the plan accepts), one slice falls
+    1.00 -> 0.008 (one candidate pass in 120 runs). 37 % of the resamples miss the one case that differs;
+    left out, they cost the p-value its resolution (q 0.080 > 0.05: FAIL_NOT_SHOWN). They are now
+    replaced by further draws: 1,439 usable resamples, q <= 0.05, FAIL_REGRESSION."""
+    slices = _ceiling_release()
+    key = sorted(slices)[7]
+    slices[key][1][:] = 0.0
+    slices[key][1][3, 1] = 1.0
+    plan = GatePlan(bootstrap_reps=1439, planned_slices=tuple(sorted(slices)))
+    result = gate(records_from_arrays(slices), plan)
+    row = next(s for s in result.slice_results if (s.length, s.position) == key)
+    assert row.status is SliceStatus.FAIL_REGRESSION, row.reason
+    assert row.q_reg <= 0.05
+    boot = bootstrap_t(
+        slices[key][1].mean(1) - slices[key][0].mean(1), 0.10, 0.05, 1439, stable_seed(0, "slice", *key)
+    )
+    assert boot.used == 1439 and 400 < boot.degenerate < 1100
+
+
+def test_gate_without_planned_slices_applies_the_b_rule():
+    """20 observed slices at B = 999: the plan with planned_slices is refused, and so is gate() without
+    them (before, it ran and no regression could be confirmed)."""
+    records = records_from_arrays(_ceiling_release())
+    with pytest.raises(SpecError) as err:
+        gate(records, GatePlan(bootstrap_reps=999))
+    assert err.value.field == "bootstrap_reps" and "1439" in str(err.value)
+    with pytest.raises(SpecError):
+        GatePlan(bootstrap_reps=999, planned_slices=tuple(sorted(_ceiling_release())))
+    assert gate(records, GatePlan(bootstrap_reps=1439)).verdict is Verdict.PASS
+
+
+def test_unplanned_slices_stay_out_of_the_regression_family():
+    """Spec §2.3: the family is the pre-registered list. 30 unplanned (exploratory, INCONCLUSIVE) slices
+    beside 2 planned ones no longer enlarge the BY family: the planned slices' q-values equal those of a
+    run without the extra slices."""
+    rng = np.random.default_rng(5)
+    planned = {(1000, "0.5"): draw_pairs(rng, 60, 3), (2000, "0.5"): draw_pairs(rng, 60, 3, delta=-0.3)}
+    extra = {(3000 + i, "0.5"): draw_pairs(rng, 60, 3) for i in range(30)}
+    plan = GatePlan(bootstrap_reps=999, planned_slices=tuple(sorted(planned)))
+    alone = gate(records_from_arrays(planned), plan)
+    both = gate(records_from_arrays({**planned, **extra}), plan)
+    rows = {(s.length, s.position): s for s in both.slice_results}
+    for s in alone.slice_results:
+        other = rows[(s.length, s.position)]
+        assert (other.q_reg, other.q_ni, other.status) == (s.q_reg, s.q_ni, s.status)
+    assert rows[(2000, "0.5")].status is SliceStatus.FAIL_REGRESSION
+    assert all(rows[k].status is SliceStatus.INCONCLUSIVE and rows[k].q_reg == 1.0 for k in extra)
