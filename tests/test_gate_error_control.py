@@ -2,6 +2,7 @@
 
 * Item 2: degeneracy of a bootstrap resample is decided on per-case differences with float residue
   merged (``depthgate.judge.residue``), so residue never reaches a bound.
+* Item 3: the floor bound is a monotone envelope (judge/monotone.py); Newcombe-10 never rises either.
 * Item 4: B counts usable (non-degenerate) resamples; gate() without planned slices applies the plan's
   B rule; unplanned slices stay out of the multiplicity families.
 """
@@ -18,7 +19,16 @@ from hypothesis import strategies as st
 
 from depthgate.exceptions import SpecError
 from depthgate.judge.residue import RESIDUE_TOLERANCE, has_spread, snap_differences
-from depthgate.judge.stats import GatePlan, SliceStatus, Verdict, bootstrap_t, gate, stable_seed
+from depthgate.judge.stats import (
+    GatePlan,
+    SliceStatus,
+    Verdict,
+    bootstrap_t,
+    floor_lower_bound,
+    gate,
+    newcombe10_paired,
+    stable_seed,
+)
 from test_stats import draw_pairs, records_from_arrays
 
 PROPS = settings(deadline=None, database=None, max_examples=40)
@@ -164,3 +174,67 @@ def test_unplanned_slices_stay_out_of_the_regression_family():
         assert (other.q_reg, other.q_ni, other.status) == (s.q_reg, s.q_ni, s.status)
     assert rows[(2000, "0.5")].status is SliceStatus.FAIL_REGRESSION
     assert all(rows[k].status is SliceStatus.INCONCLUSIVE and rows[k].q_reg == 1.0 for k in extra)
+
+
+# --------------------------------------------------------------------------------------------------
+# Item 3: bounds that never rise when a run fails
+
+
+@st.composite
+def pass_counts(draw: st.DrawFn) -> tuple[np.ndarray, int]:
+    """Per-case pass counts: anywhere, or at the ceiling with a few failed runs (where DEFF jumps)."""
+    seeds = draw(st.integers(1, 5))
+    n = draw(st.integers(2, 60))
+    if draw(st.booleans()):
+        return np.array(draw(st.lists(st.integers(0, seeds), min_size=n, max_size=n))), seeds
+    counts = np.full(n, seeds, dtype=np.int64)
+    for _ in range(draw(st.integers(0, 4))):
+        i = draw(st.integers(0, n - 1))
+        counts[i] = max(counts[i] - 1, 0)
+    return counts, seeds
+
+
+@PROPS
+@given(pass_counts(), st.data(), st.sampled_from([0.05, 0.025]))
+def test_floor_bound_never_rises_with_a_failed_run(data: tuple[np.ndarray, int], pick: st.DataObject, alpha):
+    counts, seeds = data
+    passing = np.nonzero(counts > 0)[0]
+    if passing.size == 0:
+        return
+    i = pick.draw(st.sampled_from(passing.tolist()))
+    worse = counts.copy()
+    worse[i] -= 1
+    before = floor_lower_bound(counts / seeds, seeds, alpha)[0]
+    after = floor_lower_bound(worse / seeds, seeds, alpha)[0]
+    assert after <= before + 1e-12
+
+
+def test_floor_bound_of_the_issue():
+    """40 all-pass cases at R = 3: 0.937 (DEFF = R). Plus one failed run: the plain Kish bound was 0.963
+    (DEFF 1.008), a PASS at a 0.95 floor beside the perfect slice's FAIL_FLOOR; now 0.937 as well."""
+    ones = np.ones(40)
+    one_failed = ones.copy()
+    one_failed[7] = 2 / 3
+    perfect = floor_lower_bound(ones, 3, 0.05)[0]
+    worse, deff, _ = floor_lower_bound(one_failed, 3, 0.05)
+    assert round(perfect, 3) == 0.937 and deff < 1.01
+    assert worse <= perfect + 1e-12 and worse < 0.95
+
+
+@PROPS
+@given(
+    st.tuples(*[st.integers(0, 60)] * 4).filter(lambda t: sum(t) > 0),
+    st.sampled_from(["a->c", "b->d"]),
+    st.sampled_from([0.05, 0.025]),
+)
+def test_newcombe10_never_rises_with_a_failed_candidate_run(table, move, alpha):
+    """R = 1 slices: a candidate pass turned into a failure (both-pass -> regression, or improvement ->
+    both-fail) never raises the Newcombe-10 lower bound."""
+    a, b, c, d = table
+    if move == "a->c" and a:
+        worse = (a - 1, b, c + 1, d)
+    elif move == "b->d" and b:
+        worse = (a, b - 1, c, d + 1)
+    else:
+        return
+    assert newcombe10_paired(*worse, 2 * alpha)[0] <= newcombe10_paired(*table, 2 * alpha)[0] + 1e-12

@@ -41,7 +41,9 @@ from statsmodels.stats.proportion import proportion_confint
 
 from depthgate.exceptions import InputError, SpecError
 from depthgate.judge.bootstrap import BootstrapBounds, bootstrap_t
+from depthgate.judge.design_effect import shrunk_design_effect
 from depthgate.judge.frames import FrameOf, JsonRow, clean_value
+from depthgate.judge.monotone import monotone_floor_lower_bound
 from depthgate.spec.models import look_alpha as _look_alpha
 from depthgate.spec.models import plan_violations, spacing_rank, split_position_label
 
@@ -386,7 +388,9 @@ def run_counts(baseline: npt.ArrayLike, candidate: npt.ArrayLike) -> tuple[float
 def paired_design_effect(baseline: npt.ArrayLike, candidate: npt.ArrayLike) -> float:
     """Design effect D of the paired run-level difference, clipped to [1, runs per case] (section 2.2).
 
-    D = R (no shrinkage below one observation per case) when there is no discordant run.
+    D = R (no shrinkage below one observation per case) when there is no discordant run. The estimate is
+    shrunk toward R with the weight of three discordant cases (``depthgate.judge.design_effect``, issue
+    #22): a handful of discordant runs says nothing about clustering.
     """
     yb, yc = _as_runs(baseline), _as_runs(candidate)
     n = yb.shape[0]
@@ -397,7 +401,8 @@ def paired_design_effect(baseline: npt.ArrayLike, candidate: npt.ArrayLike) -> f
     var_cluster = float(d_case.var(ddof=1)) / n if n > 1 else math.inf
     var_srs = ((b + c) / total - ((b - c) / total) ** 2) / total
     deff = var_cluster / var_srs if var_srs > 0 else runs_per_case
-    return float(np.clip(deff, 1.0, max(runs_per_case, 1.0)))
+    discordant_cases = int(np.count_nonzero(np.nansum(np.abs(yc - yb), axis=1)))
+    return shrunk_design_effect(float(deff), discordant_cases, runs_per_case)
 
 
 def floor_lower_bound(
@@ -410,9 +415,15 @@ def floor_lower_bound(
     number of cases), as the paired Newcombe-RS bound does when no run is discordant (section 2.2):
     40 all-pass cases at R = 3 give the Wilson bound of 40/40 (0.937), not of 120/120 (0.978). DEFF is
     also R when there is a single case.
+
+    The bound is the monotone envelope (``depthgate.judge.monotone``, issue #22): never above the bound
+    of a completion with more passes, so one more failure never raises it (40 all-pass cases at R = 3:
+    0.937; plus one failed run: 0.937, where the plain Kish bound gave 0.963). DEFF and n_eff are the
+    data's own.
     """
     p, deff, n_eff = kish_effective_n(per_case_rates, runs_per_case, caller="floor_lower_bound")
-    return wilson_lower(p * n_eff, n_eff, alpha), deff, n_eff
+    plain = wilson_lower(p * n_eff, n_eff, alpha)
+    return min(plain, monotone_floor_lower_bound(per_case_rates, runs_per_case, alpha)), deff, n_eff
 
 
 def kish_effective_n(
