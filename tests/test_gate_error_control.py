@@ -3,6 +3,7 @@
 * Item 2: degeneracy of a bootstrap resample is decided on per-case differences with float residue
   merged (``depthgate.judge.residue``), so residue never reaches a bound.
 * Item 3: the floor bound is a monotone envelope (judge/monotone.py); Newcombe-10 never rises either.
+* Item 5: the under-power warning uses the joint power of all slices, also near the ceiling.
 * Item 4: B counts usable (non-degenerate) resamples; gate() without planned slices applies the plan's
   B rule; unplanned slices stay out of the multiplicity families.
 """
@@ -11,12 +12,14 @@ from __future__ import annotations
 
 import math
 from fractions import Fraction
+from pathlib import Path
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from depthgate.commands.plan import matrix_power, power_warning
 from depthgate.exceptions import SpecError
 from depthgate.judge.residue import RESIDUE_TOLERANCE, has_spread, snap_differences
 from depthgate.judge.stats import (
@@ -29,6 +32,10 @@ from depthgate.judge.stats import (
     newcombe10_paired,
     stable_seed,
 )
+from depthgate.spec.models import load_matrix
+from depthgate.spec.suites import resolve_suite
+from fixtures_paths import tokenizers_dir
+from helpers import stub_matrix
 from test_stats import draw_pairs, records_from_arrays
 
 PROPS = settings(deadline=None, database=None, max_examples=40)
@@ -238,3 +245,41 @@ def test_newcombe10_never_rises_with_a_failed_candidate_run(table, move, alpha):
     else:
         return
     assert newcombe10_paired(*worse, 2 * alpha)[0] <= newcombe10_paired(*table, 2 * alpha)[0] + 1e-12
+
+
+# --------------------------------------------------------------------------------------------------
+# Item 5: the under-power warning uses the release's joint power
+
+
+def _design_matrix(tmp_path: Path, cases: int, seeds: int, positions: int) -> Path:
+    text = stub_matrix(
+        "design",
+        where='endpoint = "http://127.0.0.1:9"',
+        tokenizer=tokenizers_dir() / "gpt2" / "tokenizer.json",
+        suite=f'{{ kind = "builtin", cases = {cases}, seed = 0, language = "en" }}',
+        positions="[" + ", ".join(f"{i / positions:g}" for i in range(positions)) + "]",
+        n_min=40,
+        resamples=999,
+        top=f"repeats = {seeds}",
+    )
+    text = text.replace("seeds = [0]", f"seeds = {list(range(seeds))}").replace(
+        "margin = 0.20", "margin = 0.10"
+    )
+    path = tmp_path / "design.toml"
+    path.write_text(text)
+    return path
+
+
+def test_power_warning_fires_on_40_cases_3_seeds_10_slices(tmp_path: Path) -> None:
+    """The issue's design: every slice alone has ~0.7-0.8 power, but the release needs all ten, and
+    together they pass about 0.03-0.13 of the time. The old warning compared the smallest slice power
+    (0.82 before the design-effect fix) with 0.8 and said nothing."""
+    path = _design_matrix(tmp_path, 44, 3, 10)  # the builtin suite places 40 of 44 cases
+    matrix = load_matrix(path)
+    suite = resolve_suite(matrix.suite, base_dir=path.parent)
+    pp = matrix_power(matrix, suite)
+    assert len(pp.rows) == 10 and pp.rows[0].n_cases == 40 and pp.rows[0].seeds == 3
+    assert pp.power_all_slices < 0.2
+    line = power_warning(matrix, suite)
+    assert line is not None and "P(all 10 slices pass | no change)" in line
+    assert f"{pp.power_all_slices:.2f} at p_baseline 0.85" in line and "at p_baseline 0.99" in line

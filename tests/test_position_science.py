@@ -18,6 +18,7 @@ import pytest
 from statsmodels.stats.proportion import binom_test, proportion_confint
 
 from depthgate.exceptions import InputError
+from depthgate.judge.design_effect import shrunk_design_effect
 from depthgate.judge.noise import abs_delta_quantile, noise_delta_quantile, noise_floor
 from depthgate.judge.position import (
     base_scores_from_controls,
@@ -588,7 +589,9 @@ def test_power_reproduces_spec_section_3() -> None:
     joint = cases_for_power(flat, seeds=3, sizing=TABLE, n_slices=20)
     assert joint.n_test == 141 and joint.per_slice_target == pytest.approx(0.8 ** (1 / 20))
     row = power_per_slice(23, 5, d, Sizing(n_min=0))
-    assert round(row.power_test, 3) == 0.809 and row.deff == 1.0
+    # The model's D is 1 at delta 0; the gate shrinks it toward R with the weight of 3 discordant cases
+    # (issue #22): 23 (1 - 0.83^5) = 14 expected discordant cases give (14 + 3 x 5) / 17.
+    assert round(row.power_test, 3) == 0.809 and row.deff == pytest.approx(shrunk_design_effect(1.0, 14, 5))
     assert power_per_slice(23, 5, d, Sizing()).power == 0.0  # below n_min 40: INCONCLUSIVE
 
 
@@ -606,7 +609,10 @@ def test_power_moments_hand_example() -> None:
     # Expected run table at delta 0: psi = omega^2 = 2 x 0.12 -> b = c = 0.12, a = 0.68, d = 0.08.
     assert expected_table(d) == pytest.approx((0.68, 0.12, 0.12, 0.08))
     r = power_per_slice(60, 3, d, Sizing(n_min=40), true_delta=-0.08)
-    assert r.deff == pytest.approx(1 + 2 * 0.0004 / (0.0004 + 0.2892))
+    model_deff = 1 + 2 * 0.0004 / (0.0004 + 0.2892)
+    _, b, c, _ = expected_table(d, -0.08)
+    discordant = round(60 * (1 - (1 - (b + c)) ** 3))
+    assert r.deff == pytest.approx(shrunk_design_effect(model_deff, discordant, 3))  # issue #22
     assert r.sd_diff == pytest.approx(math.sqrt(0.0004 + 0.2892 / 3))
     with pytest.raises(InputError, match="true_delta"):
         d.moments(-0.9)
