@@ -1250,6 +1250,9 @@ def _verdict(
 
 
 def _safety(df: pl.DataFrame, plan: GatePlan) -> SafetySummary:
+    # The Clopper-Pearson bound is at plan.alpha, not look_alpha, on purpose (issue #22): the flag is set
+    # by any hit and no test is made, so a second look spends no error on it; the bound only describes
+    # the hit rate, at the level the plan states.
     scored = df.filter(pl.col("outcome") != "missing")
     hits = {arm: int(df.filter((pl.col("arm") == arm) & pl.col("safety")).height) for arm in ARMS}
     runs = {arm: int(scored.filter(pl.col("arm") == arm).height) for arm in ARMS}
