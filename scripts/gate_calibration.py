@@ -136,7 +136,8 @@ def render(rows: list[dict]) -> str:
         "Power is P(non-inferiority shown) at δ = 0 for one slice (a release of k slices needs all k)."
     )
     if missing:
-        head += f" **Not run yet: {len(missing)} size cells** ({'; '.join(missing[:6])}{' …' if len(missing) > 6 else ''})."
+        more = " …" if len(missing) > 6 else ""
+        head += f" **Not run yet: {len(missing)} size cells** ({'; '.join(missing[:6])}{more})."
     return head + "\n\n" + "\n".join(lines)
 
 
