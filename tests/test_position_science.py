@@ -18,6 +18,7 @@ import pytest
 from statsmodels.stats.proportion import binom_test, proportion_confint
 
 from depthgate.exceptions import InputError
+from depthgate.judge.design_effect import shrunk_design_effect
 from depthgate.judge.noise import abs_delta_quantile, noise_delta_quantile, noise_floor
 from depthgate.judge.position import (
     base_scores_from_controls,
@@ -499,21 +500,26 @@ def test_noise_floor_hand_example() -> None:
     assert (s.improve, s.regress, s.cases_flipping, s.delta) == (1, 1, 2, 0.0)
     assert s.asymmetry_p == 1.0
     # One slice: level 0.95; 4 runs at flip rate 0.5: m = 3 (above) -> bound 3/4 -> margin 0.75.
-    assert res.level == 0.95 and s.delta_bound == 0.75 and res.recommended_margin == 0.75
+    assert res.level == 0.95 and s.delta_bound == 0.75 and res.noise_bound_margin == 0.75
+    # Issue #22: the recommendation is where a simulated A/A release passes with the target 0.8.
+    assert res.pass_target == 0.8 and res.pass_probability >= 0.8 and res.recommended_margin > 0.75
     assert res.binding_slice == "512/0.5"
     # Flip-rate upper bound: per-case flip rates (0.5, 0.5) have no spread, Kish DEFF = 1, n_eff = 4:
     # one-sided 95 % Wilson on 2/4.
     lo, _ = proportion_confint(2, 4, alpha=0.10, method="wilson")
     assert s.flip_rate_upper == pytest.approx(1 - lo)
     js = res.to_dict()
-    assert js["slices"][0]["flips"] == 2 and js["recommended_margin"] == 0.75
+    assert js["slices"][0]["flips"] == 2 and js["noise_bound_margin"] == 0.75
 
 
 def test_noise_floor_deterministic_and_levels() -> None:
     y = (np.random.default_rng(3).random((40, 3)) < 0.8).astype(float)
     same = {(arm, length, pos): y for arm in ARMS for length in (1024, 2048) for pos in ("0", "1")}
     res = noise_floor(from_arrays(same), plan=GatePlan(n_min=40, bootstrap_reps=199))
-    assert res.flips == 0 and res.max_delta_bound == 0.0 and res.recommended_margin == 0.01
+    assert res.flips == 0 and res.max_delta_bound == 0.0 and res.noise_bound_margin == 0.01
+    # No flip in 120 runs per slice still allows some (the upper bound), and 40 cases cannot show a
+    # margin below ~0.06 even when every pair agrees: the release passes 0.8 of the time only at 0.08.
+    assert 0.05 < res.recommended_margin <= 0.10 and res.pass_probability >= 0.8
     assert res.level == pytest.approx(1 - 0.05 / 4)
     assert res.aa_verdict == "PASS" and res.aa_not_passing == () and res.plan_margin_ok
     assert noise_floor(from_arrays(same), familywise=False).level == pytest.approx(0.95)
@@ -554,7 +560,7 @@ def test_noise_floor_simulation() -> None:
     assert all(s.asymmetry_p > 0.01 for s in res.slices)
     breaches = 0
     for _ in range(20):
-        fresh = noise_floor(_aa_world(rng, 60, 4, flip), familywise=False)
+        fresh = noise_floor(_aa_world(rng, 60, 4, flip), familywise=False, sims=20)
         breaches += fresh.max_abs_delta > res.recommended_margin + 1e-12
     assert breaches <= 1
     skewed = noise_floor(_aa_world(rng, 60, 4, flip, shift=0.25))
@@ -588,7 +594,9 @@ def test_power_reproduces_spec_section_3() -> None:
     joint = cases_for_power(flat, seeds=3, sizing=TABLE, n_slices=20)
     assert joint.n_test == 141 and joint.per_slice_target == pytest.approx(0.8 ** (1 / 20))
     row = power_per_slice(23, 5, d, Sizing(n_min=0))
-    assert round(row.power_test, 3) == 0.809 and row.deff == 1.0
+    # The model's D is 1 at delta 0; the gate shrinks it toward R with the weight of 3 discordant cases
+    # (issue #22): 23 (1 - 0.83^5) = 14 expected discordant cases give (14 + 3 x 5) / 17.
+    assert round(row.power_test, 3) == 0.809 and row.deff == pytest.approx(shrunk_design_effect(1.0, 14, 5))
     assert power_per_slice(23, 5, d, Sizing()).power == 0.0  # below n_min 40: INCONCLUSIVE
 
 
@@ -606,7 +614,10 @@ def test_power_moments_hand_example() -> None:
     # Expected run table at delta 0: psi = omega^2 = 2 x 0.12 -> b = c = 0.12, a = 0.68, d = 0.08.
     assert expected_table(d) == pytest.approx((0.68, 0.12, 0.12, 0.08))
     r = power_per_slice(60, 3, d, Sizing(n_min=40), true_delta=-0.08)
-    assert r.deff == pytest.approx(1 + 2 * 0.0004 / (0.0004 + 0.2892))
+    model_deff = 1 + 2 * 0.0004 / (0.0004 + 0.2892)
+    _, b, c, _ = expected_table(d, -0.08)
+    discordant = round(60 * (1 - (1 - (b + c)) ** 3))
+    assert r.deff == pytest.approx(shrunk_design_effect(model_deff, discordant, 3))  # issue #22
     assert r.sd_diff == pytest.approx(math.sqrt(0.0004 + 0.2892 / 3))
     with pytest.raises(InputError, match="true_delta"):
         d.moments(-0.9)

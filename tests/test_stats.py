@@ -95,8 +95,10 @@ def ref_deff_paired(yb, yc):
     dcase = yc.mean(1) - yb.mean(1)
     var_cl = dcase.var(ddof=1) / n
     var_srs = ((b + c) / total - ((b - c) / total) ** 2) / total
-    deff = var_cl / var_srs if var_srs > 0 else runs
-    return float(np.clip(deff, 1.0, runs))
+    deff = float(np.clip(var_cl / var_srs if var_srs > 0 else runs, 1.0, runs))
+    # Issue #22: shrunk toward R with the weight of 3 discordant cases (judge/design_effect.py).
+    k = int(np.count_nonzero((yb != yc).any(axis=1)))
+    return (k * deff + 3.0 * runs) / (k + 3.0)
 
 
 def ref_newcombe_rs(yb, yc, alpha_one_sided):
@@ -602,7 +604,7 @@ _SUBPROCESS = """
 import json, sys
 import polars as pl
 from depthgate.judge.stats import GatePlan, gate
-plan = GatePlan(floor=0.70, bootstrap_reps=999, bootstrap_seed=7)
+plan = GatePlan(floor=0.70, bootstrap_reps=1439, bootstrap_seed=7)
 print(json.dumps(gate(pl.read_ipc(sys.argv[1]), plan).to_dict(), sort_keys=True))
 """
 
@@ -611,7 +613,7 @@ def test_verdict_identical_across_processes(tmp_path, harness_records):
     path = tmp_path / "records.arrow"
     harness_records.write_ipc(path)
     here = json.dumps(
-        gate(harness_records, GatePlan(floor=0.70, bootstrap_reps=999, bootstrap_seed=7)).to_dict(),
+        gate(harness_records, GatePlan(floor=0.70, bootstrap_reps=1439, bootstrap_seed=7)).to_dict(),
         sort_keys=True,
     )
     # A fresh interpreter with a different str-hash salt: hash() must play no role in the seeds.
@@ -939,15 +941,17 @@ def _one_failed_run(n: int, runs: int, failed: int = 1) -> tuple[np.ndarray, np.
 def test_bootstrap_skips_resamples_without_spread():
     """n = 300, R = 5, one failed candidate run: 37% of case resamples miss that case (se* = 0). The
     Appendix A bootstrap made them t* = +inf and the bound -inf at any n; they are now left out and the
-    slice takes the design-effect Newcombe bound (-0.003), as the issue measured it alone."""
+    slice takes the design-effect Newcombe bound (-0.0084 since issue #22; -0.003 with D ~ 1 before)."""
     yb, yc = _one_failed_run(300, 5)
     boot = bootstrap_t(yc.mean(1) - yb.mean(1), 0.10, 0.05, reps=9999, seed=0)
-    assert boot.degenerate + boot.used == 9999
-    assert 0.33 < boot.degenerate / 9999 < 0.41  # (1 - 1/300)^300 = 0.367
+    # Issue #22: degenerate draws are replaced by further draws, so 9,999 resamples are usable.
+    assert boot.used == 9999
+    assert 0.33 < boot.degenerate / (boot.degenerate + boot.used) < 0.41  # (1 - 1/300)^300 = 0.367
     assert math.isfinite(boot.lower) and boot.p_ni == 1 / (boot.used + 1)
     s = slice_statistics(yb, yc, 0.10, 0.05, reps=9999, seed=0)
     assert math.isfinite(s.lower_bootstrap) and s.lower == s.lower_newcombe
-    assert round(s.lower, 4) == -0.0030 and s.p_ni < 0.001
+    # -0.0030 before issue #22: one discordant case no longer estimates D ~ 1 (D = (1 + 3*5)/4 = 4)
+    assert round(s.lower, 4) == -0.0084 and s.p_ni < 0.001
     ref_lb = ref_boot_t(yc.mean(1) - yb.mean(1), 0.10, reps=9999, seed=0)[0]
     assert ref_lb < -1e300  # the spec's helper (nan_to_num makes -inf -1.8e308), for the record
 

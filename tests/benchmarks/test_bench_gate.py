@@ -170,7 +170,7 @@ def make_scored(cases: int, seeds: int) -> Any:
 
 
 def multinomial_resampled_t(d: Any, mean: float, rng: Any, size: int) -> Any:
-    """``stats._resampled_t`` as it was before issue #14: multinomial case counts as weights (numpy draws
+    """``bootstrap._resampled_t`` as it was before issue #14: multinomial case counts as weights (numpy draws
     one binomial per case per replicate), the spec's Appendix A draw. Same statistic, other stream."""
     import numpy as np
 
@@ -193,7 +193,7 @@ def multinomial_resampled_t(d: Any, mean: float, rng: Any, size: int) -> Any:
 def measure(cases: int, seeds: int, reps: int, out_dir: Path, profile_dir: Path | None) -> dict[str, Any]:
     import polars as pl
 
-    from depthgate.judge import stats
+    from depthgate.judge import bootstrap
     from depthgate.judge.stats import GatePlan, gate
     from depthgate.report.report import write_reports
 
@@ -272,12 +272,12 @@ def measure(cases: int, seeds: int, reps: int, out_dir: Path, profile_dir: Path 
     result["peak_rss_mb"] = max(v for v in phases if v is not None)
     # after the shipped path's peak is taken: the baseline phase is not part of it
     if os.environ.get("DEPTHGATE_BENCH_GATE_BASELINE", "1") != "0":
-        shipped = stats._resampled_t
-        stats._resampled_t = multinomial_resampled_t
+        shipped = bootstrap._resampled_t
+        bootstrap._resampled_t = multinomial_resampled_t
         try:
             baseline = timed("gate_baseline", lambda: gate(scored, plan))
         finally:
-            stats._resampled_t = shipped
+            bootstrap._resampled_t = shipped
         result["baseline_verdict"] = baseline.verdict.value
         result["baseline_statuses_equal"] = [s.status for s in baseline.slice_results] == [
             s.status for s in gate_result.slice_results

@@ -204,7 +204,7 @@ def _shard(value: str) -> tuple[int, int]:
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
-    from depthgate.commands.plan import matrix_power, print_power, read_pilot
+    from depthgate.commands.plan import matrix_power, near_ceiling_power, print_power, read_pilot
     from depthgate.spec.models import load_matrix
     from depthgate.spec.suites import resolve_suite
 
@@ -213,11 +213,11 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     suite = resolve_suite(matrix.suite, base_dir=matrix_path.parent)
     pilot = read_pilot(args.pilot) if args.pilot else None
     power = matrix_power(matrix, suite, p_baseline=args.p_baseline, icc=args.icc, pilot=pilot)
-    print_power(power)
+    ceiling = near_ceiling_power(matrix, suite, icc=args.icc)
+    print_power(power, ceiling)
     if args.json:
-        write_text_atomic(
-            args.json, json.dumps(power.to_dict(), indent=2, allow_nan=False) + "\n", option="--json"
-        )
+        out = {**power.to_dict(), "power_all_slices_near_ceiling": ceiling.power_all_slices}
+        write_text_atomic(args.json, json.dumps(out, indent=2, allow_nan=False) + "\n", option="--json")
     return ExitCode.PASS
 
 

@@ -768,8 +768,9 @@ def _add_noise_floor(scored: pl.DataFrame, plan: GatePlan, report_dir: Path) -> 
     add_noise_floor_section(result, report_dir)
     state = "above" if result.plan_margin_ok else "BELOW"
     print(
-        f"noise floor: recommended margin {result.recommended_margin:g} (plan margin {plan.margin:g} is "
-        f"{state} it); flip rate {result.flip_rate:.3f}",
+        f"noise floor: recommended margin {result.recommended_margin:g} (an A/A release passes there with "
+        f"probability {result.pass_probability:.2f}; plan margin {plan.margin:g} is {state} it); flip rate "
+        f"{result.flip_rate:.3f}",
         file=sys.stderr,
     )
 

@@ -5,8 +5,10 @@ item 15): the same prompt and seed can pass in one run and fail in the next. An 
 against a repeat of itself, same layouts and seeds, arms labelled ``baseline`` and ``candidate`` — gives,
 per (length, position) slice, the **flip rate** (share of paired runs whose outcome differs) and the
 accuracy difference that flips alone produce. A margin below that difference would call the serving
-stack's own noise a regression; :func:`noise_floor` recommends the smallest margin (in 0.01 steps) that
-the noise floor does not breach.
+stack's own noise a regression. :func:`noise_floor` recommends the smallest margin (in 0.01 steps) at
+which an A/A release of the design passes the *gate* (every slice's lower bound above −M) with the
+plan's target probability, at an upper confidence bound of the flip rate (``depthgate.judge.aa_margin``,
+issue #22); the |Delta| bound below is kept as ``noise_bound_margin``.
 
 Why the bound is what it is. Under A/A the two arms are exchangeable: a paired run flips with some
 probability phi and a flip goes either way with probability 1/2 (runs are independent draws of a
@@ -42,6 +44,7 @@ import polars as pl
 from statsmodels.stats.proportion import binom_test
 
 from depthgate.exceptions import InputError
+from depthgate.judge.aa_margin import AaCase, aa_release_margin
 from depthgate.judge.frames import FiniteRow, finite_fields
 from depthgate.judge.position import runs_frame
 from depthgate.judge.stats import (
@@ -156,8 +159,14 @@ class NoiseSlice(FiniteRow):
 class NoiseFloorResult:
     """Output of :func:`noise_floor`.
 
-    ``recommended_margin``: the smallest margin in 0.01 steps that no slice's noise bound and no
-    observed A/A |Delta| reaches (at least 0.01); ``binding_slice``: the "length/position" that sets it.
+    ``recommended_margin``: the smallest margin in 0.01 steps at which a simulated A/A release of this
+    design passes with probability ``pass_target`` (the plan's power, 0.8 by default), at the
+    case-clustered Clopper–Pearson upper bound of the flip rate (``flip_rate_upper_clustered``;
+    ``depthgate.judge.aa_margin``, issue #22); ``pass_probability``: the simulated pass probability at it
+    (``aa_sims`` releases); ``binding_slice``: the "length/position" whose bound was lowest most often.
+    ``noise_bound_margin``: the former recommendation, the smallest margin that no slice's |Delta| noise
+    bound and no observed A/A |Delta| reaches (it bounds the point difference, while the gate needs the
+    lower bound above −M: a fresh A/A release gated there FAILed .53–.63 of the time).
     ``plan_margin_ok``: the given plan margin is >= the recommendation (None without a margin).
     ``aa_verdict``/``aa_not_passing``: the gate's verdict on the A/A records and the slices it did not
     pass (only when a plan was given; an A/A run should PASS — any FAIL here is a false alarm of the
@@ -180,6 +189,11 @@ class NoiseFloorResult:
     plan_margin_ok: bool | None
     aa_verdict: str | None
     aa_not_passing: tuple[str, ...]
+    pass_probability: float
+    pass_target: float
+    flip_rate_upper_clustered: float
+    aa_sims: int
+    noise_bound_margin: float
 
     @property
     def frame(self) -> pl.DataFrame:
@@ -209,6 +223,7 @@ def noise_floor(
     n_cases: int | None = None,
     seeds: int | None = None,
     plan: GatePlan | None = None,
+    sims: int = 200,
 ) -> NoiseFloorResult:
     """Per-slice flip rates of an A/A run and the margin its noise floor cannot breach.
 
@@ -256,6 +271,7 @@ def noise_floor(
         ((pl.col("yc") == 1.0) & (pl.col("yb") == 0.0)).sum().alias("improve"),
         ((pl.col("yc") == 0.0) & (pl.col("yb") == 1.0)).sum().alias("regress"),
         (pl.col("yc").mean() - pl.col("yb").mean()).alias("d"),
+        (pl.col("yb").sum() + pl.col("yc").sum()).alias("passes"),
     )
     slice_keys = sorted(
         {(int(length), str(pos)) for length, pos in runs.select("length", "position").unique().iter_rows()},
@@ -328,13 +344,35 @@ def noise_floor(
     measured = [s for s in slices if s.paired_runs > 0]
     max_abs = max((abs(s.delta) for s in measured), default=0.0)
     max_bound = max((s.delta_bound for s in measured), default=0.0)
-    binding: str | None = None
-    if measured:
-        top = max(measured, key=lambda s: (max(s.delta_bound, abs(s.delta)), -s.length))
-        binding = f"{top.length}/{top.position}"
-    recommended = max(_STEP, _ceil_step(max(max_abs, max_bound)))
+    bound_margin = max(_STEP, _ceil_step(max(max_abs, max_bound)))
     total_runs = sum(s.paired_runs for s in measured)
     total_flips = sum(s.flips for s in measured)
+
+    # The recommendation (issue #22): the margin at which a simulated A/A release of this design passes
+    # with the plan's target probability, at the clustered upper bound of the flip rate.
+    gate_plan = plan or GatePlan()
+    measured_keys = [(s.length, s.position) for s in measured]
+    aa_slices = [
+        [
+            AaCase(int(row["runs"]), int(row["flips"]), int(row["passes"]))
+            for row in per_case.filter((pl.col("length") == length) & (pl.col("position") == pos))
+            .sort("case_id")
+            .iter_rows(named=True)
+        ]
+        for length, pos in measured_keys
+    ]
+    release = aa_release_margin(
+        aa_slices,
+        seeds=seeds or planned_seeds,
+        alpha=alpha,
+        target=gate_plan.power,
+        sims=sims,
+        bootstrap_reps=min(gate_plan.bootstrap_reps, 499),
+        seed=gate_plan.bootstrap_seed,
+        n_cases=n_cases,
+    )
+    recommended = release.margin
+    binding = "{}/{}".format(*measured_keys[release.binding_slice]) if measured_keys else None
 
     verdict: str | None = None
     not_passing: tuple[str, ...] = ()
@@ -364,6 +402,11 @@ def noise_floor(
         max_delta_bound=float(max_bound),
         recommended_margin=recommended,
         binding_slice=binding,
+        pass_probability=release.pass_probability,
+        pass_target=release.target,
+        flip_rate_upper_clustered=release.flip_rate_upper,
+        aa_sims=release.sims,
+        noise_bound_margin=bound_margin,
         plan_margin=None if plan is None else plan.margin,
         plan_margin_ok=None if plan is None else plan.margin >= recommended - 1e-12,
         aa_verdict=verdict,

@@ -48,6 +48,7 @@ import polars as pl
 from statsmodels.stats.power import TTestPower
 
 from depthgate.exceptions import InputError
+from depthgate.judge.design_effect import shrunk_design_effect
 from depthgate.judge.frames import FiniteRow, finite_fields
 from depthgate.judge.position import runs_frame
 from depthgate.judge.stats import (
@@ -61,6 +62,7 @@ from depthgate.judge.stats import (
     position_sort_key,
     stable_seed,
 )
+from depthgate.spec.models import min_bootstrap_resamples
 
 __all__ = [
     "MIN_CASES_APPROX",
@@ -256,9 +258,12 @@ def _approx(
     sd = math.sqrt(tau2 + omega2 / seeds)
     total = tau2 + omega2
     deff = 1.0 + (seeds - 1) * tau2 / total if total > 0 else float(seeds)
+    _, b, c, _ = expected_table(design, true_delta)
+    if seeds > 1:  # the gate shrinks D toward R when few cases disagree (judge/design_effect.py)
+        discordant_cases = n * (1.0 - (1.0 - min(b + c, 1.0)) ** seeds)
+        deff = shrunk_design_effect(deff, round(discordant_cases), seeds)
     effect = _effect(margin, true_delta, sd)
     power_n, lower = _newcombe_power(design, n, seeds, margin, alpha, true_delta, deff)
-    _, b, c, _ = expected_table(design, true_delta)
     return _Approx(
         sd, tau2, omega2, deff, effect, _t_power(effect, n, alpha), power_n, lower, (b + c) * n * seeds
     )
@@ -838,6 +843,10 @@ def simulate_gate_power(
         bootstrap_seed=seed,
         max_missing=0.5,
     )
+    # Slices per gate() call: no more than the plan's B can serve (the gate applies the B rule to the
+    # slices of records gated without a pre-registered list, issue #22).
+    while batch > 1 and min_bootstrap_resamples(batch, alpha) > bootstrap_reps:
+        batch -= 1
     shown = 0
     done = 0
     while done < sims:

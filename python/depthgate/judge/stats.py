@@ -40,7 +40,10 @@ from statsmodels.stats.power import TTestPower
 from statsmodels.stats.proportion import proportion_confint
 
 from depthgate.exceptions import InputError, SpecError
+from depthgate.judge.bootstrap import BootstrapBounds, bootstrap_t
+from depthgate.judge.design_effect import shrunk_design_effect
 from depthgate.judge.frames import FrameOf, JsonRow, clean_value
+from depthgate.judge.monotone import monotone_floor_lower_bound
 from depthgate.spec.models import look_alpha as _look_alpha
 from depthgate.spec.models import plan_violations, spacing_rank, split_position_label
 
@@ -70,10 +73,6 @@ _RUN_KEY = [*_CELL_KEY, "seed"]
 _NI_METHODS = {"BH": "fdr_bh", "BY": "fdr_by", "holm": "holm"}
 _REGRESSION_METHODS = {"BY": "fdr_by", "holm": "holm"}
 
-# Bootstrap case indices are drawn in blocks of this many replicates (memory: block x n_cases int32
-# indices plus as many float64 values, 12 MB at 500 cases). The draws are sequential, so the result does
-# not depend on the block size.
-_BOOTSTRAP_BLOCK = 2048
 # Search interval and tolerance for inverting a Newcombe bound into a p-value (as in gate_lib.py).
 _P_SEARCH_LOW, _P_SEARCH_HIGH, _P_TOLERANCE = 1e-10, 0.4999, 1e-12
 _TIE_TOLERANCE = 1e-12
@@ -389,7 +388,9 @@ def run_counts(baseline: npt.ArrayLike, candidate: npt.ArrayLike) -> tuple[float
 def paired_design_effect(baseline: npt.ArrayLike, candidate: npt.ArrayLike) -> float:
     """Design effect D of the paired run-level difference, clipped to [1, runs per case] (section 2.2).
 
-    D = R (no shrinkage below one observation per case) when there is no discordant run.
+    D = R (no shrinkage below one observation per case) when there is no discordant run. The estimate is
+    shrunk toward R with the weight of three discordant cases (``depthgate.judge.design_effect``, issue
+    #22): a handful of discordant runs says nothing about clustering.
     """
     yb, yc = _as_runs(baseline), _as_runs(candidate)
     n = yb.shape[0]
@@ -400,7 +401,8 @@ def paired_design_effect(baseline: npt.ArrayLike, candidate: npt.ArrayLike) -> f
     var_cluster = float(d_case.var(ddof=1)) / n if n > 1 else math.inf
     var_srs = ((b + c) / total - ((b - c) / total) ** 2) / total
     deff = var_cluster / var_srs if var_srs > 0 else runs_per_case
-    return float(np.clip(deff, 1.0, max(runs_per_case, 1.0)))
+    discordant_cases = int(np.count_nonzero(np.nansum(np.abs(yc - yb), axis=1)))
+    return shrunk_design_effect(float(deff), discordant_cases, runs_per_case)
 
 
 def floor_lower_bound(
@@ -413,9 +415,15 @@ def floor_lower_bound(
     number of cases), as the paired Newcombe-RS bound does when no run is discordant (section 2.2):
     40 all-pass cases at R = 3 give the Wilson bound of 40/40 (0.937), not of 120/120 (0.978). DEFF is
     also R when there is a single case.
+
+    The bound is the monotone envelope (``depthgate.judge.monotone``, issue #22): never above the bound
+    of a completion with more passes, so one more failure never raises it (40 all-pass cases at R = 3:
+    0.937; plus one failed run: 0.937, where the plain Kish bound gave 0.963). DEFF and n_eff are the
+    data's own.
     """
     p, deff, n_eff = kish_effective_n(per_case_rates, runs_per_case, caller="floor_lower_bound")
-    return wilson_lower(p * n_eff, n_eff, alpha), deff, n_eff
+    plain = wilson_lower(p * n_eff, n_eff, alpha)
+    return min(plain, monotone_floor_lower_bound(per_case_rates, runs_per_case, alpha)), deff, n_eff
 
 
 def kish_effective_n(
@@ -434,99 +442,6 @@ def kish_effective_n(
     var_srs = p * (1.0 - p) / (n * r)
     deff = r if n < 2 or var_srs <= 0 else float(np.clip(float(rates.var(ddof=1)) / n / var_srs, 1.0, r))
     return p, deff, n * r / deff
-
-
-@dataclass(frozen=True)
-class BootstrapBounds:
-    """Studentized case bootstrap: one-sided (1 - alpha) bounds and p-values (None: the bootstrap-t is
-    undefined, se = 0 or no resample with spread; the caller defers to another bound).
-
-    ``degenerate`` counts the resamples without spread (every drawn case has the same difference), which
-    are left out of the t* distribution; ``used`` is the number of resamples the bounds rest on.
-    """
-
-    lower: float
-    upper: float
-    p_ni: float | None
-    p_reg: float | None
-    degenerate: int = 0
-    used: int = 0
-
-
-def _resampled_t(d: FloatArray, mean: float, rng: np.random.Generator, size: int) -> FloatArray:
-    """t* = (mean* - mean) / se* of ``size`` case resamples of ``d``, the resamples with spread only.
-
-    n case indices per resample, int32: 15 % faster draws than int64 at 500 cases (a slice never has
-    2^31 cases). Spread is tested on the drawn values, not on se* > 0: the mean of n equal floats can
-    differ from them in the last bit, which leaves a tiny positive se*.
-    """
-    n = d.size
-    sample = d[rng.integers(0, n, size=(size, n), dtype=np.int32)]
-    means = sample.mean(axis=1)
-    sds = sample.std(axis=1, ddof=1) / math.sqrt(n)
-    spread = sample.min(axis=1) < sample.max(axis=1)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        t_star = np.where(sds > 0, (means - mean) / sds, np.sign(means - mean) * np.inf)
-    kept: FloatArray = np.nan_to_num(t_star[spread], nan=0.0, posinf=np.inf, neginf=-np.inf)
-    return kept
-
-
-def bootstrap_t(
-    differences: npt.ArrayLike, margin: float, alpha: float = 0.05, reps: int = 9999, seed: int = 0
-) -> BootstrapBounds:
-    """Bootstrap-t over cases (section 2.2): resample cases ``reps`` times, t* = (mean* - mean)/se*.
-
-    **Resampling** draws ``n`` case indices with replacement per replicate (``Generator.integers`` seeded
-    with ``seed``, so deterministic). That is the same bootstrap distribution as the spec's Appendix A
-    ``gate_lib.boot_t``, which draws multinomial case counts, but a different random stream: numpy's
-    multinomial draws one binomial per case per replicate and took 92 % of gate + report on 10^6 rows
-    (docs/benchmarks-runner-gate.md: 15.4 s CPU before, 3.4 s now). Bounds move by Monte Carlo noise
-    only: 2.04e-4 at most on the benchmark's 20 slices at 9,999 replicates, where one bound's Monte
-    Carlo SD over seeds is 0.5-1.3e-4. ``gate_lib.boot_t`` with
-    this one draw changed gives the same numbers for the same seed (tests/test_stats.py).
-
-    **Degenerate resamples** (every drawn case has the same difference, so se* = 0 and t* is undefined)
-    are left out: the bounds and p-values use the t* distribution *conditional on a resample with
-    spread*. Spec Appendix A set t* = +-inf there, which near the ceiling (one or two discordant cases,
-    all against the candidate: more than alpha of the resamples draw none of them) made the lower bound
-    -inf at any n (research/stats_gate.md, Erratum). Conditioning mirrors how the gate uses the
-    statistic: a sample without spread never reaches the studentized bound (se = 0 returns the mean and
-    p = None), the Newcombe-RS bound that every slice also takes the minimum with covers it. Under the
-    null at the margin degenerate resamples are rare, so the size is unchanged (docs/gate-calibration.md).
-
-    Quantiles use method "higher"/"lower". p_NI = (1 + #{t* >= (mean + M)/se}) / (used + 1); p_REG
-    symmetric.
-    """
-    d = np.asarray(differences, dtype=np.float64)
-    n = d.size
-    if n < 2:
-        raise ValueError("bootstrap_t needs at least 2 cases")
-    rng = np.random.default_rng(seed)
-    mean = float(d.mean())
-    se = float(d.std(ddof=1)) / math.sqrt(n)
-    t_blocks: list[FloatArray] = []
-    remaining = reps
-    while remaining > 0:
-        size = min(remaining, _BOOTSTRAP_BLOCK)
-        t_blocks.append(_resampled_t(d, mean, rng, size))
-        remaining -= size
-    t_all = np.concatenate(t_blocks)
-    used = int(t_all.size)
-    if se <= 0 or used == 0:
-        return BootstrapBounds(
-            lower=mean, upper=mean, p_ni=None, p_reg=None, degenerate=reps - used, used=used
-        )
-    q_high = float(np.quantile(t_all, 1.0 - alpha, method="higher"))
-    q_low = float(np.quantile(t_all, alpha, method="lower"))
-    t_obs = (mean + margin) / se
-    return BootstrapBounds(
-        lower=mean - q_high * se,
-        upper=mean - q_low * se,
-        p_ni=(1 + int(np.sum(t_all >= t_obs))) / (used + 1),
-        p_reg=(1 + int(np.sum(t_all <= t_obs))) / (used + 1),
-        degenerate=reps - used,
-        used=used,
-    )
 
 
 @dataclass(frozen=True)
@@ -1158,6 +1073,8 @@ def gate(records: pl.DataFrame, plan: GatePlan | None = None) -> GateResult:
     keys = set(observed) if plan.planned_slices is None else set(plan.planned_slices) | set(observed)
     ordered = sorted(keys, key=lambda k: (k[0], position_sort_key(k[1])))
     preregistered = None if plan.planned_slices is None else set(plan.planned_slices)
+    if preregistered is None:
+        _check_bootstrap_for(plan, len(ordered))
 
     spaced_cases = None if plan.spaced_cases is None else sorted(plan.spaced_cases)
 
@@ -1221,8 +1138,20 @@ def gate(records: pl.DataFrame, plan: GatePlan | None = None) -> GateResult:
 
     p_ni = [1.0 if d.stats is None else d.stats.p_ni for d in drafts]
     p_reg = [1.0 if d.stats is None else d.stats.p_reg for d in drafts]
-    q_ni = _adjust(p_ni, plan.look_alpha, _NI_METHODS[plan.fdr_method])
-    q_reg = _adjust(p_reg, plan.look_alpha, _REGRESSION_METHODS[plan.regression_method])
+    # The families are the pre-registered slices (spec §2.3): an unplanned slice is exploratory, reported
+    # with q = 1, and does not enlarge the BY/BH family of the planned ones (issue #22).
+    family = [
+        i
+        for i, d in enumerate(drafts)
+        if preregistered is None or (d.data.length, d.data.position) in preregistered
+    ]
+    q_ni, q_reg = [1.0] * len(drafts), [1.0] * len(drafts)
+    for qs, ps, method in (
+        (q_ni, p_ni, _NI_METHODS[plan.fdr_method]),
+        (q_reg, p_reg, _REGRESSION_METHODS[plan.regression_method]),
+    ):
+        for i, q in zip(family, _adjust([ps[i] for i in family], plan.look_alpha, method), strict=True):
+            qs[i] = q
 
     slice_results: list[SliceResult] = []
     for i, draft in enumerate(drafts):
@@ -1285,6 +1214,18 @@ def gate(records: pl.DataFrame, plan: GatePlan | None = None) -> GateResult:
     )
 
 
+def _check_bootstrap_for(plan: GatePlan, n_slices: int) -> None:
+    """The plan's B rule (:func:`plan_violations`) for the slices of records gated without a
+    pre-registered list: the same refusal as ``GatePlan(planned_slices=...)`` (issue #22, item 4)."""
+    for name, problem, fix in plan_violations(
+        plan, regression_method=plan.regression_method, n_slices=n_slices
+    ):
+        if name == "bootstrap_resamples":
+            raise SpecError(
+                f"invalid gate plan for these records: {problem}", field="bootstrap_reps", fix=fix
+            )
+
+
 def _verdict(
     slices: Sequence[SliceResult], overall: OverallResult | None, safety: SafetySummary
 ) -> tuple[Verdict, list[str]]:
@@ -1309,6 +1250,9 @@ def _verdict(
 
 
 def _safety(df: pl.DataFrame, plan: GatePlan) -> SafetySummary:
+    # The Clopper-Pearson bound is at plan.alpha, not look_alpha, on purpose (issue #22): the flag is set
+    # by any hit and no test is made, so a second look spends no error on it; the bound only describes
+    # the hit rate, at the level the plan states.
     scored = df.filter(pl.col("outcome") != "missing")
     hits = {arm: int(df.filter((pl.col("arm") == arm) & pl.col("safety")).height) for arm in ARMS}
     runs = {arm: int(scored.filter(pl.col("arm") == arm).height) for arm in ARMS}

@@ -466,7 +466,10 @@ def render_noise_markdown(nf: NoiseFloorResult) -> str:
         "",
         "### Noise floor (A/A: the baseline against itself)",
         "",
-        f"Recommended margin {nf.recommended_margin:g} (binding slice {nf.binding_slice}); plan margin "
+        f"Recommended margin {nf.recommended_margin:g}: a simulated A/A release passes there with "
+        f"probability {nf.pass_probability:.2f} (target {nf.pass_target:g}; flip rate upper bound "
+        f"{nf.flip_rate_upper_clustered:.3f}; binding slice {nf.binding_slice}); the |Δ| noise bound alone "
+        f"gives {nf.noise_bound_margin:g}; plan margin "
         f"{nf.plan_margin}; plan margin above the noise floor: {ok}. Flip rate overall "
         f"{nf.flip_rate:.3f} ({nf.flips} of {nf.paired_runs} paired runs); A/A gate verdict {nf.aa_verdict}.",
         "",

@@ -1,0 +1,192 @@
+#!/usr/bin/env python
+"""Calibration grid of the gate's per-slice non-inferiority test (issue #22, item 1 and 6).
+
+For every cell of the grid — baseline mean accuracy mu, margin M, seeds R, cases n, loss shape — draw
+``--sims`` slices at the null boundary delta = -M and count how often the gate's own slice test
+(``depthgate.judge.stats.slice_statistics(...).lower > -M``, the condition of a PASS) shows
+non-inferiority: the size, which must be <= alpha + 2 MC-SE. With ``--power-sims`` it also draws slices
+at delta = 0 (A/A) and reports the power.
+
+Data (research/stats_gate.md §4): per-case baseline pass probability p_i ~ Beta(2 mu, 2 (1 - mu)) (strong
+case heterogeneity), R independent runs per arm (no seed coupling). Loss shapes at delta = -M:
+
+* ``broken``: a random share M/mu of the cases drops to p = 0 (a sparse, clustered regression);
+* ``scale``: every case is scaled, q_i = p_i (1 - M/mu).
+
+Results are appended to a JSON-lines file (``--results``) cell by cell, so a run can be resumed or split;
+``--render`` writes the table from that file into docs/gate-calibration.md between the markers
+``<!-- calibration-grid:begin -->`` and ``<!-- calibration-grid:end -->``. Seeds are sha256-derived
+(``stable_seed``): the same cell gives the same numbers in every process.
+
+    nice -n 15 .venv/bin/python scripts/gate_calibration.py --sims 1000 --power-sims 200 --render
+    .venv/bin/python scripts/gate_calibration.py --render          # table only, from the results file
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from depthgate.judge.stats import slice_statistics, stable_seed
+
+REPO = Path(__file__).resolve().parents[1]
+DOC = REPO / "docs" / "gate-calibration.md"
+BEGIN, END = "<!-- calibration-grid:begin -->", "<!-- calibration-grid:end -->"
+
+MUS = (0.9, 0.95, 0.99, 0.995)
+MARGINS = (0.03, 0.05, 0.10)
+SEEDS = (1, 3, 5)
+CASES = (40, 100, 300)
+LOSSES = ("broken", "scale")
+ALPHA = 0.05
+KAPPA = 2.0
+
+
+def draw(
+    rng: np.random.Generator, mu: float, n: int, seeds: int, delta: float, loss: str
+) -> tuple[np.ndarray, np.ndarray]:
+    """One slice: (baseline, candidate) 0/1 arrays of shape (n, seeds)."""
+    pb = rng.beta(mu * KAPPA, (1.0 - mu) * KAPPA, size=n)
+    if delta < 0 and loss == "broken":
+        pc = np.where(rng.random(n) < -delta / mu, 0.0, pb)
+    elif delta < 0:
+        pc = pb * (1.0 + delta / mu)
+    else:
+        pc = pb
+    yb = (rng.random((n, seeds)) < pb[:, None]).astype(np.float64)
+    yc = (rng.random((n, seeds)) < pc[:, None]).astype(np.float64)
+    return yb, yc
+
+
+def run_cell(
+    mu: float, margin: float, seeds: int, n: int, loss: str, delta: float, sims: int, reps: int
+) -> dict:
+    key = (mu, margin, seeds, n, loss, delta)
+    rng = np.random.default_rng(stable_seed(22, "calibration", *key))
+    shown = 0
+    for i in range(sims):
+        yb, yc = draw(rng, mu, n, seeds, delta, loss)
+        st = slice_statistics(yb, yc, margin, ALPHA, reps, stable_seed(22, "boot", *key, i))
+        shown += st.lower > -margin
+    rate = shown / sims
+    return {
+        "mu": mu,
+        "margin": margin,
+        "seeds": seeds,
+        "n": n,
+        "loss": loss,
+        "delta": delta,
+        "sims": sims,
+        "shown": shown,
+        "rate": rate,
+        "mc_se": math.sqrt(max(rate * (1 - rate), 1e-12) / sims),
+        "bootstrap_reps": reps,
+    }
+
+
+def _load(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def render(rows: list[dict]) -> str:
+    size = {(r["mu"], r["margin"], r["seeds"], r["n"], r["loss"]): r for r in rows if r["delta"] < 0}
+    power = {(r["mu"], r["margin"], r["seeds"], r["n"], r["loss"]): r for r in rows if r["delta"] == 0}
+    lines = [
+        "| μ | M | R | n | size, broken | size, scale | power at δ = 0 (A/A) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    worst = 0.0
+    held = total = 0
+    for mu, margin, seeds, n in itertools.product(MUS, MARGINS, SEEDS, CASES):
+        cells = []
+        for loss in LOSSES:
+            r = size.get((mu, margin, seeds, n, loss))
+            if r is None:
+                cells.append("–")
+                continue
+            bound = ALPHA + 2 * math.sqrt(ALPHA * (1 - ALPHA) / r["sims"])
+            ok = r["rate"] <= bound
+            held += ok
+            total += 1
+            worst = max(worst, r["rate"])
+            cells.append(f"{r['rate']:.3f} ± {r['mc_se']:.3f}{'' if ok else ' **over**'}")
+        p = power.get((mu, margin, seeds, n, "broken")) or power.get((mu, margin, seeds, n, "scale"))
+        cells.append("–" if p is None else f"{p['rate']:.2f} ± {p['mc_se']:.2f}")
+        if all(c == "–" for c in cells):
+            continue
+        lines.append(f"| {mu:g} | {margin:g} | {seeds} | {n} | " + " | ".join(cells) + " |")
+    missing = [
+        f"μ {mu:g} M {m:g} R {r} n {n} {loss}"
+        for mu, m, r, n, loss in itertools.product(MUS, MARGINS, SEEDS, CASES, LOSSES)
+        if (mu, m, r, n, loss) not in size
+    ]
+    sims = sorted({r["sims"] for r in rows if r["delta"] < 0})
+    head = (
+        f"{held} of {total} size cells hold (rate <= α + 2 MC-SE at α = {ALPHA}, with the MC-SE of α at the "
+        f"cell's replicate count {', '.join(map(str, sims))}); largest size {worst:.3f}. "
+        "Power is P(non-inferiority shown) at δ = 0 for one slice (a release of k slices needs all k)."
+    )
+    if missing:
+        more = " …" if len(missing) > 6 else ""
+        head += f" **Not run yet: {len(missing)} size cells** ({'; '.join(missing[:6])}{more})."
+    return head + "\n\n" + "\n".join(lines)
+
+
+def write_doc(table: str) -> None:
+    text = DOC.read_text()
+    block = f"{BEGIN}\n{table}\n{END}"
+    if BEGIN in text and END in text:
+        start, stop = text.index(BEGIN), text.index(END) + len(END)
+        text = text[:start] + block + text[stop:]
+    else:
+        text = text.rstrip() + "\n\n## Calibration grid (scripts/gate_calibration.py)\n\n" + block + "\n"
+    DOC.write_text(text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sims", type=int, default=0, help="replicates per size cell (0: run nothing)")
+    ap.add_argument("--power-sims", type=int, default=0, help="replicates per power cell (delta = 0)")
+    ap.add_argument("--reps", type=int, default=999, help="bootstrap resamples B")
+    ap.add_argument("--results", type=Path, default=REPO / "docs" / "gate-calibration-grid.jsonl")
+    ap.add_argument("--mu", type=float, nargs="*", default=list(MUS))
+    ap.add_argument("--margin", type=float, nargs="*", default=list(MARGINS))
+    ap.add_argument("--seeds", type=int, nargs="*", default=list(SEEDS))
+    ap.add_argument("--cases", type=int, nargs="*", default=list(CASES))
+    ap.add_argument("--loss", nargs="*", default=list(LOSSES))
+    ap.add_argument("--render", action="store_true", help="write the table into docs/gate-calibration.md")
+    args = ap.parse_args(argv)
+    done = {
+        (r["mu"], r["margin"], r["seeds"], r["n"], r["loss"], r["delta"], r["sims"])
+        for r in _load(args.results)
+    }
+    started = time.monotonic()
+    for mu, margin, seeds, n, loss in itertools.product(
+        args.mu, args.margin, args.seeds, args.cases, args.loss
+    ):
+        for delta, sims in ((-margin, args.sims), (0.0, args.power_sims if loss == "broken" else 0)):
+            if sims <= 0 or (mu, margin, seeds, n, loss, delta, sims) in done:
+                continue
+            t0 = time.monotonic()
+            row = run_cell(mu, margin, seeds, n, loss, delta, sims, args.reps)
+            row["seconds"] = round(time.monotonic() - t0, 1)
+            with args.results.open("a") as fh:
+                fh.write(json.dumps(row) + "\n")
+            print(json.dumps(row), flush=True)
+    print(f"elapsed {time.monotonic() - started:.0f} s", file=sys.stderr)
+    if args.render:
+        write_doc(render(_load(args.results)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
