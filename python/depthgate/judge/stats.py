@@ -87,6 +87,9 @@ class SliceStatus(str, enum.Enum):
     FAIL_REGRESSION = "FAIL_REGRESSION"
     FAIL_FLOOR = "FAIL_FLOOR"
     INCONCLUSIVE = "INCONCLUSIVE"
+    #: Never set by :func:`gate`: a failing slice driven by an arm's serving path, as the reports read it
+    #: (:func:`depthgate.judge.wording.with_system_wording`).
+    FAIL_SYSTEM = "FAIL_SYSTEM"
 
 
 class Verdict(str, enum.Enum):
@@ -1285,6 +1288,13 @@ def gate(records: pl.DataFrame, plan: GatePlan | None = None) -> GateResult:
     )
 
 
+def release_verdict(
+    slices: Sequence[SliceResult], overall: OverallResult | None, safety: SafetySummary
+) -> tuple[Verdict, list[str]]:
+    """The release verdict and its reasons from the slice table (what :func:`gate` returns)."""
+    return _verdict(slices, overall, safety)
+
+
 def _verdict(
     slices: Sequence[SliceResult], overall: OverallResult | None, safety: SafetySummary
 ) -> tuple[Verdict, list[str]]:
@@ -1556,6 +1566,7 @@ __all__ = [
     "non_inferiority_shown",
     "paired_design_effect",
     "position_sort_key",
+    "release_verdict",
     "run_counts",
     "sample_size_per_slice",
     "slice_statistics",

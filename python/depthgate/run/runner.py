@@ -785,7 +785,9 @@ class _Run:
             "manifest_digest": self.manifest_digest,
             "arm": job.arm,
             "system": self._system[job.arm],
-            "endpoint": endpoint or self._endpoint[job.arm],
+            # An arm on several replicas: the replica that answered or failed the job last; none for a
+            # job no replica took (never the space-joined list: that is no endpoint, issue #21).
+            "endpoint": endpoint or (None if self._pooled[job.arm] else self._endpoint[job.arm]),
             "layout_id": job.layout_id,
             "case_id": str(layout["case_id"]),
             "target_tokens": int(layout["target_tokens"]),
