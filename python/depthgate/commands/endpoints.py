@@ -2,8 +2,9 @@
 
 The counts are the records' (:func:`depthgate.judge.health.endpoint_counts`) over every request the run
 sent — the matrix, its controls and its canaries — and over every call into the folder: the final
-record of each job by status where it was answered, and every failed attempt, also those of an earlier
-call that a resume superseded. The console adds only each replica's state now (up, drained, excluded).
+record of each job by status where it was answered, and every failed attempt (a resumed job's final
+record carries the endpoints that failed it in earlier calls, :class:`depthgate.run.runner.RunLedger`).
+The console adds only each replica's state now (up, drained, excluded).
 """
 
 from __future__ import annotations
@@ -29,10 +30,9 @@ def run_endpoint_counts(run: Path) -> dict[str, dict[str, int]]:
 
     folders = [run, *(run / name for name in _SIDE_FOLDERS if (run / name).is_dir())]
     finals = [f for f in (read_records(folder) for folder in folders) if f.height]
-    raws = [f for f in (read_records(folder, dedup=False) for folder in folders) if f.height]
     if not finals:
         return {}
-    return endpoint_counts(pl.concat(finals, how="diagonal_relaxed"), raws)
+    return endpoint_counts(pl.concat(finals, how="diagonal_relaxed"))
 
 
 def _state(stats: Mapping[str, Any]) -> str:

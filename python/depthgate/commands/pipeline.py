@@ -363,8 +363,9 @@ def run_matrix(
                     (a.arm, {**row, "target_tokens": row["nominal_tokens"]})
                     for row in _guarded_rows(control_path, guard, controls=True)
                 )
-            if matrix.canaries:
+            if matrix.canaries and shard is None:
                 # Full-length canaries (commands/checks.py): did the whole prompt reach the model?
+                # (Not in a shard: `merge` joins the matrix's records only.)
                 arm_canaries, canary_sources[a.arm] = canary_jobs(
                     a.arm,
                     matrix.canaries,
@@ -885,7 +886,8 @@ def _add_controls(
     lines += [
         "",
         "task_or_model: the evidence-only short input already fails; position_or_assembly: only "
-        "long variants fail; hallucination: a value was given with the evidence removed.",
+        "long variants fail; hallucination: a value was given with the evidence removed; serving_path: "
+        "a control was lost to the arm's serving path (system failures).",
         "",
     ]
     if eligibility is not None:

@@ -88,15 +88,11 @@ def _one_endpoint(endpoint: object) -> str | None:
     return str(endpoint)
 
 
-def endpoint_counts(
-    records: pl.DataFrame, attempts: Sequence[pl.DataFrame] | None = None
-) -> dict[str, dict[str, int]]:
+def endpoint_counts(records: pl.DataFrame) -> dict[str, dict[str, int]]:
     """Per endpoint that was sent to: the final records it holds by status (``ok``, ``system_fail``,
-    ``infra_error``) and ``failed``, the transient failures there (``failed_endpoints``). ``attempts``:
-    every record ever written (``read_records(..., dedup=False)``, of each records folder), so the
-    failures of an earlier call a resume superseded still count; default ``records``. Records never
-    sent (a refused layout, ``attempts`` 0) count nowhere; a lost job no endpoint took counts under none.
-    """
+    ``infra_error``) and ``failed``, the transient failures there (``failed_endpoints``, which a resumed
+    job's final record carries over from the earlier calls). Records never sent (a refused layout,
+    ``attempts`` 0) count nowhere; a lost job no endpoint took counts under none."""
     counts: dict[str, dict[str, int]] = {}
 
     def slot(endpoint: str) -> dict[str, int]:
@@ -110,11 +106,10 @@ def endpoint_counts(
             name = _one_endpoint(endpoint)
             if name is not None and status in ("ok", "system_fail", "infra_error"):
                 slot(name)[str(status)] += int(n)
-    for frame in [records] if attempts is None else attempts:
-        if frame.height and "failed_endpoints" in frame.columns:
-            for listed in sent(frame)["failed_endpoints"].drop_nulls().to_list():
-                for endpoint in str(listed).split():
-                    slot(endpoint)["failed"] += 1
+    if records.height and "failed_endpoints" in records.columns:
+        for listed in sent(records)["failed_endpoints"].drop_nulls().to_list():
+            for endpoint in str(listed).split():
+                slot(endpoint)["failed"] += 1
     return counts
 
 
