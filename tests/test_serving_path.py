@@ -254,14 +254,19 @@ def test_canaries_default_off_keeps_the_run_id_of_a_matrix_without_them(tmp_path
 def test_lost_jobs_name_real_endpoints_and_a_resume_keeps_the_first_failure_counts(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Two replicas serve both arms and both die mid-run (after 6 answers each): jobs are lost on both,
-    each counted under the replica that failed it last or "no endpoint up" — never under a
-    pseudo-endpoint of both URLs joined. With the replicas back, the resume (controls on) finishes;
-    verdict.json keeps the first call's failed attempts, and the console's per-endpoint counts are
-    verdict.json's (matrix and controls alike)."""
+    """Nothing listens on either replica: every lost job is "no endpoint up", none under a
+    pseudo-endpoint of both URLs joined. Then two replicas serve both arms and die mid-run (after 6
+    answers each): jobs are lost on both, each counted under the replica that failed it last. With the
+    replicas back, the resume (controls on) finishes; verdict.json keeps the first call's failed
+    attempts, and the console's per-endpoint counts are verdict.json's (matrix and controls alike)."""
     ports = [free_port(), free_port()]
     urls = [f"http://127.0.0.1:{p}" for p in ports]
     matrix = _matrix(tmp_path, f"endpoints = {json.dumps(urls)}")
+    # Nothing listens yet: no replica ever takes a job, so no job names an endpoint.
+    assert main(["run", str(matrix), "--out", str(tmp_path / "dead"), "--no-controls"]) == ExitCode.INFRA
+    dead = _verdict(tmp_path / "dead")["infra"]
+    assert set(dead["by_endpoint"]) == {"no endpoint up", "not sent"}, dead["by_endpoint"]
+    assert dead["endpoints"] == {}
     run = tmp_path / "run"
     with Reader(ports[0], die_after=6), Reader(ports[1], die_after=6):
         assert main(["run", str(matrix), "--out", str(run), "--no-controls"]) == ExitCode.INFRA
