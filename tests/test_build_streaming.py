@@ -148,7 +148,7 @@ def test_build_spills_each_chunk_and_writes_bounded_row_groups(
     tok = _tokenizer()
     for ids, text in b.select("token_ids", "text").iter_rows():
         assert np.array_equal(tok.encode(text), np.asarray(ids, dtype=np.uint32))
-    # bounded row groups on disk, in both paths
+    # bounded row groups on disk, in both paths, every one full but the last
     groups = row_group_rows(streamed)
     assert len(groups) == -(-b.height // 16) and max(groups) == 16
     groups = row_group_rows(whole)

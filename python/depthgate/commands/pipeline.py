@@ -32,6 +32,8 @@ from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
+from depthgate.commands.checks import canary_jobs, check_reports
+from depthgate.commands.endpoints import print_endpoint_counts, run_endpoint_counts
 from depthgate.commands.outputs import CreatedPaths
 from depthgate.exceptions import ExitCode, InputError, PlanChangedError
 from depthgate.judge.stats import GatePlan, GateResult, gate
@@ -68,6 +70,7 @@ MANIFEST = "manifest.json"
 SUITE_FILE = "suite.json"
 CONTROLS_FILE = "controls.parquet"
 CONTROLS_DIR = "controls"
+CANARIES_DIR = "canaries"  # depthgate.run.canary.CANARIES_DIR
 AA_FILE = "aa.json"  # marks an A/A run (depthgate run --aa); the gate adds the noise floor
 
 
@@ -316,8 +319,10 @@ def run_matrix(
     backends = {}
     jobs: list[tuple[str, Mapping[str, Any]]] = []
     control_jobs: list[tuple[str, Mapping[str, Any]]] = []
+    canaries: list[tuple[str, Mapping[str, Any]]] = []
     sources: dict[str, LayoutStore] = {}
     control_sources: dict[str, LayoutStore] = {}
+    canary_sources: dict[str, LayoutStore] = {}
     try:
         manifest = _freeze_manifest(out, _manifest(matrix, matrix_path, suite, arms))
         _freeze_suite(out, suite)
@@ -372,6 +377,20 @@ def run_matrix(
                     (a.arm, {**row, "target_tokens": row["nominal_tokens"]})
                     for row in _guarded_rows(control_path, guard, controls=True)
                 )
+            if matrix.canaries and shard is None:
+                # Full-length canaries (commands/checks.py): did the whole prompt reach the model?
+                # (Not in a shard: `merge` joins the matrix's records only.)
+                arm_canaries, canary_sources[a.arm] = canary_jobs(
+                    a.arm,
+                    matrix.canaries,
+                    a.tokenizer,
+                    options_for(a),
+                    out / a.arm,
+                    guard,
+                    _guarded_rows,
+                    _store,
+                )
+                canaries.extend(arm_canaries)
         _warn_power(matrix, suite)
         if aa:
             _mark_aa(out, matrix)
@@ -402,11 +421,14 @@ def run_matrix(
                 f"({summary.written} records written, the rest are re-sent by a rerun of the same folder)",
                 file=sys.stderr,
             )
-            control_jobs = []
+            control_jobs = canaries = []
         if control_jobs:
             controls_options = dataclasses.replace(options, run_id=manifest["run_id"] + "-controls")
             run_jobs(control_jobs, backends, out / CONTROLS_DIR, controls_options, control_sources)
-        _print_endpoint_stats(backends)
+        if canaries:
+            canary_options = dataclasses.replace(options, run_id=manifest["run_id"] + "-canaries")
+            run_jobs(canaries, backends, out / CANARIES_DIR, canary_options, canary_sources)
+        print_endpoint_counts(out, backends)
         for a in arms:
             if a.system.runtime.cache_control:
                 _cache_control(
@@ -428,6 +450,8 @@ def run_matrix(
     compact(out)
     if control_jobs:
         compact(out / CONTROLS_DIR)
+    if canaries:
+        compact(out / CANARIES_DIR)
     if shard is not None:
         from depthgate.judge.health import infra_summary
         from depthgate.run.runner import read_records
@@ -532,22 +556,6 @@ def _note_endpoints(arm: str, backend: Any, concurrency: int) -> None:
         + f"; --concurrency {concurrency} caps the whole run",
         file=sys.stderr,
     )
-
-
-def _print_endpoint_stats(backends: Mapping[str, Any]) -> None:
-    """Per-endpoint counts of the arms on several endpoints (this call; verdict.json's ``infra.endpoints``
-    counts the final records of the whole run)."""
-    for arm, backend in backends.items():
-        stats = getattr(backend, "stats", None)
-        if not callable(stats):
-            continue
-        for url, st in stats().items():
-            state = "up" if st["healthy"] else f"excluded: {st['excluded']}" if st["excluded"] else "drained"
-            print(
-                f"depthgate: {arm} {url}: sent {st['sent']}, answered {st['answered']}, "
-                f"failed {st['failed']}, drained {st['drains']}x ({state})",
-                file=sys.stderr,
-            )
 
 
 def _cache_control(a: ArmSetup, layouts: pl.DataFrame, arm_dir: Path, max_tokens: int, base: Path) -> None:
@@ -698,7 +706,7 @@ def gate_run(
     result = gate(
         gated, gate_plan(plan, lengths, labels, cases=placed, seeds=frozen.seeds, spaced_cases=spaced)
     )
-    infra = infra_summary(records, _planned_jobs(run, frozen.seeds))
+    infra = infra_summary(records, _planned_jobs(run, frozen.seeds), endpoints=run_endpoint_counts(run))
     # The run's own layouts, for the length in characters, wherever the report goes (--report-dir).
     arm_layouts = {arm: run / arm / "layouts.parquet" for arm in ARMS}
     paths = write_reports(
@@ -708,6 +716,7 @@ def gate_run(
         manifest=manifest,
         infra=infra,
         layouts=arm_layouts if all(p.is_file() for p in arm_layouts.values()) else None,
+        checks=check_reports(run),
     )
     if scored_controls is not None:
         _add_controls(run, scored, scored_controls, paths.verdict_json, paths.summary_md, eligibility)
@@ -893,7 +902,8 @@ def _add_controls(
     lines += [
         "",
         "task_or_model: the evidence-only short input already fails; position_or_assembly: only "
-        "long variants fail; hallucination: a value was given with the evidence removed.",
+        "long variants fail; hallucination: a value was given with the evidence removed; serving_path: "
+        "a control was lost to the arm's serving path (system failures).",
         "",
     ]
     if eligibility is not None:

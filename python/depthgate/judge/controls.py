@@ -17,7 +17,14 @@ from depthgate.spec.models import Suite
 __all__ = ["CATEGORIES", "classify_failures", "score_controls"]
 
 #: Categories of :func:`classify_failures`, in the order they are decided.
-CATEGORIES: tuple[str, ...] = ("task_or_model", "hallucination", "position_or_assembly", "ok", "unknown")
+CATEGORIES: tuple[str, ...] = (
+    "task_or_model",
+    "hallucination",
+    "position_or_assembly",
+    "ok",
+    "serving_path",
+    "unknown",
+)
 
 
 def score_controls(records: pl.DataFrame, suite: Suite, controls: pl.DataFrame) -> pl.DataFrame:
@@ -75,8 +82,10 @@ def classify_failures(scored_matrix: pl.DataFrame, scored_controls: pl.DataFrame
     Decided in order: ``task_or_model`` (the evidence-only control fails in most seeds: the model
     cannot do the task even without position), ``hallucination`` (the evidence-absent control answered
     a value no remaining document supports in most seeds), ``position_or_assembly`` (the controls
-    pass but some long variant fails — a fail or a system failure), ``ok``; ``unknown`` when a control
-    needed for the decision has no usable record (system failure or missing).
+    pass but some long variant fails — a fail or a system failure), ``ok``; ``serving_path`` when a
+    control needed for the decision was lost to the arm's serving path (every record of it a system
+    failure: doubled BOS, clamping, overflow …, named in ``detail``); ``unknown`` when it has no record
+    at all (missing).
     """
     for col in ("case_id", "outcome"):
         if col not in scored_matrix.columns:
@@ -115,6 +124,7 @@ def classify_failures(scored_matrix: pl.DataFrame, scored_controls: pl.DataFrame
         .select([*ctl_keys[:-1], "halluc_rate"])
         .iter_rows()
     }
+    lost = _lost_controls(scored_controls, ctl_keys)
     control_cases = {str(r[0]) for r in scored_controls.select("case_id").unique().iter_rows()}
     wanted: set[tuple[Any, ...]] = {tuple(r) for r in long.select(keys).iter_rows()}
     if controls_by_arm:
@@ -133,7 +143,9 @@ def classify_failures(scored_matrix: pl.DataFrame, scored_controls: pl.DataFrame
         only_rate = only.get(ctl_key)
         halluc_rate = absent.get(ctl_key)
         runs, fails = long_index.get(key, (0, 0))
-        if only_rate is None:
+        if only_rate is None and (why := lost.get((*ctl_key, "evidence_only"))):
+            category, detail = "serving_path", f"evidence-only control lost to the serving path ({why})"
+        elif only_rate is None:
             category, detail = "unknown", "no usable evidence-only control record"
         elif only_rate < 0.5:
             category, detail = "task_or_model", f"evidence-only control passes {only_rate:.0%} of seeds"
@@ -144,6 +156,8 @@ def classify_failures(scored_matrix: pl.DataFrame, scored_controls: pl.DataFrame
             )
         elif fails:
             category, detail = "position_or_assembly", f"controls pass; {fails}/{runs} long variants fail"
+        elif halluc_rate is None and (why := lost.get((*ctl_key, "evidence_absent"))):
+            category, detail = "serving_path", f"evidence-absent control lost to the serving path ({why})"
         elif halluc_rate is None:
             category, detail = "unknown", "no usable evidence-absent control record"
         else:
@@ -172,3 +186,15 @@ def classify_failures(scored_matrix: pl.DataFrame, scored_controls: pl.DataFrame
         }
     )
     return pl.DataFrame(out, schema=schema, orient="row") if out else pl.DataFrame(schema=schema)
+
+
+def _lost_controls(scored_controls: pl.DataFrame, keys: list[str]) -> dict[tuple[Any, ...], str]:
+    """Per control key (``keys``, ending with ``control``): "reason n, …" of its system-failed records."""
+    if "system_fail_reason" not in scored_controls.columns:
+        return {}
+    failed = scored_controls.filter(pl.col("outcome") == "system_fail")
+    out: dict[tuple[Any, ...], list[str]] = {}
+    rows = failed.group_by([*keys, "system_fail_reason"]).len().sort([*keys, "system_fail_reason"])
+    for row in rows.iter_rows():
+        out.setdefault(tuple(row[: len(keys)]), []).append(f"{row[len(keys)] or 'system_fail'} {row[-1]}")
+    return {k: ", ".join(v) for k, v in out.items()}

@@ -22,9 +22,11 @@ from typing import Any, Literal
 
 import polars as pl
 
+from depthgate.judge.serving import SystemFinding
 from depthgate.judge.stats import GateResult
 
 __all__ = [
+    "NO_ENDPOINT",
     "SYSTEM_DRIVEN_SHARE",
     "FailureClass",
     "InfraSummary",
@@ -74,33 +76,53 @@ class InfraSummary:
         }
 
 
+#: Where a lost job is counted when no endpoint took it (every replica of its arm was down).
+NO_ENDPOINT = "no endpoint up"
+
+
+def _one_endpoint(endpoint: object) -> str | None:
+    """The endpoint a record names, or None: never sent anywhere, or (records written before issue #21)
+    the space-joined URLs of an arm on several replicas, which is no endpoint at all."""
+    if endpoint is None or not str(endpoint).strip() or len(str(endpoint).split()) > 1:
+        return None
+    return str(endpoint)
+
+
 def endpoint_counts(records: pl.DataFrame) -> dict[str, dict[str, int]]:
     """Per endpoint that was sent to: the final records it holds by status (``ok``, ``system_fail``,
-    ``infra_error``) and ``failed``, the transient failures there (``failed_endpoints``) of those jobs.
-    Records never sent (a refused layout, ``attempts`` 0) count nowhere."""
-    if records.height == 0 or "endpoint" not in records.columns:
-        return {}
-    sent = records.filter(pl.col("attempts") > 0) if "attempts" in records.columns else records
+    ``infra_error``) and ``failed``, the transient failures there (``failed_endpoints``, which a resumed
+    job's final record carries over from the earlier calls). Records never sent (a refused layout,
+    ``attempts`` 0) count nowhere; a lost job no endpoint took counts under none."""
     counts: dict[str, dict[str, int]] = {}
 
     def slot(endpoint: str) -> dict[str, int]:
         return counts.setdefault(endpoint, {"ok": 0, "system_fail": 0, "infra_error": 0, "failed": 0})
 
-    for endpoint, status, n in sent.group_by("endpoint", "status").len().iter_rows():
-        if endpoint is not None and status in ("ok", "system_fail", "infra_error"):
-            slot(str(endpoint))[str(status)] += int(n)
-    if "failed_endpoints" in sent.columns:
-        for listed in sent["failed_endpoints"].drop_nulls().to_list():
+    def sent(frame: pl.DataFrame) -> pl.DataFrame:
+        return frame.filter(pl.col("attempts") > 0) if "attempts" in frame.columns else frame
+
+    if records.height and "endpoint" in records.columns:
+        for endpoint, status, n in sent(records).group_by("endpoint", "status").len().iter_rows():
+            name = _one_endpoint(endpoint)
+            if name is not None and status in ("ok", "system_fail", "infra_error"):
+                slot(name)[str(status)] += int(n)
+    if records.height and "failed_endpoints" in records.columns:
+        for listed in sent(records)["failed_endpoints"].drop_nulls().to_list():
             for endpoint in str(listed).split():
                 slot(endpoint)["failed"] += 1
     return counts
 
 
-def infra_summary(records: pl.DataFrame, planned: pl.DataFrame) -> InfraSummary:
+def infra_summary(
+    records: pl.DataFrame, planned: pl.DataFrame, endpoints: dict[str, dict[str, int]] | None = None
+) -> InfraSummary:
     """Compare the planned jobs with the records (one row per key, the final record preferred).
 
     ``planned`` has one row per job: ``arm``, ``layout_id``, ``seed``, ``target_tokens``,
     ``position``. ``records`` are the run's records (:func:`depthgate.run.runner.read_records`).
+    ``endpoints``: the per-endpoint counts to report (the pipeline's, over every request of the run:
+    matrix, controls and canaries, failures of earlier calls included); default those of ``records``.
+    A lost job is counted under the endpoint that failed it last, or :data:`NO_ENDPOINT`.
     """
     key = ["arm", "layout_id", "seed"]
     recs = records.select(
@@ -110,7 +132,10 @@ def infra_summary(records: pl.DataFrame, planned: pl.DataFrame) -> InfraSummary:
     joined = plan.join(recs, on=key, how="left")
     lost = joined.filter(~pl.col("status").is_in(["ok", "system_fail"]) | pl.col("status").is_null())
     infra = lost.filter(pl.col("status") == "infra_error")
-    by_endpoint = {str(e): int(n) for e, n in infra.group_by("endpoint").len().iter_rows() if n}
+    by_endpoint: dict[str, int] = {}
+    for e, n in infra.group_by("endpoint").len().iter_rows():
+        name = _one_endpoint(None if e == "unknown" else e) or NO_ENDPOINT
+        by_endpoint[name] = by_endpoint.get(name, 0) + int(n)
     not_sent = lost.height - infra.height
     if not_sent:
         by_endpoint["not sent"] = not_sent
@@ -126,7 +151,7 @@ def infra_summary(records: pl.DataFrame, planned: pl.DataFrame) -> InfraSummary:
         by_endpoint=by_endpoint,
         by_slice=by_slice,
         errors=errors,
-        endpoints=endpoint_counts(records),
+        endpoints=endpoint_counts(records) if endpoints is None else endpoints,
     )
 
 
@@ -138,6 +163,11 @@ class RunHealth:
     failure_class: FailureClass
     system_driven: tuple[str, ...]
     system_fail_reasons: dict[str, int]
+    #: Per system-driven slice, why (the wording its row and reason line take: FAIL_SYSTEM, never a
+    #: model regression); not in verdict.json's top level, it is each slice's ``reason``.
+    slice_notes: Mapping[str, str] = field(default_factory=dict)
+    #: What the serving-path checks found (:mod:`depthgate.judge.serving`), named in the reasons.
+    findings: tuple[SystemFinding, ...] = ()
 
     @property
     def lost_data(self) -> bool:
@@ -156,9 +186,19 @@ def _slice_name(length: int, position: str) -> str:
     return f"{length}/{position}"
 
 
-def assess(result: GateResult, scored: pl.DataFrame, infra: InfraSummary | None = None) -> RunHealth:
-    """Classify the failing slices of ``result`` by what failed, from the scored records."""
-    failing = [s for s in result.slice_results if s.status.value.startswith("FAIL")]
+def assess(
+    result: GateResult,
+    scored: pl.DataFrame,
+    infra: InfraSummary | None = None,
+    findings: Sequence[SystemFinding] = (),
+) -> RunHealth:
+    """Classify the failing slices of ``result`` by what failed, from the scored records.
+
+    ``findings`` (the serving-path checks, :mod:`depthgate.judge.serving`): every slice at a length where
+    an arm's serving path lost something is system-driven — failing, whatever its statistics — with the
+    finding's reason: its data came through a broken path, on one arm or the other."""
+    lost_at = {f.length for f in findings}
+    failing = [s for s in result.slice_results if s.status.value.startswith("FAIL") or s.length in lost_at]
     failing_keys = {(s.length, s.position) for s in failing}
     counts: Mapping[tuple[int, str], tuple[int, int]] = {}
     reasons: dict[str, int] = {}
@@ -186,13 +226,22 @@ def assess(result: GateResult, scored: pl.DataFrame, infra: InfraSummary | None 
         if system.height and "system_fail_reason" in system.columns:
             for reason, n in system.group_by("system_fail_reason").len().iter_rows():
                 reasons[str(reason)] = int(n)
-    driven = tuple(
-        _slice_name(s.length, s.position)
-        for s in failing
-        if (c := counts.get((s.length, s.position))) is not None
-        and c[1] > 0
-        and c[1] >= SYSTEM_DRIVEN_SHARE * c[0]
-    )
+    notes: dict[str, str] = {}
+    for s in failing:
+        name = _slice_name(s.length, s.position)
+        here = [f for f in findings if f.length == s.length]
+        c = counts.get((s.length, s.position))
+        if here:
+            notes[name] = "serving path: " + "; ".join(f.line() for f in here)
+        elif c is not None and c[1] > 0 and c[1] >= SYSTEM_DRIVEN_SHARE * c[0]:
+            notes[name] = (
+                f"serving path: {c[1]} of {c[0]} failing candidate runs are system failures "
+                f"({_reasons_at(scored, s.length, s.position)}), not answers of the model"
+            )
+    driven = tuple(n for n in (_slice_name(s.length, s.position) for s in failing) if n in notes)
+    for f in findings:
+        key = f.reason if f.arm == "candidate" else f"{f.arm}:{f.reason}"
+        reasons[key] = reasons.get(key, 0) + f.lost_runs
     if not failing:
         klass: FailureClass = "none"
     elif len(driven) == len(failing):
@@ -201,4 +250,26 @@ def assess(result: GateResult, scored: pl.DataFrame, infra: InfraSummary | None 
         klass = "mixed"
     else:
         klass = "model"
-    return RunHealth(infra=infra, failure_class=klass, system_driven=driven, system_fail_reasons=reasons)
+    return RunHealth(
+        infra=infra,
+        failure_class=klass,
+        system_driven=driven,
+        system_fail_reasons=reasons,
+        slice_notes=notes,
+        findings=tuple(findings),
+    )
+
+
+def _reasons_at(scored: pl.DataFrame, length: int, position: str) -> str:
+    """ "reason n, …" of the candidate's system failures in one slice."""
+    col = "length" if "length" in scored.columns else "target_tokens"
+    if "system_fail_reason" not in scored.columns:
+        return "system_fail"
+    here = scored.filter(
+        (pl.col("arm") == "candidate")
+        & (pl.col("outcome") == "system_fail")
+        & (pl.col(col).cast(pl.Int64) == length)
+        & (pl.col("position").cast(pl.String) == position)
+    )
+    rows = here.group_by("system_fail_reason").len().sort("system_fail_reason").iter_rows()
+    return ", ".join(f"{r or 'system_fail'} {n}" for r, n in rows)

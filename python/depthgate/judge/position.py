@@ -354,6 +354,7 @@ def effective_length(
     reps: int = 2000,
     seed: int = 0,
     alpha: float = 0.05,
+    fallback_base: float | None = None,
 ) -> EffectiveLengthResult:
     """Effective length per (arm, depth) with case-bootstrap intervals, the paired candidate − baseline
     difference, and accuracy-by-length curves.
@@ -392,6 +393,11 @@ def effective_length(
 
     The grid of a position is every length at which it has records in either arm. Bootstrap seed:
     ``stable_seed(seed, "effective_length")``.
+
+    ``fallback_base``: with ``scored_controls``, the fixed base score of an arm that has no usable
+    evidence-only control (all of them lost to its serving path, say) instead of refusing; the other
+    arm keeps its own base from its own controls — an arm's numbers never depend on the other arm's
+    records (issue #21).
     """
     if rule not in ("nolima", "ruler"):
         raise InputError(f"unknown effective-length rule {rule!r}", field="rule", fix="'nolima' or 'ruler'")
@@ -478,6 +484,9 @@ def effective_length(
                     rate = _control_of(control, by_arm, arm, case)
                     if rate is not None:
                         vec[i] = rate
+                if np.all(np.isnan(vec)) and fallback_base is not None:
+                    base_fixed = {**(base_fixed or {}), arm: float(fallback_base)}
+                    continue
                 if np.all(np.isnan(vec)):
                     raise InputError(
                         f"no usable evidence-only control for arm {arm!r} on the matrix's cases",
@@ -494,7 +503,7 @@ def effective_length(
     def thresholds(arm: str, w: FloatArray) -> FloatArray:
         if rule == "ruler":
             return np.full(w.shape[0], threshold)
-        if base_fixed is not None:
+        if base_fixed is not None and arm in base_fixed:
             return np.full(w.shape[0], threshold * base_fixed[arm])
         base = _weighted_acc(w, base_case[arm][:, None])[:, 0]
         return threshold * base

@@ -86,6 +86,9 @@ class SliceStatus(str, enum.Enum):
     FAIL_REGRESSION = "FAIL_REGRESSION"
     FAIL_FLOOR = "FAIL_FLOOR"
     INCONCLUSIVE = "INCONCLUSIVE"
+    #: Never set by :func:`gate`: a failing slice driven by an arm's serving path, as the reports read it
+    #: (:func:`depthgate.judge.wording.with_system_wording`).
+    FAIL_SYSTEM = "FAIL_SYSTEM"
 
 
 class Verdict(str, enum.Enum):
@@ -1226,6 +1229,13 @@ def _check_bootstrap_for(plan: GatePlan, n_slices: int) -> None:
             )
 
 
+def release_verdict(
+    slices: Sequence[SliceResult], overall: OverallResult | None, safety: SafetySummary
+) -> tuple[Verdict, list[str]]:
+    """The release verdict and its reasons from the slice table (what :func:`gate` returns)."""
+    return _verdict(slices, overall, safety)
+
+
 def _verdict(
     slices: Sequence[SliceResult], overall: OverallResult | None, safety: SafetySummary
 ) -> tuple[Verdict, list[str]]:
@@ -1500,6 +1510,7 @@ __all__ = [
     "non_inferiority_shown",
     "paired_design_effect",
     "position_sort_key",
+    "release_verdict",
     "run_counts",
     "sample_size_per_slice",
     "slice_statistics",

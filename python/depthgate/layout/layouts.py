@@ -67,11 +67,22 @@ Verification = Literal["full", "fast"]
 # (each layout ≈ 0.5 MB of ids and ≈ 0.5 MB of text).
 _CASES_PER_CHUNK = 8
 
-# Built layouts held in memory before they are spilled to disk (see :class:`_LayoutSink`): a build
-# up to this size is written to parquet once, a larger one in one more streaming pass over its
-# spilled parts. Memory stays bounded by this budget plus one chunk, whatever the size of the matrix
-# (512 MB before issue #12; 128 MB costs one more uncompressed spill per 128 MB, ≈ 0.1 s).
-_SINK_BUDGET_BYTES = 128 * 1024 * 1024
+# Tokens one core call builds at most (cases × lengths × positions), down to one case per call: at
+# 128K × 5 depths a call of 8 cases held ≈ 5 M tokens of ids and text several times over (the core's
+# output, the Python frame, the Arrow table of the write), the larger part of a long build's peak.
+_TOKENS_PER_CALL = 1 << 21
+
+
+def _cases_per_call(options: BuildOptions) -> int:
+    per_case = sum(options.lengths) * max(len(options.positions), 1)
+    return max(1, min(_CASES_PER_CHUNK, _TOKENS_PER_CALL // max(per_case, 1)))
+
+
+# Built layouts held in memory before they are written out (see :class:`_LayoutSink`): a build up to
+# this size is written to parquet once, a larger one as row groups to the open file each time the
+# budget fills. Memory stays bounded by this budget plus one chunk, whatever the size of the matrix
+# (512 MB before issue #12, 128 MB before issue #21).
+_SINK_BUDGET_BYTES = 0
 
 #: Rows per parquet row group of a layouts file. A reader decodes whole row groups, so the run path's
 #: batched reads (:func:`depthgate.run.store.iter_layout_batches`, 64 rows) hold one row group at a
@@ -394,16 +405,16 @@ def _chunks(cases: Sequence[Case], size: int) -> Iterator[Sequence[Case]]:
 
 
 class _LayoutSink:
-    """Streams built chunks into one parquet file with bounded memory.
+    """Streams built chunks into one parquet file with bounded memory (issues #12, #21).
 
-    Chunks are held in memory up to ``budget`` bytes; a build that fits is written to parquet once.
-    Past the budget the held chunks are spilled to an uncompressed Arrow IPC part (a plain copy to
-    write), and :meth:`finish` streams every part into the parquet file in one pass (polars'
-    streaming engine; its peak measured flat, ≈ 0.6–0.7 GB over the process's base for 0.4–0.9 GB of
-    128K layouts, docs/benchmarks.md). Writing each chunk as a compressed parquet part and then
-    decoding and re-encoding all of them into the final file was half of a fast 128K build. Either way
-    the file is written in row groups of ``row_group_rows`` rows, so readers decode one bounded group
-    at a time. ``peak_held_bytes``: the most ever held at once (the streaming property, for tests).
+    Chunks are held in memory up to ``budget`` bytes; a build that fits is written to parquet once, by
+    polars. Past the budget the held rows are written at once as row groups of ``row_group_rows``
+    rows to the open file (pyarrow's ``ParquetWriter``: polars has no row-group writer), and the
+    last ``< row_group_rows`` rows stay held for the next write, so every row group but the file's
+    last is full. Memory is the budget plus one chunk, whatever the build's size: the former design
+    spilled to Arrow IPC parts and merged them in one pass of polars' streaming sink, whose peak grew
+    with the data (+0.64 GB for 350 layouts of 128K, docs/benchmarks.md, issue #21). ``parts``: the
+    writes past the budget; ``peak_held_bytes``: the most ever held at once (for tests).
     """
 
     def __init__(
@@ -414,12 +425,14 @@ class _LayoutSink:
         self._row_group_rows = row_group_rows
         self._held: list[pl.DataFrame] = []
         self._held_bytes: int = 0
-        self._parts: list[Path] = []
+        self._parts = 0
+        self._writer: Any = None
+        self._staged = tmp_dir / "sink.parquet"
         self.peak_held_bytes: int = 0
 
     @property
     def parts(self) -> int:
-        return len(self._parts)
+        return self._parts
 
     def add(self, frame: pl.DataFrame) -> None:
         self._held.append(frame)
@@ -428,22 +441,44 @@ class _LayoutSink:
         if self._held_bytes > self._budget:
             self._spill()
 
+    def _write(self, frame: pl.DataFrame) -> None:
+        import pyarrow.parquet as pq
+
+        table = frame.to_arrow()
+        if self._writer is None:
+            small = [name for name in frame.columns if name not in ("token_ids", "text")]
+            # No dictionary or statistics for the ids and the text: a dictionary of 128K-token rows
+            # is never smaller, and building it was most of a write's memory.
+            self._writer = pq.ParquetWriter(
+                self._staged, table.schema, compression="zstd", use_dictionary=small, write_statistics=small
+            )
+        self._writer.write_table(table, row_group_size=self._row_group_rows)
+
     def _spill(self) -> None:
-        part = self._tmp_dir / f"part-{len(self._parts):06d}.arrow"
-        pl.concat(self._held, rechunk=False).write_ipc(part, compression="uncompressed")
-        self._parts.append(part)
-        self._held, self._held_bytes = [], 0
+        frame = pl.concat(self._held, rechunk=False)
+        full = frame.height - frame.height % self._row_group_rows
+        if full:
+            self._write(frame.slice(0, full))
+        # The rest (< one row group) waits for the next chunk: every row group but the last is full,
+        # so the run path's batches of ROW_GROUP_ROWS rows read one row group each.
+        rest = frame.slice(full)
+        self._held = [rest] if rest.height else []
+        self._held_bytes = int(rest.estimated_size()) if rest.height else 0
+        self._parts += 1
 
     def finish(self, path: Path) -> None:
         """Write everything added so far to the parquet file ``path``."""
-        if not self._parts:
+        if self._writer is None:
             frames = self._held or [pl.DataFrame(schema=_BUILT_SCHEMA)]
             pl.concat(frames, rechunk=False).write_parquet(path, row_group_size=self._row_group_rows)
             self._held, self._held_bytes = [], 0
             return
         if self._held:
-            self._spill()
-        pl.scan_ipc(self._parts).sink_parquet(path, row_group_size=self._row_group_rows)
+            self._write(pl.concat(self._held, rechunk=False))
+            self._held, self._held_bytes = [], 0
+        self._writer.close()
+        self._writer = None
+        os.replace(self._staged, path)
 
 
 def build_layouts(
@@ -504,8 +539,21 @@ def build_layouts(
             by_lang: dict[str, list[Case]] = {}
             for case in chunk:
                 by_lang.setdefault(case.language, []).append(case)
-            for lang, lang_cases in sorted(by_lang.items()):
-                stride = filler[lang][2]
+            # Long lengths go to the core in smaller calls (same cases, offsets and row order: only the
+            # memory of one call shrinks, issue #21).
+            per_call = _cases_per_call(options)
+            groups_of_chunk = [
+                (lang, group[start : start + per_call], offsets[start : start + per_call])
+                for lang, group in sorted(by_lang.items())
+                for offsets in [
+                    [
+                        ((chunk_index * _CASES_PER_CHUNK + i) * filler[lang][2]) % 4096
+                        for i in range(len(group))
+                    ]
+                ]
+                for start in range(0, len(group), per_call)
+            ]
+            for lang, lang_cases, offsets in groups_of_chunk:
                 frames = [
                     case_frame(
                         c, template=options.template, preamble=options.preamble, assembler=options.assembler
@@ -513,9 +561,6 @@ def build_layouts(
                     for c in lang_cases
                 ]
                 frame0 = frames[0]
-                offsets = [
-                    ((chunk_index * _CASES_PER_CHUNK + i) * stride) % 4096 for i in range(len(lang_cases))
-                ]
                 if len({f.add_special_tokens for f in frames}) != 1:
                     raise SpecError("cases render with different BOS handling", field="chat_template")
                 # One core call per spacing (and per nominal gap): the moving block differs by spacing;

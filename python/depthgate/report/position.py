@@ -33,6 +33,7 @@ from depthgate.exceptions import InputError
 from depthgate.judge.noise import NoiseFloorResult
 from depthgate.judge.position import (
     EffectiveLengthResult,
+    base_scores_from_controls,
     control_normalised_accuracy,
     effective_length,
     pass_hat_k,
@@ -112,6 +113,23 @@ def _low_base_notes(base_scores: Mapping[str, float] | None, threshold: float) -
     ]
 
 
+def _fallback_notes(scored: pl.DataFrame, scored_controls: pl.DataFrame) -> list[str]:
+    """A note per arm of the records that had no usable evidence-only control (its base score 1.0)."""
+    if "arm" not in scored_controls.columns:
+        return []
+    have = base_scores_from_controls(scored_controls)
+    arms = [a for a in ARMS if a in set(scored["arm"].unique().to_list()) and a not in have]
+    out = []
+    for arm in arms:
+        own = scored_controls.filter((pl.col("arm") == arm) & (pl.col("control") == "evidence_only"))
+        lost = own.filter(pl.col("outcome") == "system_fail").height
+        out.append(
+            f"{arm}: no usable evidence-only control ({lost} of {own.height} lost to its serving path): "
+            "NoLiMa base score taken as 1.0 for this arm only"
+        )
+    return out
+
+
 def position_science(
     scored: pl.DataFrame,
     plan: AnalysisPlan,
@@ -141,7 +159,12 @@ def position_science(
         else:
             if scored_controls is not None and scored_controls.height:
                 try:
-                    effective = effective_length(scored, scored_controls=scored_controls, **common)
+                    # Each arm's base from its own controls; an arm without a usable one takes 1.0
+                    # alone (its controls lost to its serving path never move the other arm's numbers).
+                    effective = effective_length(
+                        scored, scored_controls=scored_controls, fallback_base=1.0, **common
+                    )
+                    notes.extend(_fallback_notes(scored, scored_controls))
                 except InputError as exc:
                     notes.append(f"NoLiMa base score from the controls failed ({exc.message}); base 1.0 used")
             else:

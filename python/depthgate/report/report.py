@@ -51,6 +51,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, create_model, model
 from depthgate.exceptions import ExitCode, InputError
 from depthgate.judge.frames import require_columns
 from depthgate.judge.health import InfraSummary, RunHealth, assess
+from depthgate.judge.serving import SystemCheckReport
 from depthgate.judge.stats import (
     ARMS,
     BASELINE,
@@ -63,6 +64,7 @@ from depthgate.judge.stats import (
     non_inferiority_shown,
     position_sort_key,
 )
+from depthgate.judge.wording import with_system_wording
 from depthgate.spec.models import split_position_label
 
 SCHEMA_VERSION = "depthgate.verdict/1"
@@ -79,6 +81,7 @@ MARK_NI = "·"
 
 # Failing slices first (worst kind first), then inconclusive, then passing.
 _STATUS_ORDER = {
+    SliceStatus.FAIL_SYSTEM: 0,
     SliceStatus.FAIL_REGRESSION: 0,
     SliceStatus.FAIL_NOT_SHOWN: 1,
     SliceStatus.FAIL_FLOOR: 2,
@@ -215,6 +218,9 @@ class VerdictDocument(_Strict):
     infra: dict[str, Any] | None = None
     # Characters per token length and arm (:func:`length_chars`); None when the layouts were not at hand.
     length_chars: list[LengthChars] | None = None
+    # The serving-path checks that ran (depthgate.judge.serving: "canaries" …), by name; left out of the
+    # file when none ran.
+    serving_checks: dict[str, Any] | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> VerdictDocument:
@@ -654,8 +660,12 @@ def health_reasons(health: RunHealth | None) -> list[str]:
     if health.failure_class in ("system", "mixed"):
         why = ", ".join(f"{k} {v}" for k, v in sorted(health.system_fail_reasons.items()))
         scope = "every failing slice" if health.failure_class == "system" else "some failing slices"
+        arms = {f.arm for f in health.findings}
+        if any(not k.startswith("baseline:") for k in health.system_fail_reasons):
+            arms.add("candidate")
+        whose = " and the ".join(sorted(arms or {"candidate"}))
         out.append(
-            f"SYSTEM: {scope} ({', '.join(health.system_driven)}) fail because the candidate's serving "
+            f"SYSTEM: {scope} ({', '.join(health.system_driven)}) fail because the {whose}'s serving "
             f"path failed ({why}), not because the model answered worse"
         )
     return out
@@ -673,6 +683,7 @@ class ReportInputs:
     manifest: Mapping[str, Any]
     health: RunHealth | None = None
     chars: Sequence[LengthChars] | None = None
+    checks: Mapping[str, Any] | None = None
 
     def parts(
         self,
@@ -689,9 +700,10 @@ def build_verdict(inputs: ReportInputs) -> VerdictDocument:
     data = result.to_dict()
     code = exit_code_for(result, health)
     slices = [{"slice": slice_key(s.length, s.position), **s.to_dict()} for s in result.slice_results]
-    counts = {status.value: 0 for status in SliceStatus}
+    # FAIL_SYSTEM only when a slice has it: verdicts without a serving-path failure read as before.
+    counts = {status.value: 0 for status in SliceStatus if status is not SliceStatus.FAIL_SYSTEM}
     for s in result.slice_results:
-        counts[s.status.value] += 1
+        counts[s.status.value] = counts.get(s.status.value, 0) + 1
     return VerdictDocument.model_validate(
         {
             "schema_version": SCHEMA_VERSION,
@@ -722,6 +734,7 @@ def build_verdict(inputs: ReportInputs) -> VerdictDocument:
             },
             **(health.to_dict() if health is not None else {}),
             "length_chars": None if chars is None else [c.model_dump() for c in chars],
+            "serving_checks": inputs.checks,
         }
     )
 
@@ -1518,15 +1531,24 @@ def _write_bytes(path: Path, data: bytes) -> None:
         raise
 
 
+def _verdict_data(verdict: VerdictDocument) -> dict[str, Any]:
+    """The document as written: ``serving_checks`` left out when none ran (files as before them)."""
+    data = verdict.model_dump(mode="json")
+    if data.get("serving_checks") is None:
+        data.pop("serving_checks", None)
+    return data
+
+
 def _render_all(
     result: GateResult,
     scored: pl.DataFrame,
     manifest: Mapping[str, Any],
     health: RunHealth,
     chars: Sequence[LengthChars] | None = None,
+    checks: Mapping[str, Any] | None = None,
 ) -> dict[str, bytes]:
     """Every report file, rendered in memory; ``verdict.json`` is rendered last."""
-    inputs = ReportInputs(result, scored, oracle_counts(scored), manifest, health, chars)
+    inputs = ReportInputs(result, scored, oracle_counts(scored), manifest, health, chars, checks)
     delta_png = render_delta_heatmap(result)
     accuracy_png = render_accuracy_heatmap(result)
     files: dict[str, bytes] = {
@@ -1538,7 +1560,7 @@ def _render_all(
     }
     verdict = build_verdict(inputs)
     files[VERDICT_JSON] = (
-        json.dumps(verdict.model_dump(mode="json"), indent=2, ensure_ascii=False, allow_nan=False) + "\n"
+        json.dumps(_verdict_data(verdict), indent=2, ensure_ascii=False, allow_nan=False) + "\n"
     ).encode("utf-8")
     return files
 
@@ -1551,12 +1573,16 @@ def write_reports(
     manifest: Mapping[str, Any],
     infra: InfraSummary | None = None,
     layouts: Mapping[str, str | Path] | None = None,
+    checks: Mapping[str, SystemCheckReport] | None = None,
 ) -> ReportPaths:
     """Write verdict.json, summary.md, junit.xml, report.html and the heatmap PNGs into ``out_dir``.
 
     ``infra``: the planned-versus-recorded account of the run (:func:`depthgate.judge.health.infra_summary`);
     any lost run makes the verdict ``INFRA`` (exit 30). Failing slices driven by the candidate's system
-    failures are named in every file (:func:`depthgate.judge.health.assess`).
+    failures are named in every file (:func:`depthgate.judge.health.assess`), as FAIL_SYSTEM
+    (:func:`depthgate.judge.wording.with_system_wording`). ``checks``: the serving-path checks that ran
+    (:mod:`depthgate.judge.serving`, by name); their findings make every slice at their length
+    FAIL_SYSTEM, and their reports go to verdict.json ``serving_checks``.
 
     ``layouts``: arm → ``layouts.parquet``, for the length in characters (:func:`length_chars`) in every
     file but junit.xml; without it, the run folder's own layouts when ``out_dir`` is its ``report``
@@ -1573,11 +1599,14 @@ def write_reports(
     out.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".depthgate-report-", dir=out))
     try:
-        health = assess(result, scored, infra)
+        findings = [f for report in (checks or {}).values() for f in report.findings]
+        health = assess(result, scored, infra, findings)
+        result = with_system_wording(result, health)
         if layouts is None:
             layouts = run_layouts(out, manifest)
         chars = None if layouts is None else length_chars(layouts)
-        files = _render_all(result, scored, manifest, health, chars)
+        sections = None if not checks else {name: report.to_dict() for name, report in checks.items()}
+        files = _render_all(result, scored, manifest, health, chars, sections)
         for name, data in files.items():
             _write_bytes(staging / name, data)
         (out / VERDICT_JSON).unlink(missing_ok=True)

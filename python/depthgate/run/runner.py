@@ -603,6 +603,15 @@ class RunLedger:
             shard_seqs = [int(m.group(1)) for p in _shards(self.out) if (m := _SHARD_NAME.match(p.name))]
             self.writer = _ShardWriter(folder, max(shard_seqs, default=-1) + 1, self._options.batch_size)
             self.pending = [job for job in self._order if job.key not in done]
+            # The endpoints that failed a job in an earlier call (its infra_error record): the job's
+            # final record carries them on, so a resume keeps every failure count (issue #21).
+            self._prior_failed = {
+                (str(a), str(lid), int(s)): str(failed)
+                for a, lid, s, st, failed in existing.select(
+                    [*RECORD_KEY, "status", "failed_endpoints"]
+                ).iter_rows()
+                if st == "infra_error" and failed and (str(a), str(lid), int(s)) not in done
+            }
             self.already = self.total - len(self.pending)
             # None = on; progress lines go to stderr, redrawn on a terminal, one per few percent elsewhere.
             show = True if self._options.progress is None else self._options.progress
@@ -631,6 +640,11 @@ class RunLedger:
         if self._errors_from_records:
             for endpoint in str(rec.get("failed_endpoints") or "").split():
                 self.meter.error(endpoint)
+        prior = self._prior_failed.pop((str(rec["arm"]), str(rec["layout_id"]), int(rec["seed"])), None)
+        if prior:
+            rec["failed_endpoints"] = " ".join(
+                [prior, *([rec["failed_endpoints"]] if rec.get("failed_endpoints") else [])]
+            )
         self.meter.tick(rec["status"])
 
     def sendable(self, refused: Callable[[Job], dict[str, Any]]) -> list[Job]:
@@ -798,7 +812,9 @@ class _Run:
             "manifest_digest": self.manifest_digest,
             "arm": job.arm,
             "system": self._system[job.arm],
-            "endpoint": endpoint or self._endpoint[job.arm],
+            # An arm on several replicas: the replica that answered or failed the job last; none for a
+            # job no replica took (never the space-joined list: that is no endpoint, issue #21).
+            "endpoint": endpoint or (None if self._pooled[job.arm] else self._endpoint[job.arm]),
             "layout_id": job.layout_id,
             "case_id": str(layout["case_id"]),
             "target_tokens": int(layout["target_tokens"]),

@@ -1273,6 +1273,10 @@ def spacing_rank(label: str) -> int:
     return len(SPACING_NAMES) + (int(match.group(1)) if match else 0)
 
 
+#: The most canaries per arm, length and kind a matrix may ask for (each is a full-length request).
+MAX_CANARIES = 8
+
+
 class Matrix(_Frozen):
     """A declarative run matrix (``matrices/*.toml``): suite × lengths × positions × repeats, two systems."""
 
@@ -1289,6 +1293,10 @@ class Matrix(_Frozen):
     # each shuffled): a server's prefix cache then reuses the shared haystack prefix (docs/nightly.md
     # measures it on vLLM). Left out of the digest when "shuffled", so older run ids stay.
     order: Literal["shuffled", "haystack"] = "shuffled"
+    # Full-length canaries (issue #21): per arm, length and kind (head, tail), this many requests whose
+    # answer is fixed text at the very start / end of a prompt of the tested length
+    # (depthgate.run.canary). 0 (the default) sends none and leaves digests and run ids as before.
+    canaries: StrictInt = Field(default=0, ge=0, le=MAX_CANARIES)
     decode: DecodeParams = DecodeParams()
     baseline: System
     candidate: System
@@ -1390,14 +1398,16 @@ class Matrix(_Frozen):
         ]
 
     def canonical_json(self) -> str:
-        """As :meth:`_Frozen.canonical_json`, without ``spacings``, ``order`` and the suite's
-        ``conflict`` when they are the defaults, so matrices written before those fields keep their digest
-        (and run ids)."""
+        """As :meth:`_Frozen.canonical_json`, without ``spacings``, ``order``, ``canaries`` and the
+        suite's ``conflict`` when they are the defaults, so matrices written before those fields keep
+        their digest (and run ids)."""
         data = self.model_dump(mode="json")
         if data.get("spacings") == ["adjacent"]:
             del data["spacings"]
         if data.get("order") == "shuffled":
             del data["order"]
+        if data.get("canaries") == 0:
+            del data["canaries"]
         if data["suite"].get("conflict") is False:
             del data["suite"]["conflict"]
         return canonical_json(data)
