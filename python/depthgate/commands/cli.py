@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from depthgate.commands.console import pipe_safe_stdout
 from depthgate.commands.outputs import (
     OutputKind,
     check_output,
@@ -32,6 +33,14 @@ from depthgate.commands.outputs import (
     write_text_atomic,
 )
 from depthgate.exceptions import DepthgateError, ExitCode, InputError
+from depthgate.spec.limits import (
+    MAX_CASES,
+    MAX_LAYOUTS,
+    MAX_LENGTH,
+    MAX_POSITIONS,
+    MAX_TOKENS,
+    length_problem,
+)
 from depthgate.spec.paths import csv_ints, csv_list
 
 if TYPE_CHECKING:
@@ -41,18 +50,16 @@ BUILTIN_CASES = 8
 
 
 def _cmd_build(args: argparse.Namespace) -> int:
-    from depthgate.layout.layouts import BuildOptions, build_layouts, load_tokenizer
-    from depthgate.layout.model_files import load_template
-    from depthgate.spec.suites import builtin_suite
-
     out = Path(args.out)
     if args.matrix:
-        from depthgate.commands.pipeline import arm_setup
         from depthgate.spec.models import load_matrix
-        from depthgate.spec.suites import resolve_suite
 
         matrix_path = Path(args.matrix)
-        matrix = load_matrix(matrix_path)
+        matrix = load_matrix(matrix_path)  # before the pipeline's imports: bad input is refused at once
+        from depthgate.commands.pipeline import arm_setup
+        from depthgate.layout.layouts import build_layouts
+        from depthgate.spec.suites import resolve_suite
+
         suite = resolve_suite(matrix.suite, base_dir=matrix_path.parent)
         arms = []
         for arm, system in (("baseline", matrix.baseline), ("candidate", matrix.candidate)):
@@ -83,6 +90,10 @@ def _cmd_build(args: argparse.Namespace) -> int:
             field="--tokenizer",
             fix="pass --tokenizer path/to/tokenizer.json (or 'gguf:'), or a matrix file",
         )
+    from depthgate.layout.layouts import BuildOptions, build_layouts, load_tokenizer
+    from depthgate.layout.model_files import load_template
+    from depthgate.spec.suites import builtin_suite
+
     preamble = read_text_arg(args.preamble_file, option="--preamble-file") if args.preamble_file else ""
     tok = load_tokenizer(args.tokenizer)
     template = load_template(args.chat_template) if args.chat_template else None
@@ -236,6 +247,12 @@ def _cmd_gate(args: argparse.Namespace) -> int:
     return code
 
 
+def _number(value: object, spec: str = ".2f") -> str:
+    """A number of verdict.json for the console; ``n/a`` where the report has none (a position range
+    needs a case answered at every position: a run that lost jobs over many cases may have none)."""
+    return format(value, spec) if isinstance(value, int | float) and not isinstance(value, bool) else "n/a"
+
+
 def _print_verdict(result: object, code: int, html: Path) -> None:
     """The verdict as verdict.json states it (the document is the truth; the console repeats it)."""
     doc = json.loads((html.parent / "verdict.json").read_text(encoding="utf-8"))
@@ -249,8 +266,9 @@ def _print_verdict(result: object, code: int, html: Path) -> None:
         if worst.get("slice_worst_position") is not None:
             print(
                 f"worst position at {worst['length']} tokens: depth {worst['slice_worst_position']} "
-                f"(lowest Δ lower bound {worst['slice_worst_lower']:+.3f}; position range baseline "
-                f"{worst['range_baseline']:.2f} → candidate {worst['range_candidate']:.2f})"
+                f"(lowest Δ lower bound {_number(worst.get('slice_worst_lower'), '+.3f')}; position range "
+                f"baseline {_number(worst.get('range_baseline'))} → candidate "
+                f"{_number(worst.get('range_candidate'))})"
             )
     rows = ((doc.get("position") or {}).get("effective_length") or {}).get("rows") or []
     if rows:
@@ -437,6 +455,20 @@ _MINIMUM = {
     "max_output_tokens": 0,
     "concurrency": 1,
     "limit": 0,
+    "ray_actors": 1,
+}
+
+
+#: Largest value of each numeric option (any command that has it): what can be built
+#: (:mod:`depthgate.spec.limits`); above it the option is refused before any work.
+_MAXIMUM = {
+    "cases": (MAX_CASES, "cases in one suite"),
+    "seed": (2**63 - 1, "the largest seed"),
+    "window": (MAX_TOKENS, "the largest window (token counts are u32)"),
+    "max_output_tokens": (MAX_TOKENS, "the largest output budget (token counts are u32)"),
+    "concurrency": (65_536, "requests in flight"),
+    "limit": (MAX_LAYOUTS, "rows listed"),
+    "ray_actors": (1_024, "actors in the pool"),
 }
 
 
@@ -471,6 +503,22 @@ def _check_args(args: argparse.Namespace) -> None:
                 field=option,
                 fix=f"give {option} an integer >= {minimum}",
             )
+    for name, (maximum, what) in _MAXIMUM.items():
+        value = getattr(args, name, None)
+        if value is not None and value > maximum:
+            option = "--" + name.replace("_", "-")
+            raise InputError(
+                f"{value} is over the limit of {maximum} ({what})",
+                field=option,
+                fix=f"give {option} an integer <= {maximum}",
+            )
+    for name in ("p_baseline", "icc"):
+        value = getattr(args, name, None)
+        if value is not None and not 0.0 <= value <= 1.0:  # nan and inf fail both comparisons
+            option = "--" + name.replace("_", "-")
+            raise InputError(
+                f"{value} is not a number in [0, 1]", field=option, fix=f"give {option} a number in [0, 1]"
+            )
     # --lengths / --positions (build without a matrix, diff-*): the lengths first, then every position
     # against them (an offset beyond every length could never be placed).
     if hasattr(args, "lengths") and not getattr(args, "matrix", None):
@@ -483,13 +531,39 @@ def _check_args(args: argparse.Namespace) -> None:
                     field="--lengths",
                     fix="give total prompt lengths in tokens (>= 16), e.g. --lengths 1024,4096",
                 )
+            problem = length_problem(length)
+            if problem is not None:
+                raise InputError(
+                    problem, field="--lengths", fix=f"give lengths of at most {MAX_LENGTH} tokens"
+                )
+        if len(set(args.lengths)) != len(args.lengths):
+            raise InputError("a length is repeated", field="--lengths", fix="list each length once")
         if hasattr(args, "positions"):
             if not args.positions:
                 raise InputError("no positions given", field="--positions", fix="pass --positions 0,0.5,1")
+            if len(args.positions) > MAX_POSITIONS:
+                raise InputError(
+                    f"{len(args.positions)} positions, over the limit of {MAX_POSITIONS}",
+                    field="--positions",
+                    fix=f"give at most {MAX_POSITIONS} positions",
+                )
             _positions_arg(args.positions, args.lengths)
+            cases = getattr(args, "cases", None)
+            if cases is not None and not getattr(args, "suite", None):
+                layouts = cases * len(args.lengths) * len(args.positions)
+                if layouts > MAX_LAYOUTS:
+                    raise InputError(
+                        f"{cases} cases × {len(args.lengths)} lengths × {len(args.positions)} positions are "
+                        f"{layouts} layouts, over the limit of {MAX_LAYOUTS}",
+                        field="--cases",
+                        fix="build fewer cases, lengths or positions at once",
+                    )
     outputs: tuple[tuple[str, OutputKind], ...] = getattr(args, "outputs", ())
     for name, kind in outputs:
         value = getattr(args, name, None)
+        if isinstance(value, str) and not value.strip():  # "" would be the working directory
+            option = "--" + name.replace("_", "-")
+            raise InputError("is empty", field=option, fix=f"give {option} a path, e.g. {option} out/layouts")
         if value:
             check_output(value, kind, option="--" + name.replace("_", "-"))
     # gate/report without --report-dir write RUN/report: checked like an explicit --report-dir (before
@@ -522,7 +596,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         _check_args(args)
-        code = int(args.func(args))
+        with pipe_safe_stdout():  # `depthgate gate RUN | head -1`: the command's exit, no traceback
+            code = int(args.func(args))
     except DepthgateError as exc:
         print(f"depthgate: error: {exc}", file=sys.stderr)
         return int(exc.exit_code)

@@ -26,6 +26,7 @@ from typing import Any
 
 import polars as pl
 
+from depthgate.commands.belonging import check_records_belong
 from depthgate.commands.outputs import check_output, undo_on_error
 from depthgate.commands.pipeline import (
     ARMS,
@@ -206,6 +207,17 @@ def merge_runs(shard_dirs: Sequence[str | Path], out_dir: str | Path) -> MergeSu
     _check_layouts(dirs)
     indices = [int(_read_json(d / SHARD_FILE, "shard.json")["index"]) for d in dirs]
     parts = [(i, d, read_records(d)) for i, d in zip(indices, dirs, strict=True)]
+    arm_layouts = {arm: _layout_ids(dirs[0], f"{arm}/layouts.parquet") for arm in ARMS}
+    for _, folder, records in parts:
+        check_records_belong(
+            records,
+            run_id=str(manifest.get("run_id")),
+            manifest_digest=manifest.get("manifest_digest"),
+            layout_ids=arm_layouts,
+            folder=folder,
+            fix="merge only folders written by `depthgate run --shard` for this run; rerun that shard into "
+            "a new folder",
+        )
     _check_overlaps(parts, count)
     _check_gaps(dirs, parts, count, [int(s) for s in manifest["seeds"]])
     control_parts = [(i, d, read_records(d / CONTROLS_DIR)) for i, d in zip(indices, dirs, strict=True)]

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
+from depthgate.commands.belonging import check_records_belong
 from depthgate.commands.checks import canary_jobs, check_reports
 from depthgate.commands.endpoints import print_endpoint_counts, run_endpoint_counts
 from depthgate.commands.outputs import CreatedPaths
@@ -679,9 +680,20 @@ def gate_run(
             file=str(run),
             fix="gate one run folder per manifest; do not mix results",
         )
-    layouts = pl.concat(
-        [read_layouts(run / arm / "layouts.parquet", columns=["layout_id", "evidence_spans"]) for arm in ARMS]
+    by_arm = {
+        arm: read_layouts(run / arm / "layouts.parquet", columns=["layout_id", "evidence_spans"])
+        for arm in ARMS
+    }
+    check_records_belong(
+        records,
+        run_id=str(manifest.get("run_id")),
+        manifest_digest=None,
+        layout_ids={arm: frame["layout_id"] for arm, frame in by_arm.items()},
+        folder=run,
+        fix="gate a folder holding only its own run's records (restore records.parquet, or rerun into a new "
+        "folder)",
     )
+    layouts = pl.concat(list(by_arm.values()))
     scored = score_records(records, suite, layouts)
     scored.write_parquet(run / "scored.parquet")
     scored_controls = _score_controls(run, suite)

@@ -14,14 +14,17 @@ import importlib
 import json
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from depthgate.exceptions import DepthgateError
+
+if TYPE_CHECKING:
+    import polars as pl
 
 __all__ = [
     "ReadFailures",
@@ -30,8 +33,12 @@ __all__ = [
     "dist_version",
     "import_extra",
     "named_failure",
+    "parse_json",
     "read_json",
+    "read_parquet",
+    "read_toml",
     "read_utf8",
+    "refuse_unencodable",
     "sha256_file",
 ]
 
@@ -77,12 +84,126 @@ def read_utf8(path: Path, failures: ReadFailures) -> str:
 
 
 def read_json(path: Path, failures: ReadFailures) -> Any:
-    """The file's JSON value; a file that cannot be read or parsed raises as :func:`read_utf8` does."""
+    """The file's JSON value; a file that cannot be read or parsed raises as :func:`read_utf8` does, and
+    a string that is not encodable text (a lone surrogate such as ``"\\ud800"``) as
+    :func:`refuse_unencodable` does."""
+    return parse_json(read_utf8(path, failures), path, failures)
+
+
+def parse_json(text: str, path: Path, failures: ReadFailures, *, line: int | None = None) -> Any:
+    """``text`` (the content of ``path``, or its line ``line`` for JSONL) as a JSON value whose every
+    string is encodable UTF-8; failures raise ``failures.error`` naming the file (``path:line``)."""
+    where = path if line is None else Path(f"{path}:{line}")
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        failures.raise_for(where, failures.not_json, msg=exc.msg, lineno=exc.lineno, colno=exc.colno, exc=exc)
+    except RecursionError:
+        failures.raise_for(where, ("nested too deeply to read", "flatten the JSON"))
+    refuse_unencodable(value, file=str(where), error=failures.error)
+    return value
+
+
+def _unencodable(value: Any, path: str) -> tuple[str, str] | None:
+    """The first string in ``value`` (nested lists and objects, keys included) that is not encodable
+    UTF-8, as (field path, the offending character); None when all are. Iterative: no recursion limit."""
+    stack: list[tuple[Any, str]] = [(value, path)]
+    while stack:
+        item, where = stack.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                return where or "(root)", item[exc.start]
+        elif isinstance(item, dict):
+            for key, sub in reversed(list(item.items())):
+                key_path = f"{where}.{key}" if where else str(key)
+                stack.append((sub, key_path))
+                stack.append((key, key_path))
+        elif isinstance(item, list):
+            stack.extend((sub, f"{where}[{i}]") for i, sub in reversed(list(enumerate(item))))
+    return None
+
+
+def refuse_unencodable(value: Any, *, file: str | None, error: type[DepthgateError]) -> None:
+    """Raise ``error`` naming the file and the field when a string in ``value`` holds a lone surrogate
+    (JSON allows ``"\\ud800"``; no tokenizer, server or report can encode it)."""
+    found = _unencodable(value, "")
+    if found is not None:
+        field, char = found
+        raise error(
+            f"contains a lone surrogate {char.encode('unicode_escape').decode()} (half of a UTF-16 pair): "
+            "not encodable text",
+            file=file,
+            field=field,
+            fix="remove the escape or write the whole character (both halves of the pair, or the "
+            "character itself)",
+        )
+
+
+def read_toml(path: Path, failures: ReadFailures) -> dict[str, Any]:
+    """The file's TOML table; a file that cannot be read or parsed raises ``failures.error`` naming it."""
+    from depthgate.spec._compat import tomllib
+
     text = read_utf8(path, failures)
     try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        failures.raise_for(path, failures.not_json, msg=exc.msg, lineno=exc.lineno, colno=exc.colno, exc=exc)
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise failures.error(
+            f"invalid TOML: {exc}",
+            file=str(path),
+            field=failures.field,
+            fix="fix the TOML syntax at the reported line",
+        ) from None
+    except RecursionError:
+        raise failures.error(
+            "nested too deeply to read", file=str(path), field=failures.field, fix="flatten the TOML"
+        ) from None
+
+
+def read_parquet(
+    path: Path,
+    *,
+    error: type[DepthgateError],
+    what: str,
+    fix: str,
+    columns: Sequence[str] | None = None,
+    field: str | None = None,
+) -> pl.DataFrame:
+    """The parquet file's rows (``columns`` only, when given); a missing file, a file that is not
+    parquet, a cut file or a missing column raises ``error`` naming the file, never the library's
+    own exception (polars' ``ComputeError``, an Arrow error, an OSError)."""
+    import polars as pl
+
+    if not path.is_file():
+        raise error(
+            f"no {what}" if not path.exists() else f"the {what} is not a file",
+            file=str(path),
+            field=field,
+            fix=fix,
+        )
+    try:
+        schema = pl.read_parquet_schema(path)
+        if columns is not None:
+            missing = [c for c in columns if c not in schema]
+            if missing:
+                raise error(
+                    f"the {what} lacks the column(s) {', '.join(missing)}",
+                    file=str(path),
+                    field=field or missing[0],
+                    fix=fix,
+                )
+        return pl.read_parquet(path, columns=list(columns) if columns is not None else None)
+    except DepthgateError:
+        raise
+    except Exception as exc:  # polars/Arrow raise many types for a damaged file; each names no file
+        detail = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+        raise error(
+            f"cannot read the {what}: not a readable parquet file ({detail})",
+            file=str(path),
+            field=field,
+            fix=fix,
+        ) from None
 
 
 @contextmanager

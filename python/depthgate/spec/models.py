@@ -41,8 +41,19 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from depthgate.exceptions import SpecError
-from depthgate.spec._compat import tomllib
-from depthgate.spec.files import ReadFailures, read_json, read_utf8
+from depthgate.spec.files import ReadFailures, read_json, read_toml
+from depthgate.spec.limits import (
+    MAX_CASES,
+    MAX_ENDPOINTS,
+    MAX_LAYOUTS,
+    MAX_LENGTH,
+    MAX_POSITIONS,
+    MAX_SEEDS,
+    MAX_TIMEOUT_S,
+    MAX_TOKENS,
+    length_problem,
+    summarise_urls,
+)
 
 Language: TypeAlias = Literal["en", "zh"]
 TaskKind: TypeAlias = Literal["extraction", "qa"]
@@ -190,7 +201,8 @@ def canonical_json(value: Any) -> str:
 
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # allow_inf_nan=False: `timeout_s = inf`, `margin = nan` are refused where the matrix is read.
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     def canonical_json(self) -> str:
         """The canonical JSON of this model (the bytes :meth:`digest` hashes)."""
@@ -231,7 +243,7 @@ class EvidenceDoc(_Frozen):
     """A piece of evidence. ``supports`` lists the claim ids it supports; ``role`` says whether it decides the
     answer (it moves through the context) or competes with it (superseded version, general rule)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", coerce_numbers_to_str=True)
+    model_config = ConfigDict(frozen=True, extra="forbid", coerce_numbers_to_str=True, allow_inf_nan=False)
 
     id: str
     version: str = "1"
@@ -544,6 +556,12 @@ class Suite(_Frozen):
     def _check_suite(self) -> Suite:
         if not self.cases:
             raise _violation("must not be empty", field="cases", fix="add at least one case")
+        if len(self.cases) > MAX_CASES:
+            raise _violation(
+                f"holds {len(self.cases)} cases, over the limit of {MAX_CASES}",
+                field="cases",
+                fix=f"split the suite into suites of at most {MAX_CASES} cases",
+            )
         first_index: dict[str, int] = {}
         for index, case in enumerate(self.cases):
             if case.id in first_index:
@@ -761,6 +779,12 @@ class DecodeParams(_Frozen):
     def _check_decode(self) -> DecodeParams:
         if not self.seeds:
             raise _violation("must not be empty", field="seeds", fix="list one seed per repeat, e.g. [0]")
+        if len(self.seeds) > MAX_SEEDS:
+            raise _violation(
+                f"lists {len(self.seeds)} seeds, over the limit of {MAX_SEEDS}",
+                field="seeds",
+                fix=f"list at most {MAX_SEEDS} seeds (more cases buy more power than more seeds)",
+            )
         for index, seed in enumerate(self.seeds):
             if not 0 <= seed < 2**63:
                 raise _violation(
@@ -803,7 +827,7 @@ class VLLMEngineArgs(_Frozen):
 
     tensor_parallel_size: StrictInt | None = Field(default=None, ge=1)
     pipeline_parallel_size: StrictInt | None = Field(default=None, ge=1)
-    max_model_len: StrictInt | None = Field(default=None, ge=16)
+    max_model_len: StrictInt | None = Field(default=None, ge=16, le=MAX_TOKENS)
     gpu_memory_utilization: StrictFloat | None = Field(default=None, gt=0.0, le=1.0)
     dtype: Literal["auto", "half", "float16", "bfloat16", "float", "float32"] | None = None
     quantization: str | None = Field(default=None, min_length=1)
@@ -859,11 +883,11 @@ class Runtime(_Frozen):
     api_key_env: str | None = None
     allow_insecure_key: StrictBool = False
     count_tolerance: StrictFloat | None = Field(default=None, ge=0.0, lt=1.0)
-    timeout_s: StrictFloat | None = Field(default=None, gt=0.0)
-    connect_timeout_s: StrictFloat | None = Field(default=None, gt=0.0)
-    max_connections: StrictInt | None = Field(default=None, ge=1)
-    concurrency: StrictInt | None = Field(default=None, ge=1)
-    n_threads: StrictInt | None = Field(default=None, ge=1)
+    timeout_s: StrictFloat | None = Field(default=None, gt=0.0, le=MAX_TIMEOUT_S)
+    connect_timeout_s: StrictFloat | None = Field(default=None, gt=0.0, le=MAX_TIMEOUT_S)
+    max_connections: StrictInt | None = Field(default=None, ge=1, le=65_536)
+    concurrency: StrictInt | None = Field(default=None, ge=1, le=65_536)
+    n_threads: StrictInt | None = Field(default=None, ge=1, le=4_096)
     reuse_prefix: StrictBool = False
     cache_control: StrictBool = False
     vllm: VLLMEngineArgs | None = None
@@ -916,7 +940,7 @@ class System(_Frozen):
     chat_template: str | None = None
     assembler: Assembler = "default"
     preamble: str = ""
-    window: StrictInt | None = Field(default=None, ge=1)
+    window: StrictInt | None = Field(default=None, ge=1, le=MAX_TOKENS)
     endpoint: str | None = None
     endpoints: list[str] | None = None
     runtime: Runtime = Runtime()
@@ -1043,6 +1067,14 @@ class System(_Frozen):
             raise _violation(
                 "is empty", field="endpoints", fix="list at least one server, e.g. ['http://127.0.0.1:8000']"
             )
+        if len(endpoints) > MAX_ENDPOINTS:
+            raise _violation(
+                f"lists {len(endpoints)} endpoints ({summarise_urls(endpoints)}), over the limit of "
+                f"{MAX_ENDPOINTS} per arm",
+                field="endpoints",
+                fix=f"list at most {MAX_ENDPOINTS} replicas (put a load balancer in front of more), or split "
+                "the run with --shard i/N",
+            )
         for i, url in enumerate(endpoints):
             _check_url(url, field=f"endpoints[{i}]")
         seen: dict[str, int] = {}
@@ -1069,7 +1101,7 @@ class System(_Frozen):
 
 
 def _check_url(url: str, *, field: str) -> None:
-    if not re.match(r"^https?://[^\s/]+", url):
+    if not re.match(r"^https?://[^\s/]+", url, re.IGNORECASE):  # HTTP://host is http://host
         raise _violation(
             f"{url!r} is not an http(s) URL",
             field=field,
@@ -1099,8 +1131,8 @@ class BuiltinSuiteRef(_Frozen):
     """The built-in generated suite (:func:`depthgate.spec.suites.builtin_suite`)."""
 
     kind: Literal["builtin"] = "builtin"
-    cases: StrictInt = Field(default=8, ge=1)
-    seed: StrictInt = Field(default=0, ge=0)
+    cases: StrictInt = Field(default=8, ge=1, le=MAX_CASES)
+    seed: StrictInt = Field(default=0, ge=0, lt=2**63)
     language: Language = "en"
     # With the `conflict` pattern (two unversioned sources disagree); the first 13 cases are the default
     # suite's, conflict cases come after them. Left out of the matrix digest when false.
@@ -1287,7 +1319,7 @@ class Matrix(_Frozen):
     # Evidence spacing of multi-evidence cases (issue #13 item 5); the default leaves every layout, id
     # and digest as before (canonical_json leaves it out).
     spacings: list[Spacing] = Field(default_factory=lambda: list[str | int](["adjacent"]))
-    repeats: StrictInt = Field(default=1, ge=1)
+    repeats: StrictInt = Field(default=1, ge=1, le=MAX_SEEDS)
     # The order requests are sent in: "shuffled" (pairs in a seeded random order) or "haystack" (the
     # pairs of one haystack — case × length × seed — sent together, the haystacks and the pairs inside
     # each shuffled): a server's prefix cache then reuses the shared haystack prefix (docs/nightly.md
@@ -1316,6 +1348,17 @@ class Matrix(_Frozen):
                     field=f"lengths[{index}]",
                     fix="give total prompt lengths in tokens (>= 16), e.g. 1024",
                 )
+            problem = length_problem(length)
+            if problem is not None:
+                raise _violation(
+                    problem, field=f"lengths[{index}]", fix=f"give lengths of at most {MAX_LENGTH} tokens"
+                )
+        if len(self.positions) > MAX_POSITIONS:
+            raise _violation(
+                f"lists {len(self.positions)} positions, over the limit of {MAX_POSITIONS}",
+                field="positions",
+                fix=f"list at most {MAX_POSITIONS} positions (split the study into several matrices)",
+            )
         if len(set(self.lengths)) != len(self.lengths):
             raise _violation("contains a repeated length", field="lengths", fix="list each length once")
         if not self.positions:
@@ -1347,6 +1390,15 @@ class Matrix(_Frozen):
         # The slice count is known here: refuse a bootstrap too small to confirm a regression before
         # the plan is frozen and any request is sent.
         self._check_spacings()
+        if isinstance(self.suite, BuiltinSuiteRef):
+            layouts = self.suite.cases * len(self.lengths) * len(self.position_values())
+            if layouts > MAX_LAYOUTS:
+                raise _violation(
+                    f"{self.suite.cases} cases × {len(self.lengths)} lengths × {len(self.position_values())} "
+                    f"positions are {layouts} layouts per arm, over the limit of {MAX_LAYOUTS}",
+                    field="lengths",
+                    fix="build fewer cases, lengths or positions per matrix (split the study into several)",
+                )
         self.plan.raise_violations(n_slices=len(self.lengths) * len(self.position_values()), prefix="plan.")
         return self
 
@@ -1416,7 +1468,7 @@ class Matrix(_Frozen):
 class SystemRecord(_Frozen):
     """What the manifest binds for one arm."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", protected_namespaces=())
+    model_config = ConfigDict(frozen=True, extra="forbid", protected_namespaces=(), allow_inf_nan=False)
 
     name: str
     backend: Backend
@@ -1559,13 +1611,7 @@ def _read_failures(what: str) -> ReadFailures:
 def load_matrix(path: str | Path) -> Matrix:
     """Read and validate a matrix TOML file. Every error is a SpecError naming the file, field and fix."""
     path = Path(path)
-    text = read_utf8(path, _read_failures("matrix"))
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise SpecError(
-            f"invalid TOML: {exc}", file=str(path), fix="fix the TOML syntax at the reported line"
-        ) from None
+    data = read_toml(path, _read_failures("matrix"))
     return parse_spec(Matrix, data, file=str(path))
 
 

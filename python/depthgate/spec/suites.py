@@ -51,7 +51,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from depthgate.exceptions import SpecError
 from depthgate.spec._compat import tomllib
-from depthgate.spec.files import ReadFailures, read_utf8
+from depthgate.spec.files import ReadFailures, read_utf8, refuse_unencodable
 from depthgate.spec.filler import SplitMix64
 from depthgate.spec.models import (
     BuiltinSuiteRef,
@@ -804,6 +804,7 @@ def _json_object_line(line: str, where: str) -> dict[str, Any]:
         fix = "write one complete JSON object per line"
     else:
         if isinstance(raw, dict):
+            refuse_unencodable(raw, file=where, error=SpecError)
             return raw
         problem = f"expected a JSON object, got {type(raw).__name__}"
         fix = "write one JSON object per line"
