@@ -39,6 +39,16 @@ if [ "$(cat "$VENV/.depthgate-complete" 2>/dev/null || true)" != "$KEY" ]; then
 fi
 ln -sfn "$VENV" .venv-vllm
 
+# depthgate's own dependencies (pyproject.toml), added to the environment without moving any of the
+# lock's pins (-c): a dependency depthgate gains later is installed here too, in seconds.
+DEPS=$("$VENV/bin/python" -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]))')
+DEPS_KEY=$(printf '%s\n' "$DEPS" | sha256sum | cut -c1-12)
+if [ "$(cat "$VENV/.depthgate-deps" 2>/dev/null || true)" != "$DEPS_KEY" ]; then
+  printf '%s\n' "$DEPS" > "$VENV/depthgate-requirements.txt"
+  "$VENV/bin/python" -m pip install --quiet -c "$LOCK" -r "$VENV/depthgate-requirements.txt"
+  echo "$DEPS_KEY" > "$VENV/.depthgate-deps"
+fi
+
 # The model, converted once (≈ 75–120 s); convert_gemma.py checks its own stamp.
 HF_HUB_OFFLINE=1 nice -n 5 "$VENV/bin/python" scripts/vllm/convert_gemma.py "$MODEL"
 # matrices/vllm-cpu*.toml name it relative to themselves, as ../models/gemma3-270m-hf.

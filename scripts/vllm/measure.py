@@ -3,8 +3,8 @@ request orders, and an A/A run's flips.
 
     VLLM_SERVER_DEV_MODE=1 bash scripts/vllm_serve.sh &      # dev mode: POST /reset_prefix_cache
     .venv/bin/python scripts/vllm/measure.py http://127.0.0.1:8011 docs/vllm-cpu
-    # the same orders with a KV cache of 384 blocks (≈ 7,800 tokens: ≈ 5 requests of this matrix, the ratio of a
-    # 128K nightly on one GPU), no A/A:
+    # the same orders with a KV cache of 384 blocks (≈ 7,800 tokens: ≈ 5 requests of this matrix, the
+    # ratio of a 128K nightly on one GPU), no A/A:
     VLLM_SERVER_DEV_MODE=1 bash scripts/vllm_serve.sh --num-gpu-blocks-override 384 &
     .venv/bin/python scripts/vllm/measure.py http://127.0.0.1:8011 docs/vllm-cpu/small-cache --no-aa
 
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -62,7 +63,16 @@ def matrix(url: str, out: Path, *, order: str) -> Path:
 def run(args: list[str]) -> tuple[int, float]:
     started = time.monotonic()
     done = subprocess.run([sys.executable, "-m", "depthgate", *args], check=False)
-    return done.returncode, time.monotonic() - started
+    seconds = time.monotonic() - started
+    folder = Path(args[args.index("--out") + 1])
+    # What ships is what re-gates: records, scored.parquet, manifest, suite, layouts, reports; not the
+    # id/text stores (rebuilt from the layouts on a resume), the record shards (compacted) or the lock.
+    for leftover in [*folder.glob("*/store"), folder / "records", folder / ".depthgate-run.lock"]:
+        if leftover.is_dir():
+            shutil.rmtree(leftover)
+        elif leftover.exists():
+            leftover.unlink()
+    return done.returncode, seconds
 
 
 def main(url: str, out: Path, *, aa: bool = True) -> None:
