@@ -142,6 +142,13 @@ class LlamaServerProcess:
         ``deadline`` (``time.monotonic()``) passes first."""
         wait_until_serving(self.url, self.proc, self.log, deadline, "llama-cpp-python server", poll_s)
 
+    def stop(self, timeout: float = 20) -> None:
+        stop_process(self.proc, timeout)
+
+    def completions(self) -> int:
+        """How many ``/v1/completions`` requests the server has answered with 200 (from its log)."""
+        return self.log.read_text(errors="replace").count('"POST /v1/completions HTTP/1.1" 200')
+
 
 def wait_until_serving(
     url: str, proc: subprocess.Popen[Any], log: Path, deadline: float, what: str, poll_s: float
@@ -159,13 +166,6 @@ def wait_until_serving(
         if time.monotonic() > deadline:
             pytest.fail(f"{what} did not start: {log.read_text(errors='replace')[-3000:]}")
         time.sleep(poll_s)
-
-    def stop(self, timeout: float = 20) -> None:
-        stop_process(self.proc, timeout)
-
-    def completions(self) -> int:
-        """How many ``/v1/completions`` requests the server has answered with 200 (from its log)."""
-        return self.log.read_text(errors="replace").count('"POST /v1/completions HTTP/1.1" 200')
 
 
 def completion(model: str, text: str, prompt_ids: list[int], **usage: int) -> dict[str, Any]:
