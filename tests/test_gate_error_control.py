@@ -336,3 +336,16 @@ def test_sparse_broken_loss_is_not_let_through() -> None:
         yb, yc = draw_pairs(rng, 40, 5, delta=-0.03, mu=0.99, kappa=1e9)
         shown += slice_statistics(yb, yc, 0.03, 0.05, 199, i).lower > -0.03
     assert shown / sims <= 0.05 + 2 * math.sqrt(0.05 * 0.95 / sims), shown
+
+
+def test_one_failed_run_no_longer_passes_the_floor() -> None:
+    """The issue's gate-level consequence: at a 0.95 floor, 40 all-pass cases x 3 seeds FAIL_FLOOR
+    (0.937) while the same data plus one failed run PASSed (0.963). Both FAIL_FLOOR now."""
+    ones = np.ones((40, 3))
+    worse = ones.copy()
+    worse[7, 1] = 0.0
+    plan = GatePlan(bootstrap_reps=999, floor=0.95)
+    perfect = gate(records_from_arrays({(2048, "0.5"): (ones, ones.copy())}), plan).slice_results[0]
+    slipped = gate(records_from_arrays({(2048, "0.5"): (ones, worse)}), plan).slice_results[0]
+    assert perfect.status is SliceStatus.FAIL_FLOOR and slipped.status is SliceStatus.FAIL_FLOOR
+    assert slipped.floor_lb <= perfect.floor_lb + 1e-12
