@@ -2,6 +2,7 @@
 
 * Item 2: degeneracy of a bootstrap resample is decided on per-case differences with float residue
   merged (``depthgate.judge.residue``), so residue never reaches a bound.
+* Item 1: size under sparse broken-case losses (CI-sized; the grid is scripts/gate_calibration.py).
 * Item 3: the floor bound is a monotone envelope (judge/monotone.py); Newcombe-10 never rises either.
 * Item 5: the under-power warning uses the joint power of all slices, also near the ceiling.
 * Item 5: the A/A noise floor recommends the margin at which an A/A release passes with the target.
@@ -318,3 +319,33 @@ def test_slice_lower_is_the_gate_bound() -> None:
         yb, yc = draw_pairs(rng, 50, seeds, mu=mu)
         want = slice_statistics(yb, yc, 0.1, 0.05, 299, 7).lower
         assert slice_lower(yb, yc, 0.05, 299, 7) == want
+
+
+# --------------------------------------------------------------------------------------------------
+# Item 1: size under sparse broken-case losses (the full grid: scripts/gate_calibration.py)
+
+
+def test_sparse_broken_loss_is_not_let_through() -> None:
+    """The issue's worst cell: every case at 0.99, M = 0.03 (a share 0.03/0.99 of the cases drops to 0:
+    about one case in 40), R = 5, n = 40. The bootstrap and a design effect estimated from a few
+    discordant runs showed non-inferiority in 0.20-0.23 of such slices; with D shrunk toward R when few
+    cases disagree it is within alpha (0.02 in the calibration; here <= alpha + 2 MC-SE)."""
+    rng = np.random.default_rng(2201)
+    sims, shown = 300, 0
+    for i in range(sims):
+        yb, yc = draw_pairs(rng, 40, 5, delta=-0.03, mu=0.99, kappa=1e9)
+        shown += slice_statistics(yb, yc, 0.03, 0.05, 199, i).lower > -0.03
+    assert shown / sims <= 0.05 + 2 * math.sqrt(0.05 * 0.95 / sims), shown
+
+
+def test_one_failed_run_no_longer_passes_the_floor() -> None:
+    """The issue's gate-level consequence: at a 0.95 floor, 40 all-pass cases x 3 seeds FAIL_FLOOR
+    (0.937) while the same data plus one failed run PASSed (0.963). Both FAIL_FLOOR now."""
+    ones = np.ones((40, 3))
+    worse = ones.copy()
+    worse[7, 1] = 0.0
+    plan = GatePlan(bootstrap_reps=999, floor=0.95)
+    perfect = gate(records_from_arrays({(2048, "0.5"): (ones, ones.copy())}), plan).slice_results[0]
+    slipped = gate(records_from_arrays({(2048, "0.5"): (ones, worse)}), plan).slice_results[0]
+    assert perfect.status is SliceStatus.FAIL_FLOOR and slipped.status is SliceStatus.FAIL_FLOOR
+    assert slipped.floor_lb <= perfect.floor_lb + 1e-12

@@ -33,8 +33,9 @@ class BootstrapBounds:
     """Studentized case bootstrap: one-sided (1 - alpha) bounds and p-values (None: the bootstrap-t is
     undefined, se = 0 or no resample with spread; the caller defers to another bound).
 
-    ``degenerate`` counts the resamples without spread (every drawn case has the same difference), which
-    are left out of the t* distribution; ``used`` is the number of resamples the bounds rest on.
+    ``degenerate`` counts the draws without spread (every drawn case has the same difference, float
+    residue merged), which are left out of the t* distribution and replaced by further draws; ``used`` is
+    the number of resamples the bounds rest on (``reps``, unless the sample has no spread at all).
     """
 
     lower: float
