@@ -208,6 +208,7 @@ def test_run_end_to_end_on_the_embedded_model_and_resume(
         "hallucination",
         "position_or_assembly",
         "ok",
+        "serving_path",
         "unknown",
     }
     assert "Controls" in (run_dir / "report" / "summary.md").read_text()

@@ -240,6 +240,22 @@ def test_a_gateway_cutting_the_head_and_forging_count_and_echo_is_canary_head_lo
     assert _verdict(tmp_path / "fine")["serving_checks"]["canaries"]["lost"] == []
 
 
+def test_a_baseline_that_loses_its_canaries_is_named_too(
+    tmp_path: Path, reader: Reader, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The head-cutting gateway on the *baseline*: the candidate now looks better at depth 0, yet the
+    comparison came through a broken path — every slice at that length is FAIL_SYSTEM, the baseline
+    named (``baseline:canary_head_lost``), never a PASS over broken reference data."""
+    matrix = _matrix(tmp_path, _endpoint(reader), baseline="head-cut", top="canaries = 2")
+    code = main(["run", str(matrix), "--out", str(tmp_path / "run"), "--no-controls"])
+    out = capsys.readouterr().out
+    assert code == ExitCode.FAIL_SYSTEM, out
+    doc = _verdict(tmp_path / "run")
+    assert doc["system_fail_reasons"] == {"baseline:canary_head_lost": 2}
+    assert doc["serving_checks"]["canaries"]["lost"] == ["baseline:canary_head_lost@640"]
+    assert "the baseline's serving path failed" in out
+
+
 def test_canaries_default_off_keeps_the_run_id_of_a_matrix_without_them(tmp_path: Path) -> None:
     from depthgate.spec.models import load_matrix
 
