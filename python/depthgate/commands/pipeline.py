@@ -46,7 +46,8 @@ from depthgate.layout.layouts import (
     read_layouts,
 )
 from depthgate.layout.templates import ChatTemplate, load_chat_template
-from depthgate.spec.files import dist_version
+from depthgate.spec.files import ReadFailures, dist_version, read_json
+from depthgate.spec.limits import summarise_urls
 from depthgate.spec.models import (
     SPACING_SEP,
     AnalysisPlan,
@@ -514,10 +515,14 @@ def _note_endpoints(arm: str, backend: Any, concurrency: int) -> None:
     down = [e for e in endpoints if e not in healthy]
     print(
         f"depthgate: {arm}: {len(healthy)} of {len(endpoints)} endpoint(s) up, window {backend.window}"
-        + (f" (down at start, drained: {', '.join(down)})" if down else "")
+        + (f" (down at start, drained: {summarise_urls(down)})" if down else "")
         + f"; --concurrency {concurrency} caps the whole run",
         file=sys.stderr,
     )
+
+
+#: Per-endpoint lines on the console at most (the rest summed in one line; verdict.json has them all).
+_ENDPOINT_LINES = 8
 
 
 def _print_endpoint_stats(backends: Mapping[str, Any]) -> None:
@@ -527,11 +532,22 @@ def _print_endpoint_stats(backends: Mapping[str, Any]) -> None:
         stats = getattr(backend, "stats", None)
         if not callable(stats):
             continue
-        for url, st in stats().items():
+        rows = list(stats().items())
+        # The endpoints with something to say first; past a few, one line sums up the rest.
+        rows.sort(key=lambda row: (row[1]["healthy"] and not row[1]["failed"], str(row[0])))
+        for url, st in rows[:_ENDPOINT_LINES]:
             state = "up" if st["healthy"] else f"excluded: {st['excluded']}" if st["excluded"] else "drained"
             print(
                 f"depthgate: {arm} {url}: sent {st['sent']}, answered {st['answered']}, "
                 f"failed {st['failed']}, drained {st['drains']}x ({state})",
+                file=sys.stderr,
+            )
+        rest = [st for _, st in rows[_ENDPOINT_LINES:]]
+        if rest:
+            print(
+                f"depthgate: {arm} {len(rest)} more endpoints: sent {sum(st['sent'] for st in rest)}, "
+                f"answered {sum(st['answered'] for st in rest)}, failed {sum(st['failed'] for st in rest)}, "
+                f"{sum(1 for st in rest if not st['healthy'])} not up",
                 file=sys.stderr,
             )
 
@@ -561,6 +577,18 @@ def _cache_control(a: ArmSetup, layouts: pl.DataFrame, arm_dir: Path, max_tokens
     print(f"depthgate: {a.arm}: {summary} ({path})", file=sys.stderr)
 
 
+def _run_file_failures(name: str) -> ReadFailures:
+    """How a run folder's own JSON file (``manifest.json``, ``shard.json``) fails to read, in words."""
+    fix = "restore the file written by `depthgate run`, or run again into a new folder"
+    return ReadFailures(
+        InputError,
+        missing=(f"no {name}", fix),
+        unreadable=(f"cannot read {name} ({{strerror}})", fix),
+        not_utf8=(f"{name} is not UTF-8 text ({{reason}})", fix),
+        not_json=(f"{name} is not valid JSON ({{msg}} at line {{lineno}} column {{colno}})", fix),
+    )
+
+
 def gate_run(
     run_dir: str | Path,
     *,
@@ -578,7 +606,8 @@ def gate_run(
     run = Path(run_dir)
     manifest_path = run / MANIFEST
     if (run / SHARD_FILE).is_file():
-        spec = json.loads((run / SHARD_FILE).read_text(encoding="utf-8"))
+        spec = read_json(run / SHARD_FILE, _run_file_failures("shard.json"))
+        spec = spec if isinstance(spec, dict) else {}
         raise InputError(
             f"this folder holds only shard {spec.get('index')}/{spec.get('count')} of the run",
             file=str(run),
@@ -590,14 +619,7 @@ def gate_run(
             file=str(run),
             fix="pass a folder written by `depthgate run`",
         )
-    try:
-        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InputError(
-            f"manifest.json is not valid JSON ({exc})",
-            file=str(manifest_path),
-            fix="restore the manifest written by `depthgate run`, or run again into a new folder",
-        ) from None
+    manifest = read_json(manifest_path, _run_file_failures("manifest.json"))
     frozen = parse_spec(RunManifest, manifest, file=str(manifest_path))
     lengths, positions = list(frozen.lengths), list(frozen.positions)
     matrix_file = Path(frozen.matrix_file)
