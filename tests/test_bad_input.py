@@ -24,8 +24,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import string
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -101,7 +103,34 @@ def _write_runs(root: Path, good_run: Path, needed: set[str]) -> dict[str, str]:
         shutil.rmtree(run / "report")
         (run / "report").write_text("a file where the report folder goes\n")
 
+    def records_edit(column: str, value: str, *, every: bool = False) -> Callable[[Path], None]:
+        def edit(run: Path) -> None:
+            frame = pl.read_parquet(run / "records.parquet")
+            which = pl.lit(True) if every else pl.int_range(pl.len()) == 0
+            frame = frame.with_columns(
+                pl.when(which).then(pl.lit(value)).otherwise(pl.col(column)).alias(column)
+            )
+            frame.write_parquet(run / "records.parquet")
+
+        return edit
+
+    def scored_edit(run: Path, *, cut: bool) -> None:
+        path = run / "scored.parquet"
+        if cut:
+            path.write_bytes(path.read_bytes()[: len(path.read_bytes()) // 2])
+        else:
+            pl.read_parquet(path).drop("outcome").write_parquet(path)
+
     variants: dict[str, Callable[[Path], None]] = {
+        "gr_foreign_run_id": records_edit("run_id", "another-run-0123456789ab", every=True),
+        "gr_foreign_layout": records_edit("layout_id", "f" * 64),
+        "gr_foreign_arm": records_edit("arm", "shadow"),
+        "gr_scored_cut": lambda run: scored_edit(run, cut=True),
+        "gr_scored_wrong_cols": lambda run: scored_edit(run, cut=False),
+        "gr_shard_corrupt": lambda run: (run / "shard.json").write_text("{"),
+        "gr_shard_wrong_types": lambda run: (run / "shard.json").write_text('{"index": "x", "count": 2}'),
+        "gr_manifest_surrogate": manifest_edit("run_id", "\ud800"),
+        "gr_manifest_deep": lambda run: (run / "manifest.json").write_text("[" * 100_000 + "]" * 100_000),
         "gr_no_records": lambda run: (run / "records.parquet").unlink(),
         "gr_no_layouts": lambda run: (run / "baseline" / "layouts.parquet").unlink(),
         "gr_corrupt_layouts": lambda run: (run / "candidate" / "layouts.parquet").write_bytes(b"PAR1 cut"),
@@ -174,6 +203,12 @@ def _write_inputs(root: Path, good_layouts: Path) -> dict[str, str]:
     (root / "suite-dir.json").mkdir()
     w["suite_nocases"] = put("suite-nocases.json", json.dumps(dict(suite, cases=[])))
 
+    query = json.dumps(suite["cases"][0]["query"])  # a lone half of a UTF-16 pair in the first query
+    surrogate = json.dumps(suite).replace(query, query[:-1] + ' \\ud800"', 1)
+    w["suite_surrogate"] = put("suite-surrogate.json", surrogate)
+    w["suite_deep"] = put("suite-deep.json", "[" * 100_000 + "]" * 100_000)
+    w["empty"] = ""
+
     # incidents
     incident = {
         "id": "INC-1",
@@ -187,6 +222,9 @@ def _write_inputs(root: Path, good_layouts: Path) -> dict[str, str]:
     w["incidents_empty"] = put("incidents-empty.jsonl", "\n# only a comment\n")
     w["incidents_list"] = put("incidents-list.jsonl", "[1, 2, 3]\n")
     w["incidents_binary"] = put("incidents-binary.jsonl", binary)
+    w["incidents_surrogate"] = put(
+        "incidents-surrogate.jsonl", json.dumps(incident).replace("Refunds", "Refunds \\udc00") + "\n"
+    )
     w["incidents_badref"] = put(
         "incidents-badref.jsonl", json.dumps(dict(incident, evidence_ids=["kb-404"])) + "\n"
     )
@@ -232,6 +270,80 @@ def _write_inputs(root: Path, good_layouts: Path) -> dict[str, str]:
     )
     w["m_dir"] = str(root / "adir")
 
+    # absurd sizes, numbers that are not finite, names and lists a user can get wrong (issue #21)
+    def variant(name: str, old: str, new: str, base: str | None = None) -> str:
+        text = matrix_text() if base is None else base
+        assert old in text, old
+        return put(name, text.replace(old, new))
+
+    runtime = "[candidate.runtime]\n"
+    for key, length in (
+        ("m_len_1e12", "1000000000000"),
+        ("m_len_u32", "4294967312"),
+        ("m_len_i64", str(2**63 - 1)),
+    ):
+        w[key] = variant(key.replace("_", "-") + ".toml", "lengths = [512]", f"lengths = [{length}]")
+    w["m_window_huge"] = variant("m-window-huge.toml", "window = 1024", f"window = {2**63 - 1}")
+    w["m_builtin_cases_huge"] = variant("m-builtin-cases-huge.toml", "cases = 2,", "cases = 1000000,")
+    many_seeds = matrix_text().replace("seeds = [0]", f"seeds = {list(range(1001))}")
+    w["m_seeds_many"] = put("m-seeds-many.toml", many_seeds.replace("repeats = 1", "repeats = 1001"))
+    positions = ", ".join(f'"@{i}"' for i in range(1001))
+    w["m_positions_many"] = variant(
+        "m-positions-many.toml", "positions = [0.0, 1.0]", f"positions = [{positions}]"
+    )
+    depths = ", ".join(str(i / 100) for i in range(101))
+    w["m_layouts_many"] = variant(
+        "m-layouts-many.toml", "lengths = [512]", "lengths = [512, 1024, 2048, 4096]"
+    )
+    (root / "m-layouts-many.toml").write_text(
+        (root / "m-layouts-many.toml")
+        .read_text()
+        .replace("cases = 2,", "cases = 4000,")
+        .replace("positions = [0.0, 1.0]", f"positions = [{depths}]")
+    )
+    endpoints = ", ".join(f'"http://10.0.{i // 250}.{i % 250 + 1}:8000"' for i in range(10_000))
+    w["m_endpoints_many"] = put(
+        "m-endpoints-many.toml",
+        matrix_text().replace('endpoint = "http://127.0.0.1:9"', f"endpoints = [{endpoints}]"),
+    )
+    w["m_endpoint_case"] = put(
+        "m-endpoint-case.toml",
+        matrix_text().replace(
+            'endpoint = "http://127.0.0.1:9"', 'endpoints = ["http://127.0.0.1:9", "HTTP://127.0.0.1:9"]'
+        ),
+    )
+    for key, line in (
+        ("m_connect_inf", "connect_timeout_s = inf"),
+        ("m_timeout_nan", "timeout_s = nan"),
+        ("m_timeout_huge", "timeout_s = 1e300"),
+        ("m_tolerance_nan", "count_tolerance = nan"),
+        ("m_connections_huge", "max_connections = 1000000000000"),
+        ("m_concurrency_huge", "concurrency = 1000000000000"),
+    ):
+        w[key] = put(key.replace("_", "-") + ".toml", matrix_text(candidate_extra=runtime + line))
+    w["m_margin_inf"] = variant("m-margin-inf.toml", "margin = 0.20", "margin = inf")
+    w["m_alpha_nan"] = variant("m-alpha-nan.toml", "n_min = 2", "n_min = 2\nalpha = nan")
+    w["m_missing_nan"] = variant("m-missing-nan.toml", "n_min = 2", "n_min = 2\nmax_missing = -inf")
+    w["m_temperature_inf"] = variant(
+        "m-temperature-inf.toml", "max_tokens = 8", "max_tokens = 8\ntemperature = inf"
+    )
+    w["m_position_nan"] = variant("m-position-nan.toml", "positions = [0.0, 1.0]", "positions = [0.0, nan]")
+    w["m_position_inf"] = variant("m-position-inf.toml", "positions = [0.0, 1.0]", "positions = [0.0, inf]")
+    w["m_long_name"] = put(
+        "m-long-name.toml", matrix_text().replace('name = "base"', f'name = "{"b" * 200}"')
+    )
+    w["m_spacing_single"] = variant("m-spacing-single.toml", "repeats = 1", 'repeats = 1\nspacings = ["far"]')
+    w["m_suite_surrogate"] = put(
+        "m-suite-surrogate.toml",
+        matrix_text().replace(
+            'suite = { kind = "builtin", cases = 2, seed = 0, language = "en" }',
+            'suite = { kind = "file", path = "suite-surrogate.json" }',
+        ),
+    )
+    w["m_deep"] = put("m-deep.toml", matrix_text() + "\ndeep = " + "[" * 50_000 + "]" * 50_000 + "\n")
+    w["m_builtin_seed_huge"] = variant("m-builtin-seed-huge.toml", "seed = 0,", f"seed = {2**63},")
+    w["positions_1001"] = ",".join(f"@{i}" for i in range(1001))
+
     # layouts
     w["layouts_text"] = put("notparquet.parquet", "layout_id,text\nx,y\n")
     w["layouts_empty"] = put("empty.parquet", b"")
@@ -258,6 +370,11 @@ def _write_inputs(root: Path, good_layouts: Path) -> dict[str, str]:
     w["prev_out"] = str(root / "prev")
     w["layouts_nocols"] = str(root / "nocols.parquet")
     frame.select("layout_id", "text").write_parquet(w["layouts_nocols"])
+    w["layouts_char_negative"] = str(root / "char-negative.parquet")
+    frame.with_columns(
+        pl.col("evidence_spans").list.eval(pl.element().struct.with_fields(pl.field("char_start") * 0 - 5))
+    ).write_parquet(w["layouts_char_negative"])
+    w["layouts_cut"] = put("cut.parquet", good_layouts.read_bytes()[: good_layouts.stat().st_size // 2])
     w["layouts_string_ids"] = str(root / "string-ids.parquet")
     frame.with_columns(pl.col("token_ids").cast(pl.List(pl.String))).write_parquet(w["layouts_string_ids"])
 
@@ -321,6 +438,47 @@ def _snapshot(root: Path) -> dict[str, tuple[str, str]]:
     return out
 
 
+#: A refusal is prompt (issue #21: an absurd size ran out of memory for minutes before) and short (an
+#: endpoint list is summarised, never printed whole).
+MAX_SECONDS = 10.0
+MAX_ERROR_CHARS = 2_000
+#: Words of a message meant for a developer: internal module or object names, library jargon.
+DEVELOPER_WORDS = (
+    "depthgate.spec.",
+    "depthgate.layout.",
+    "depthgate.judge.",
+    "depthgate.run.",
+    "pydantic",
+    "serde",
+    "usize",
+    "ComputeError",
+    "PanicException",
+    "DEPTHGATE_",
+    "field 'spec'",
+    "by hand",
+    "NoneType",
+    "OverflowError",
+    "UnicodeEncodeError",
+)
+
+
+#: A file (a path, or a name with a known extension) or a field, as a message names it.
+FILE_OR_FIELD = re.compile(r"^depthgate: error: (/|[^ ]*\.(json|jsonl|toml|jinja|parquet|txt|gz)\b)|field '")
+
+
+def _assert_for_a_user(err: str, argv: list[str]) -> None:
+    """An exit-20 message (issue #21, item 4): one ``depthgate: error:`` line per problem that names the
+    file (a path from the command line, or a file inside one) or the field, says a fix, and holds no
+    developer words."""
+    errors = [line for line in err.splitlines() if line.startswith("depthgate: error: ")]
+    assert len(errors) == 1, err
+    line = errors[0]
+    assert "(fix: " in line, line
+    assert FILE_OR_FIELD.search(line), f"names neither a file nor a field: {line}"
+    for word in DEVELOPER_WORDS:
+        assert word not in line, f"developer word {word!r} in: {line}"
+
+
 def _run(argv: list[str]) -> int:
     try:
         return main(argv)
@@ -352,12 +510,20 @@ def test_hostile_input(
         names.update(_write_runs(tmp_path, request.getfixturevalue("good_run"), needed))
     argv = [part.format(**names) for part in case.argv]
     before = _snapshot(tmp_path)
+    started = time.monotonic()
     code = _run(argv)
+    elapsed = time.monotonic() - started
     captured = capsys.readouterr()
     assert "Traceback" not in captured.err + captured.out
     assert code == case.code, (
         f"exit {code}, expected {case.code}\nstderr: {captured.err}\nstdout: {captured.out}"
     )
+    assert elapsed < MAX_SECONDS, f"{elapsed:.1f} s to refuse (the limit is {MAX_SECONDS} s)"
+    assert len(captured.err) < MAX_ERROR_CHARS, (
+        f"{len(captured.err)} characters on stderr: {captured.err[:300]}"
+    )
+    if case.code == BAD:
+        _assert_for_a_user(captured.err, argv)
     for fragment in case.fragments:
         assert fragment in captured.err, f"{fragment!r} not named on stderr: {captured.err}"
     for fragment in case.stdout:

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from depthgate.commands.console import pipe_safe_stdout
+from depthgate.commands.console import naming_the_file, pipe_safe_stdout
 from depthgate.commands.outputs import (
     OutputKind,
     check_output,
@@ -34,7 +34,7 @@ from depthgate.commands.outputs import (
 )
 from depthgate.exceptions import DepthgateError, ExitCode, InputError
 from depthgate.spec.limits import (
-    MAX_CASES,
+    MAX_GENERATED_CASES,
     MAX_LAYOUTS,
     MAX_LENGTH,
     MAX_POSITIONS,
@@ -73,9 +73,9 @@ def _cmd_build(args: argparse.Namespace) -> int:
             staging = Path(tempfile.mkdtemp(prefix=".build-", dir=out))
             try:
                 for arm, tok, options in arms:
-                    summaries.append(
-                        (arm, build_layouts(suite, tok, options, staging / arm / "layouts.parquet"))
-                    )
+                    with naming_the_file(matrix_path, fix="correct the matrix file"):
+                        built = build_layouts(suite, tok, options, staging / arm / "layouts.parquet")
+                    summaries.append((arm, built))
                 for arm, _ in summaries:
                     (out / arm).mkdir(exist_ok=True)
                     os.replace(staging / arm / "layouts.parquet", out / arm / "layouts.parquet")
@@ -137,7 +137,10 @@ def _cmd_check(args: argparse.Namespace) -> int:
     from depthgate.layout.layouts import check_layouts, load_tokenizer
 
     tok = load_tokenizer(args.tokenizer)
-    summary = check_layouts(args.layouts, tok)
+    with naming_the_file(
+        args.layouts, fix="pass a layouts.parquet written by `depthgate build`, or rebuild it"
+    ):
+        summary = check_layouts(args.layouts, tok)
     print(
         f"{args.layouts}: {summary.checked} layouts re-verified, {summary.refused} refused at build, "
         f"{len(summary.violations)} violation(s)"
@@ -182,18 +185,19 @@ def _cmd_suite_generate(args: argparse.Namespace) -> int:
 def _cmd_run(args: argparse.Namespace) -> int:
     from depthgate.commands.pipeline import run_matrix
 
-    result, code, html = run_matrix(
-        args.matrix,
-        args.out,
-        concurrency=args.concurrency,
-        progress=None if not args.progress else True,
-        verification=args.verification,
-        controls=not args.no_controls,
-        shard=args.shard,
-        aa=args.aa,
-        engine=args.engine,
-        ray_actors=args.ray_actors,
-    )
+    with naming_the_file(args.matrix, fix="correct the matrix file"):
+        result, code, html = run_matrix(
+            args.matrix,
+            args.out,
+            concurrency=args.concurrency,
+            progress=None if not args.progress else True,
+            verification=args.verification,
+            controls=not args.no_controls,
+            shard=args.shard,
+            aa=args.aa,
+            engine=args.engine,
+            ray_actors=args.ray_actors,
+        )
     if args.shard is not None:
         state = "complete" if code == ExitCode.PASS else "incomplete: rerun this shard, it resumes"
         print(f"shard {args.shard[0]}/{args.shard[1]} {state} (exit {int(code)}) → {html}")
@@ -462,7 +466,7 @@ _MINIMUM = {
 #: Largest value of each numeric option (any command that has it): what can be built
 #: (:mod:`depthgate.spec.limits`); above it the option is refused before any work.
 _MAXIMUM = {
-    "cases": (MAX_CASES, "cases in one suite"),
+    "cases": (MAX_GENERATED_CASES, "distinct cases the built-in suite generates from one seed"),
     "seed": (2**63 - 1, "the largest seed"),
     "window": (MAX_TOKENS, "the largest window (token counts are u32)"),
     "max_output_tokens": (MAX_TOKENS, "the largest output budget (token counts are u32)"),

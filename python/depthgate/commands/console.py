@@ -14,11 +14,23 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import re
 import sys
 from collections.abc import Iterator
 from typing import TextIO
 
-__all__ = ["pipe_safe_stdout"]
+__all__ = ["naming_the_file", "pipe_safe_stdout"]
+
+# A serde message from the Rust core about a value of the wrong kind ("invalid value: integer `-5`,
+# expected usize at line 1 column 2899"): library words for "a negative number where a count goes".
+_SERDE = re.compile(
+    r"invalid (?:value|type): (?P<what>[^,]+), expected (?P<want>[\w ]+?)(?: at line \d+ column \d+)?$"
+)
+_KINDS = {
+    "usize": "a count or offset (an integer >= 0)",
+    "u32": "a token id (an integer >= 0)",
+    "u64": "an integer >= 0",
+}
 
 
 class _PipeSafe(io.TextIOBase):
@@ -73,3 +85,35 @@ def pipe_safe_stdout() -> Iterator[None]:
     finally:
         safe.flush()
         sys.stdout = inner
+
+
+def _plain(message: str) -> str:
+    """``message`` without the Rust core's serde wording (see :data:`_SERDE`)."""
+    match = _SERDE.search(message)
+    if match is None:
+        return message
+    want = _KINDS.get(match.group("want").strip(), match.group("want").strip())
+    what = match.group("what").replace("`", "")
+    return f"a value of the wrong kind: {what} where {want} is expected"
+
+
+#: Words of a fix meant for a developer (a module path, a library): the caller's fix replaces it.
+_DEVELOPER = re.compile(r"depthgate\.[a-z_]+\.|pydantic|serde|polars|by hand", re.IGNORECASE)
+
+
+@contextlib.contextmanager
+def naming_the_file(path: str | os.PathLike[str], *, fix: str) -> Iterator[None]:
+    """Bad-input errors raised in the block that name no file are about ``path`` (the input the block
+    reads): re-raised naming it, in the user's words; ``fix`` replaces a fix that speaks to a developer."""
+    from depthgate.exceptions import InputError
+
+    try:
+        yield
+    except InputError as exc:
+        if exc.file or (exc.field or "").startswith("--"):  # named already, or about an option
+            raise
+        field = None if exc.field in (None, "spec", "layouts") else exc.field
+        keep = exc.fix and not _DEVELOPER.search(exc.fix)
+        raise InputError(
+            _plain(exc.message), file=os.fspath(path), field=field, fix=exc.fix if keep else fix
+        ) from None

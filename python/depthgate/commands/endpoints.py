@@ -41,6 +41,10 @@ def _state(stats: Mapping[str, Any]) -> str:
     return f"excluded: {stats['excluded']}" if stats["excluded"] else "drained"
 
 
+#: Per-endpoint lines on the console at most (the rest summed in one line; verdict.json has them all).
+_ENDPOINT_LINES = 8
+
+
 def print_endpoint_counts(run: Path, backends: Mapping[str, Any]) -> None:
     """One stderr line per endpoint of the arms on several endpoints: the run's counts (the numbers of
     verdict.json ``infra.endpoints``) and the replica's state per arm."""
@@ -56,11 +60,23 @@ def print_endpoint_counts(run: Path, backends: Mapping[str, Any]) -> None:
     if not states:
         return
     counts = run_endpoint_counts(run)
-    for url in sorted(states):
-        c = counts.get(url, {"ok": 0, "system_fail": 0, "infra_error": 0, "failed": 0})
+    empty = {"ok": 0, "system_fail": 0, "infra_error": 0, "failed": 0}
+    # The endpoints with something to say first; past a few, one line sums up the rest (an arm may list
+    # thousands of replicas; verdict.json has every one).
+    urls = sorted(states, key=lambda u: (not counts.get(u, empty)["failed"] and not drains[u], u))
+    for url in urls[:_ENDPOINT_LINES]:
+        c = counts.get(url, empty)
         print(
             f"depthgate: {url}: sent {c['ok'] + c['system_fail'] + c['infra_error']} (ok {c['ok']}, "
             f"system_fail {c['system_fail']}, infra_error {c['infra_error']}), failed {c['failed']}, "
             f"drained {drains[url]}x ({', '.join(states[url])})",
+            file=sys.stderr,
+        )
+    rest = [counts.get(u, empty) for u in urls[_ENDPOINT_LINES:]]
+    if rest:
+        sent = sum(c["ok"] + c["system_fail"] + c["infra_error"] for c in rest)
+        print(
+            f"depthgate: {len(rest)} more endpoints: sent {sent}, failed {sum(c['failed'] for c in rest)} "
+            "(every endpoint in verdict.json infra.endpoints)",
             file=sys.stderr,
         )

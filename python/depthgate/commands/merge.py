@@ -17,7 +17,6 @@ would give (same slices, bounds and digests).
 
 from __future__ import annotations
 
-import json
 import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -40,6 +39,7 @@ from depthgate.commands.pipeline import (
 )
 from depthgate.exceptions import InputError, PlanChangedError
 from depthgate.run.runner import FINAL_STATUSES, RECORD_KEY, RECORDS_DIR, RECORDS_FILE, read_records, shard_of
+from depthgate.spec.files import ReadFailures, read_json, read_parquet
 
 __all__ = ["MergeSummary", "merge_runs"]
 
@@ -72,19 +72,36 @@ def _read_json(path: Path, what: str) -> dict[str, Any]:
             file=str(path.parent),
             fix=f"pass the --out folders of every shard ({what})",
         )
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InputError(
-            f"{path.name} is not valid JSON ({exc})", file=str(path), fix="rerun that shard"
-        ) from None
+    failures = ReadFailures(
+        InputError,
+        missing=(f"no {path.name}", "rerun that shard"),
+        unreadable=(f"cannot read {path.name} ({{strerror}})", "rerun that shard"),
+        not_json=(f"{path.name} is not valid JSON ({{msg}} at line {{lineno}})", "rerun that shard"),
+    )
+    data = read_json(path, failures)
     if not isinstance(data, dict):
         raise InputError(f"{path.name} is not a JSON object", file=str(path), fix="rerun that shard")
     return data
 
 
+def _shard_spec(folder: Path) -> dict[str, int]:
+    """A shard folder's ``shard.json`` as ``{index, count}`` integers with 1 <= index <= count."""
+    path = folder / SHARD_FILE
+    spec = _read_json(path, "shard.json")
+    index, count = spec.get("index"), spec.get("count")
+    ints = all(isinstance(v, int) and not isinstance(v, bool) for v in (index, count))
+    if not ints or not 1 <= index <= count:  # type: ignore[operator]
+        raise InputError(
+            f"shard.json says index {index!r} of count {count!r}, not a shard i/N with 1 <= i <= N",
+            file=str(path),
+            field="index",
+            fix="restore the shard.json written by `depthgate run --shard i/N`, or rerun that shard",
+        )
+    return {"index": int(index), "count": int(count)}  # type: ignore[arg-type]
+
+
 def _check_shards(dirs: Sequence[Path]) -> int:
-    specs = [_read_json(d / SHARD_FILE, "shard.json") for d in dirs]
+    specs = [_shard_spec(d) for d in dirs]
     counts = {int(s.get("count", 0)) for s in specs}
     if len(counts) != 1:
         raise InputError(
@@ -135,7 +152,8 @@ def _layout_ids(folder: Path, name: str) -> list[str]:
     path = folder / name
     if not path.is_file():
         raise InputError(f"no {name}", file=str(folder), fix="rerun that shard: it builds its layouts first")
-    return sorted(pl.read_parquet(path, columns=["layout_id"])["layout_id"].to_list())
+    frame = read_parquet(path, error=InputError, what=name, fix="rerun that shard", columns=["layout_id"])
+    return sorted(frame["layout_id"].to_list())
 
 
 def _check_layouts(dirs: Sequence[Path]) -> None:
@@ -205,7 +223,7 @@ def merge_runs(shard_dirs: Sequence[str | Path], out_dir: str | Path) -> MergeSu
     count = _check_shards(dirs)
     manifest = _check_manifests(dirs)
     _check_layouts(dirs)
-    indices = [int(_read_json(d / SHARD_FILE, "shard.json")["index"]) for d in dirs]
+    indices = [_shard_spec(d)["index"] for d in dirs]
     parts = [(i, d, read_records(d)) for i, d in zip(indices, dirs, strict=True)]
     arm_layouts = {arm: _layout_ids(dirs[0], f"{arm}/layouts.parquet") for arm in ARMS}
     for _, folder, records in parts:

@@ -49,7 +49,8 @@ from depthgate.layout.layouts import (
 )
 from depthgate.layout.model_files import is_model_reference, load_template, resolve_model_files
 from depthgate.layout.templates import ChatTemplate
-from depthgate.spec.files import dist_version
+from depthgate.spec.files import ReadFailures, dist_version, read_json
+from depthgate.spec.limits import summarise_urls
 from depthgate.spec.models import (
     SPACING_SEP,
     AnalysisPlan,
@@ -553,7 +554,7 @@ def _note_endpoints(arm: str, backend: Any, concurrency: int) -> None:
     down = [e for e in endpoints if e not in healthy]
     print(
         f"depthgate: {arm}: {len(healthy)} of {len(endpoints)} endpoint(s) up, window {backend.window}"
-        + (f" (down at start, drained: {', '.join(down)})" if down else "")
+        + (f" (down at start, drained: {summarise_urls(down)})" if down else "")
         + f"; --concurrency {concurrency} caps the whole run",
         file=sys.stderr,
     )
@@ -584,6 +585,18 @@ def _cache_control(a: ArmSetup, layouts: pl.DataFrame, arm_dir: Path, max_tokens
     print(f"depthgate: {a.arm}: {summary} ({path})", file=sys.stderr)
 
 
+def _run_file_failures(name: str) -> ReadFailures:
+    """How a run folder's own JSON file (``manifest.json``, ``shard.json``) fails to read, in words."""
+    fix = "restore the file written by `depthgate run`, or run again into a new folder"
+    return ReadFailures(
+        InputError,
+        missing=(f"no {name}", fix),
+        unreadable=(f"cannot read {name} ({{strerror}})", fix),
+        not_utf8=(f"{name} is not UTF-8 text ({{reason}})", fix),
+        not_json=(f"{name} is not valid JSON ({{msg}} at line {{lineno}} column {{colno}})", fix),
+    )
+
+
 def gate_run(
     run_dir: str | Path,
     *,
@@ -601,7 +614,8 @@ def gate_run(
     run = Path(run_dir)
     manifest_path = run / MANIFEST
     if (run / SHARD_FILE).is_file():
-        spec = json.loads((run / SHARD_FILE).read_text(encoding="utf-8"))
+        spec = read_json(run / SHARD_FILE, _run_file_failures("shard.json"))
+        spec = spec if isinstance(spec, dict) else {}
         raise InputError(
             f"this folder holds only shard {spec.get('index')}/{spec.get('count')} of the run",
             file=str(run),
@@ -613,14 +627,7 @@ def gate_run(
             file=str(run),
             fix="pass a folder written by `depthgate run`",
         )
-    try:
-        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InputError(
-            f"manifest.json is not valid JSON ({exc})",
-            file=str(manifest_path),
-            fix="restore the manifest written by `depthgate run`, or run again into a new folder",
-        ) from None
+    manifest = read_json(manifest_path, _run_file_failures("manifest.json"))
     frozen = parse_spec(RunManifest, manifest, file=str(manifest_path))
     lengths, positions = list(frozen.lengths), list(frozen.positions)
     matrix_file = Path(frozen.matrix_file)

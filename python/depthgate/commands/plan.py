@@ -18,6 +18,7 @@ from depthgate.exceptions import InputError
 from depthgate.judge.power import DesignParameters, PowerPlan, pilot_parameters, power_plan
 from depthgate.judge.stats import Sizing
 from depthgate.layout.layouts import parse_positions
+from depthgate.spec.files import read_parquet
 from depthgate.spec.models import Matrix, Suite, look_alpha, split_position_label
 
 __all__ = [
@@ -41,6 +42,8 @@ DEFAULT_ICC = 0.33
 POWER_TARGET = 0.8
 #: Marks a run folder as an A/A run (`depthgate run --aa`): the gate adds the noise floor.
 AA_FILE = "aa.json"
+#: Longest id (a system or matrix name), as the spec's id pattern allows.
+MAX_ID_CHARS = 200
 
 
 def matrix_power(
@@ -144,11 +147,26 @@ def read_pilot(run: str | Path) -> pl.DataFrame:
             file=str(path),
             fix="pass a run folder gated by `depthgate run` or `depthgate gate`",
         )
-    return pl.read_parquet(path)
+    fix = "pass a run folder gated by `depthgate run` or `depthgate gate` (gate it again to rewrite the file)"
+    scored = read_parquet(path, error=InputError, what="pilot's scored records", fix=fix, field="--pilot")
+    try:
+        pilot_parameters(scored)  # a file of the wrong shape is named here, not deep in the estimate
+    except InputError as exc:
+        raise InputError(exc.message, file=str(path), field=exc.field or "--pilot", fix=fix) from None
+    return scored
 
 
 def aa_matrix(matrix: Matrix) -> Matrix:
     """The A/A version of ``matrix``: the candidate is the baseline system under another name (the same
     layouts and seeds, separate requests)."""
+    for field, name in (("baseline.name", f"{matrix.baseline.name}-repeat"), ("name", f"{matrix.name}-aa")):
+        if len(name) > MAX_ID_CHARS:
+            raise InputError(
+                f"--aa names the repeat arm or run {name[:40]}… ({len(name)} characters), over the limit of "
+                f"{MAX_ID_CHARS}",
+                field=field,
+                fix=f"shorten {field} to at most {MAX_ID_CHARS - (len(name) - MAX_ID_CHARS)} characters "
+                "for an A/A run",
+            )
     repeat = matrix.baseline.model_copy(update={"name": f"{matrix.baseline.name}-repeat"})
     return matrix.model_copy(update={"candidate": repeat, "name": f"{matrix.name}-aa"})

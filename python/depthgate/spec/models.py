@@ -45,6 +45,7 @@ from depthgate.spec.files import ReadFailures, read_json, read_toml
 from depthgate.spec.limits import (
     MAX_CASES,
     MAX_ENDPOINTS,
+    MAX_GENERATED_CASES,
     MAX_LAYOUTS,
     MAX_LENGTH,
     MAX_POSITIONS,
@@ -1131,7 +1132,7 @@ class BuiltinSuiteRef(_Frozen):
     """The built-in generated suite (:func:`depthgate.spec.suites.builtin_suite`)."""
 
     kind: Literal["builtin"] = "builtin"
-    cases: StrictInt = Field(default=8, ge=1, le=MAX_CASES)
+    cases: StrictInt = Field(default=8, ge=1, le=MAX_GENERATED_CASES)
     seed: StrictInt = Field(default=0, ge=0, lt=2**63)
     language: Language = "en"
     # With the `conflict` pattern (two unversioned sources disagree); the first 13 cases are the default
@@ -1538,10 +1539,7 @@ def _default_fix(error: Mapping[str, Any], field: str) -> str:
     if kind == "missing":
         return f"add `{last}`"
     if kind == "extra_forbidden":
-        return (
-            f"remove `{last}` or correct its spelling "
-            "(depthgate.spec.models.schema() lists the allowed fields)"
-        )
+        return f"remove `{last}` or correct its spelling (`depthgate schema` lists the allowed fields)"
     if kind == "literal_error":
         return f"use one of {ctx.get('expected', 'the allowed values')}"
     if kind in {"greater_than", "greater_than_equal", "less_than", "less_than_equal"}:

@@ -53,6 +53,7 @@ from depthgate.exceptions import SpecError
 from depthgate.spec._compat import tomllib
 from depthgate.spec.files import ReadFailures, read_utf8, refuse_unencodable
 from depthgate.spec.filler import SplitMix64
+from depthgate.spec.limits import MAX_GENERATED_CASES
 from depthgate.spec.models import (
     BuiltinSuiteRef,
     Case,
@@ -577,6 +578,12 @@ def generate_suite(
     ``generated-<lang>-s<seed>-conflict``."""
     _check_non_negative(seed, "seed")
     _check_non_negative(n_cases, "n_cases", minimum=1)
+    if n_cases > MAX_GENERATED_CASES:
+        raise SpecError(
+            f"{n_cases} cases is over the limit of {MAX_GENERATED_CASES} distinct cases one seed generates",
+            field="n_cases",
+            fix=f"ask for at most {MAX_GENERATED_CASES} cases, or combine the suites of several seeds",
+        )
     lang = _check_language(language)
     writer = _Writer(lang)
     generator = _Generator(seed)

@@ -52,6 +52,7 @@ from depthgate.exceptions import (
     TransientBackendError,
 )
 from depthgate.run.backends.base import Backend, Request, Response, endpoint_url
+from depthgate.spec.limits import summarise_urls
 
 __all__ = ["DRAIN_AFTER", "READMIT_AFTER_S", "ProbedBackend", "ReplicaPool", "rendezvous_order"]
 
@@ -236,7 +237,7 @@ class ReplicaPool:
         probed = [r for r in self._replicas if r.probed]
         windows = {r.endpoint: r.backend.served_window for r in probed}
         if len(set(windows.values())) > 1:
-            listed = ", ".join(f"{url} → {_window_text(w)}" for url, w in windows.items())
+            listed = summarise_urls([f"{url} → {_window_text(w)}" for url, w in windows.items()])
             raise InputError(
                 f"the endpoints of system {self.name!r} disagree on the served window (max_model_len): "
                 f"{listed}; replicas must be identical servers (any of them may answer any job)",
@@ -384,7 +385,7 @@ class ReplicaPool:
             due = r.excluded is None and not r.probing and now - r.last_probe >= _MIN_REPROBE_S
             if due and await self._reprobe(r):
                 return r
-        down = ", ".join(r.endpoint for r in self._replicas)
+        down = summarise_urls([r.endpoint for r in self._replicas])  # never 10,000 URLs per retry
         raise TransientBackendError(
             f"every endpoint of system {self.name!r} is down ({down})",
             summary=f"all {len(self._replicas)} endpoints down: {self.name}",
