@@ -6,10 +6,10 @@ The window behaviours of vLLM 0.32 (research/vllm_cpu.md): a prompt over the win
 limit; prompt + ``max_tokens`` over the window → **200 with the output silently clamped**
 (``finish_reason: "length"``); a prompt of exactly the window → 400 "max_tokens must be at least 1".
 depthgate reads the window from ``/v1/models`` and refuses such layouts before sending
-(``presend_window_overflow``). To show what happens when the window is *not* known — a gateway in front of vLLM
-that drops ``max_model_len`` from its model list, as many do — the same layouts go through such a
-gateway (a forwarding proxy on 127.0.0.1), and vLLM's own answers must become ``overflow`` and
-``max_tokens_clamped`` records.
+(``presend_window_overflow``). To show what happens when the window is *not* known — a gateway in
+front of vLLM that drops ``max_model_len`` from its model list, as many do — the same layouts go
+through such a gateway (a forwarding proxy on 127.0.0.1), and vLLM's own answers must become
+``overflow`` and ``max_tokens_clamped`` records.
 """
 
 from __future__ import annotations
