@@ -229,7 +229,8 @@ def test_a_gateway_cutting_the_head_and_forging_count_and_echo_is_canary_head_lo
         ("candidate", "head"): (0, 2),
         ("candidate", "tail"): (2, 2),
     }
-    assert "canary_head_lost" in (tmp_path / "run" / "report" / "summary.md").read_text()
+    summary = (tmp_path / "run" / "report" / "summary.md").read_text()
+    assert "| 640 | head | 2 / 2 | 0 / 2 |" in summary and "candidate canary_head_lost at 640" in summary
     assert '<failure type="FAIL_SYSTEM"' in (tmp_path / "run" / "report" / "junit.xml").read_text()
     # The gate of the folder judges the canaries again from their records.
     assert main(["gate", str(tmp_path / "run")]) == ExitCode.FAIL_SYSTEM

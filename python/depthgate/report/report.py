@@ -751,6 +751,30 @@ def _verdict_icon(verdict: str) -> str:
     return {"PASS": "✅", "FAIL": "❌", "INCONCLUSIVE": "⚠️", "INFRA": "🔌"}[verdict]
 
 
+def _canary_lines(canaries: Mapping[str, Any] | None) -> list[str]:
+    """The full-length canaries (verdict.json ``serving_checks.canaries``) as a summary.md table."""
+    if not canaries:
+        return []
+    lines = [
+        "",
+        "### Full-length canaries (answer at the very start / end of a prompt of each length)",
+        "",
+        "| length | kind | baseline answered | candidate answered |",
+        "|---:|---|---:|---:|",
+    ]
+    cells: dict[tuple[int, str], dict[str, str]] = {}
+    for c in canaries.get("counts", []):
+        cells.setdefault((int(c["length"]), str(c["kind"])), {})[str(c["arm"])] = (
+            f"{c['passed']} / {c['runs']}"
+        )
+    for (length, kind), by_arm in sorted(cells.items()):
+        lines.append(
+            f"| {length} | {kind} | {by_arm.get('baseline', '–')} | {by_arm.get('candidate', '–')} |"
+        )
+    lines += ["", *(f"- **{line}**" for line in canaries.get("findings", []))]
+    return lines
+
+
 def render_summary(inputs: ReportInputs) -> str:
     """The Markdown pull-request comment."""
     result, oracle, manifest, health, chars = inputs.parts()
@@ -790,6 +814,7 @@ def render_summary(inputs: ReportInputs) -> str:
             for k, v in sorted(health.infra.endpoints.items())
         ]
         lines += ["", "</details>"]
+    lines += _canary_lines((inputs.checks or {}).get("canaries"))
     if result.safety_flag:
         s = result.safety
         lines += [
