@@ -3,7 +3,8 @@
 * Item 2: degeneracy of a bootstrap resample is decided on per-case differences with float residue
   merged (``depthgate.judge.residue``), so residue never reaches a bound.
 * Item 1: size under sparse broken-case losses (CI-sized; the grid is scripts/gate_calibration.py).
-* Item 3: the floor bound is a monotone envelope (judge/monotone.py); Newcombe-10 never rises either.
+* Item 3: the floor bound is a monotone envelope (judge/monotone.py); Newcombe-10 and Newcombe-RS
+  never rise with a failed candidate run (the bootstrap-t can: not fixed).
 * Item 5: the under-power warning uses the joint power of all slices, also near the ceiling.
 * Item 5: the A/A noise floor recommends the margin at which an A/A release passes with the target.
 * Item 4: B counts usable (non-degenerate) resamples; gate() without planned slices applies the plan's
@@ -34,6 +35,8 @@ from depthgate.judge.stats import (
     floor_lower_bound,
     gate,
     newcombe10_paired,
+    paired_design_effect,
+    run_counts,
     slice_statistics,
     stable_seed,
 )
@@ -349,3 +352,40 @@ def test_one_failed_run_no_longer_passes_the_floor() -> None:
     slipped = gate(records_from_arrays({(2048, "0.5"): (ones, worse)}), plan).slice_results[0]
     assert perfect.status is SliceStatus.FAIL_FLOOR and slipped.status is SliceStatus.FAIL_FLOOR
     assert slipped.floor_lb <= perfect.floor_lb + 1e-12
+
+
+@st.composite
+def paired_slices(draw: st.DrawFn) -> tuple[np.ndarray, np.ndarray]:
+    """(baseline, candidate) 0/1 runs of a slice, mostly near the ceiling (few discordant runs). At least
+    10 cases: on 2-case tables Newcombe-10's correlation term alone can move the bound up by ~0.007 when
+    an improvement turns into a double failure (2 of 20,000 random flips; docs/gate-calibration.md §6)."""
+    seeds = draw(st.integers(2, 5))
+    n = draw(st.integers(10, 60))
+    cells = n * seeds
+    fail_b = draw(st.lists(st.integers(0, cells - 1), max_size=draw(st.sampled_from([3, 8, cells]))))
+    fail_c = draw(st.lists(st.integers(0, cells - 1), max_size=draw(st.sampled_from([3, 8, cells]))))
+    yb, yc = np.ones(cells), np.ones(cells)
+    yb[fail_b], yc[fail_c] = 0.0, 0.0
+    return yb.reshape(n, seeds), yc.reshape(n, seeds)
+
+
+@PROPS
+@given(paired_slices(), st.data(), st.sampled_from([0.05, 0.025]))
+def test_newcombe_rs_never_rises_with_a_failed_candidate_run(pair, pick: st.DataObject, alpha) -> None:
+    """R >= 2: the design-effect Newcombe bound (D shrunk toward R with the weight of six discordant
+    runs) never rises when a candidate run fails. Weighting by discordant cases did (e.g. 20 cases x 5
+    seeds near the ceiling: +0.004)."""
+    yb, yc = pair
+    passing = np.argwhere(yc == 1)
+    if passing.size == 0:
+        return
+    i, j = passing[pick.draw(st.integers(0, len(passing) - 1))]
+    worse = yc.copy()
+    worse[i, j] = 0.0
+
+    def rs(cand: np.ndarray) -> float:
+        a, b, c, d = run_counts(yb, cand)
+        deff = paired_design_effect(yb, cand)
+        return newcombe10_paired(a / deff, b / deff, c / deff, d / deff, 2 * alpha)[0]
+
+    assert rs(worse) <= rs(yc) + 1e-12

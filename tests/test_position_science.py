@@ -594,9 +594,10 @@ def test_power_reproduces_spec_section_3() -> None:
     joint = cases_for_power(flat, seeds=3, sizing=TABLE, n_slices=20)
     assert joint.n_test == 141 and joint.per_slice_target == pytest.approx(0.8 ** (1 / 20))
     row = power_per_slice(23, 5, d, Sizing(n_min=0))
-    # The model's D is 1 at delta 0; the gate shrinks it toward R with the weight of 3 discordant cases
-    # (issue #22): 23 (1 - 0.83^5) = 14 expected discordant cases give (14 + 3 x 5) / 17.
-    assert round(row.power_test, 3) == 0.809 and row.deff == pytest.approx(shrunk_design_effect(1.0, 14, 5))
+    # The model's D is 1 at delta 0; the gate shrinks it toward R with the weight of 6 discordant runs
+    # (issue #22): 23 x 5 x 0.17 = 19.55 expected discordant runs give (19.55 + 6 x 5) / 25.55.
+    assert round(row.power_test, 3) == 0.809
+    assert row.deff == pytest.approx(shrunk_design_effect(1.0, 23 * 5 * 0.17, 5))
     assert power_per_slice(23, 5, d, Sizing()).power == 0.0  # below n_min 40: INCONCLUSIVE
 
 
@@ -616,8 +617,7 @@ def test_power_moments_hand_example() -> None:
     r = power_per_slice(60, 3, d, Sizing(n_min=40), true_delta=-0.08)
     model_deff = 1 + 2 * 0.0004 / (0.0004 + 0.2892)
     _, b, c, _ = expected_table(d, -0.08)
-    discordant = round(60 * (1 - (1 - (b + c)) ** 3))
-    assert r.deff == pytest.approx(shrunk_design_effect(model_deff, discordant, 3))  # issue #22
+    assert r.deff == pytest.approx(shrunk_design_effect(model_deff, (b + c) * 60 * 3, 3))  # issue #22
     assert r.sd_diff == pytest.approx(math.sqrt(0.0004 + 0.2892 / 3))
     with pytest.raises(InputError, match="true_delta"):
         d.moments(-0.9)

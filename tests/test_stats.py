@@ -96,9 +96,8 @@ def ref_deff_paired(yb, yc):
     var_cl = dcase.var(ddof=1) / n
     var_srs = ((b + c) / total - ((b - c) / total) ** 2) / total
     deff = float(np.clip(var_cl / var_srs if var_srs > 0 else runs, 1.0, runs))
-    # Issue #22: shrunk toward R with the weight of 3 discordant cases (judge/design_effect.py).
-    k = int(np.count_nonzero((yb != yc).any(axis=1)))
-    return (k * deff + 3.0 * runs) / (k + 3.0)
+    # Issue #22: shrunk toward R with the weight of 6 discordant runs (judge/design_effect.py).
+    return ((b + c) * deff + 6.0 * runs) / (b + c + 6.0)
 
 
 def ref_newcombe_rs(yb, yc, alpha_one_sided):
@@ -941,7 +940,7 @@ def _one_failed_run(n: int, runs: int, failed: int = 1) -> tuple[np.ndarray, np.
 def test_bootstrap_skips_resamples_without_spread():
     """n = 300, R = 5, one failed candidate run: 37% of case resamples miss that case (se* = 0). The
     Appendix A bootstrap made them t* = +inf and the bound -inf at any n; they are now left out and the
-    slice takes the design-effect Newcombe bound (-0.0084 since issue #22; -0.003 with D ~ 1 before)."""
+    slice takes the design-effect Newcombe bound (-0.0092 since issue #22; -0.003 with D ~ 1 before)."""
     yb, yc = _one_failed_run(300, 5)
     boot = bootstrap_t(yc.mean(1) - yb.mean(1), 0.10, 0.05, reps=9999, seed=0)
     # Issue #22: degenerate draws are replaced by further draws, so 9,999 resamples are usable.
@@ -950,8 +949,8 @@ def test_bootstrap_skips_resamples_without_spread():
     assert math.isfinite(boot.lower) and boot.p_ni == 1 / (boot.used + 1)
     s = slice_statistics(yb, yc, 0.10, 0.05, reps=9999, seed=0)
     assert math.isfinite(s.lower_bootstrap) and s.lower == s.lower_newcombe
-    # -0.0030 before issue #22: one discordant case no longer estimates D ~ 1 (D = (1 + 3*5)/4 = 4)
-    assert round(s.lower, 4) == -0.0084 and s.p_ni < 0.001
+    # -0.0030 before issue #22: one discordant run no longer estimates D ~ 1 (D = (1 + 6*5)/7 = 4.4)
+    assert round(s.lower, 4) == -0.0092 and s.p_ni < 0.001
     ref_lb = ref_boot_t(yc.mean(1) - yb.mean(1), 0.10, reps=9999, seed=0)[0]
     assert ref_lb < -1e300  # the spec's helper (nan_to_num makes -inf -1.8e308), for the record
 

@@ -12,7 +12,7 @@ with that probability:
 1. **Flip rate, upper bound, clustered by case.** The pooled flip rate φ̂ of the A/A run is replaced by
    its one-sided (1 − α) Clopper–Pearson upper bound on the case-clustered effective sample size (the
    exact binomial bound at n_eff = N / D, count φ̂ n_eff; D the Kish design effect of the per-case flip
-   rates, shrunk toward R when few cases flip: ``depthgate.judge.design_effect``).
+   rates, shrunk toward R when few runs flip: ``depthgate.judge.design_effect``).
 2. **Simulated A/A releases.** Per slice, cases are resampled from the A/A run's own cases (their flip
    rates scaled so that the mean is the upper bound, so flips stay clustered in the unstable cases;
    uniform when no run flipped), each run flips with its case's rate, a flip goes either way with
@@ -72,7 +72,7 @@ def clustered_flip_upper(cases: Sequence[AaCase], alpha: float) -> tuple[float, 
     per_case = flips / np.maximum(runs, 1.0)
     var_srs = rate * (1.0 - rate) / total
     d_hat = float(per_case.var(ddof=1)) / len(cases) / var_srs if var_srs > 0 and len(cases) > 1 else r
-    deff = shrunk_design_effect(d_hat, int(np.count_nonzero(flips)), r)
+    deff = shrunk_design_effect(d_hat, float(flips.sum()), r)
     n_eff = total / deff
     _, upper = proportion_confint(rate * n_eff, n_eff, alpha=2.0 * alpha, method="beta")
     return float(min(max(upper, rate), 1.0)), float(deff)

@@ -259,9 +259,8 @@ def _approx(
     total = tau2 + omega2
     deff = 1.0 + (seeds - 1) * tau2 / total if total > 0 else float(seeds)
     _, b, c, _ = expected_table(design, true_delta)
-    if seeds > 1:  # the gate shrinks D toward R when few cases disagree (judge/design_effect.py)
-        discordant_cases = n * (1.0 - (1.0 - min(b + c, 1.0)) ** seeds)
-        deff = shrunk_design_effect(deff, round(discordant_cases), seeds)
+    if seeds > 1:  # the gate shrinks D toward R when few runs disagree (judge/design_effect.py)
+        deff = shrunk_design_effect(deff, (b + c) * n * seeds, seeds)
     effect = _effect(margin, true_delta, sd)
     power_n, lower = _newcombe_power(design, n, seeds, margin, alpha, true_delta, deff)
     return _Approx(
