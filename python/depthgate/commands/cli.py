@@ -20,7 +20,7 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -329,6 +329,17 @@ class _Version(argparse.Action):
         parser.exit(0)
 
 
+def _lazy(module: str, name: str) -> Callable[[argparse.Namespace], int]:
+    """A command handler that imports ``module`` when the command runs, not when the parser is built."""
+
+    def run(args: argparse.Namespace) -> int:
+        import importlib
+
+        return int(getattr(importlib.import_module(module), name)(args))
+
+    return run
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="depthgate", description="Long-context position regression gate.")
     parser.add_argument(
@@ -439,10 +450,15 @@ def build_parser() -> argparse.ArgumentParser:
     imp.add_argument("--out", required=True)
     imp.set_defaults(func=_cmd_suite_import, outputs=(("out", "file"),))
 
-    from depthgate.commands import diff, faults
+    from depthgate.commands.subparsers import add_diff_parsers, add_faults_parser
 
-    faults.add_parsers(sub)  # depthgate faults
-    diff.add_parsers(sub)  # depthgate diff-tokenizer, depthgate diff-template
+    # depthgate faults, diff-tokenizer, diff-template: their modules load when the command runs.
+    add_faults_parser(sub, _lazy("depthgate.commands.faults", "cmd_faults"))
+    add_diff_parsers(
+        sub,
+        _lazy("depthgate.commands.diff", "cmd_diff_tokenizer"),
+        _lazy("depthgate.commands.diff", "cmd_diff_template"),
+    )
     # Output paths each command writes, checked by main() before the command starts (the model of
     # `depthgate faults` is never loaded for an --out or --json that cannot be written).
     sub.choices["faults"].set_defaults(outputs=(("out", "empty_dir"), ("json", "file")))
