@@ -183,6 +183,9 @@ def _cmd_suite_generate(args: argparse.Namespace) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    from depthgate.spec.models import load_matrix
+
+    load_matrix(args.matrix)  # bad input refused before the pipeline's imports (≈ 1-3 s on a busy machine)
     from depthgate.commands.pipeline import run_matrix
 
     with naming_the_file(args.matrix, fix="correct the matrix file"):
@@ -219,12 +222,13 @@ def _shard(value: str) -> tuple[int, int]:
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
-    from depthgate.commands.plan import matrix_power, print_power, read_pilot
     from depthgate.spec.models import load_matrix
-    from depthgate.spec.suites import resolve_suite
 
     matrix_path = Path(args.matrix)
     matrix = load_matrix(matrix_path)
+    from depthgate.commands.plan import matrix_power, print_power, read_pilot
+    from depthgate.spec.suites import resolve_suite
+
     suite = resolve_suite(matrix.suite, base_dir=matrix_path.parent)
     pilot = read_pilot(args.pilot) if args.pilot else None
     power = matrix_power(matrix, suite, p_baseline=args.p_baseline, icc=args.icc, pilot=pilot)
