@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 import polars as pl
 
 from depthgate.commands.belonging import check_records_belong
+from depthgate.commands.console import note_endpoints, print_endpoint_stats
 from depthgate.commands.outputs import CreatedPaths
 from depthgate.exceptions import ExitCode, InputError, PlanChangedError
 from depthgate.judge.stats import GatePlan, GateResult, gate
@@ -47,7 +48,6 @@ from depthgate.layout.layouts import (
 )
 from depthgate.layout.templates import ChatTemplate, load_chat_template
 from depthgate.spec.files import ReadFailures, dist_version, read_json
-from depthgate.spec.limits import summarise_urls
 from depthgate.spec.models import (
     SPACING_SEP,
     AnalysisPlan,
@@ -328,7 +328,7 @@ def run_matrix(
             # Every endpoint probed before the first request (served model, window; replicas that
             # disagree are refused, exit 20), so the pre-send gate below checks the served window.
             asyncio.run(probe_backend(backend))
-            _note_endpoints(a.arm, backend, concurrency)
+            note_endpoints(a.arm, backend, concurrency)
             # The pre-send gate: built under this system's tokenizer, Rust pre-send checks against
             # the *served* window and the system's template, and a full re-encode of every layout —
             # in bounded batches; the jobs keep only small columns, ids and text are read from the
@@ -393,7 +393,7 @@ def run_matrix(
         if control_jobs:
             controls_options = dataclasses.replace(options, run_id=manifest["run_id"] + "-controls")
             run_jobs(control_jobs, backends, out / CONTROLS_DIR, controls_options, control_sources)
-        _print_endpoint_stats(backends)
+        print_endpoint_stats(backends)
         for a in arms:
             if a.system.runtime.cache_control:
                 _cache_control(
@@ -504,52 +504,6 @@ def shard_jobs(planned: pl.DataFrame, shard: tuple[int, int]) -> pl.DataFrame:
         for c, t, p, s in planned.select("case_id", "target_tokens", "position", "seed").iter_rows()
     ]
     return planned.filter(pl.Series(keep, dtype=pl.Boolean))
-
-
-def _note_endpoints(arm: str, backend: Any, concurrency: int) -> None:
-    """One stderr line for an arm on several endpoints: which are up, and the run's cap."""
-    endpoints = getattr(backend, "endpoints", None)
-    if not endpoints:
-        return
-    healthy = list(getattr(backend, "healthy", endpoints))
-    down = [e for e in endpoints if e not in healthy]
-    print(
-        f"depthgate: {arm}: {len(healthy)} of {len(endpoints)} endpoint(s) up, window {backend.window}"
-        + (f" (down at start, drained: {summarise_urls(down)})" if down else "")
-        + f"; --concurrency {concurrency} caps the whole run",
-        file=sys.stderr,
-    )
-
-
-#: Per-endpoint lines on the console at most (the rest summed in one line; verdict.json has them all).
-_ENDPOINT_LINES = 8
-
-
-def _print_endpoint_stats(backends: Mapping[str, Any]) -> None:
-    """Per-endpoint counts of the arms on several endpoints (this call; verdict.json's ``infra.endpoints``
-    counts the final records of the whole run)."""
-    for arm, backend in backends.items():
-        stats = getattr(backend, "stats", None)
-        if not callable(stats):
-            continue
-        rows = list(stats().items())
-        # The endpoints with something to say first; past a few, one line sums up the rest.
-        rows.sort(key=lambda row: (row[1]["healthy"] and not row[1]["failed"], str(row[0])))
-        for url, st in rows[:_ENDPOINT_LINES]:
-            state = "up" if st["healthy"] else f"excluded: {st['excluded']}" if st["excluded"] else "drained"
-            print(
-                f"depthgate: {arm} {url}: sent {st['sent']}, answered {st['answered']}, "
-                f"failed {st['failed']}, drained {st['drains']}x ({state})",
-                file=sys.stderr,
-            )
-        rest = [st for _, st in rows[_ENDPOINT_LINES:]]
-        if rest:
-            print(
-                f"depthgate: {arm} {len(rest)} more endpoints: sent {sum(st['sent'] for st in rest)}, "
-                f"answered {sum(st['answered'] for st in rest)}, failed {sum(st['failed'] for st in rest)}, "
-                f"{sum(1 for st in rest if not st['healthy'])} not up",
-                file=sys.stderr,
-            )
 
 
 def _cache_control(a: ArmSetup, layouts: pl.DataFrame, arm_dir: Path, max_tokens: int, base: Path) -> None:
