@@ -122,6 +122,12 @@ def _write_runs(root: Path, good_run: Path, needed: set[str]) -> dict[str, str]:
             pl.read_parquet(path).drop("outcome").write_parquet(path)
 
     variants: dict[str, Callable[[Path], None]] = {
+        "gr_records_wrong_type": lambda run: (
+            pl.read_parquet(run / "records.parquet")
+            .with_columns(pl.lit("x").alias("seed"))
+            .write_parquet(run / "records.parquet")
+        ),
+        "gr_records_cut": lambda run: (run / "records.parquet").write_bytes(b"PAR1 cut"),
         "gr_foreign_run_id": records_edit("run_id", "another-run-0123456789ab", every=True),
         "gr_foreign_layout": records_edit("layout_id", "f" * 64),
         "gr_foreign_arm": records_edit("arm", "shadow"),
@@ -404,7 +410,7 @@ class Hostile:
     stdout: tuple[str, ...] = field(default=())
 
 
-_CODES = {"VERIFY": VERIFY, "USAGE": USAGE}
+_CODES = {"VERIFY": VERIFY, "USAGE": USAGE, "INFRA": int(ExitCode.INFRA)}
 
 
 def _load_corpus(path: Path) -> list[Hostile]:

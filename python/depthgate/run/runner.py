@@ -322,12 +322,13 @@ def _read_one(path: Path) -> pl.DataFrame:
         fix="move the file aside if it is not a depthgate record shard, then resume",
     ):
         frame = pl.read_parquet(path)
-    return frame.select(
-        [
-            pl.col(c).cast(t) if c in frame.columns else pl.lit(None, dtype=t).alias(c)
-            for c, t in RECORD_SCHEMA.items()
-        ]
-    )
+        # A column of another type (seed as text) fails in the cast: named like an unreadable file.
+        return frame.select(
+            [
+                pl.col(c).cast(t) if c in frame.columns else pl.lit(None, dtype=t).alias(c)
+                for c, t in RECORD_SCHEMA.items()
+            ]
+        )
 
 
 def _dedup(frame: pl.DataFrame) -> pl.DataFrame:
