@@ -214,6 +214,10 @@ def _write_inputs(root: Path, good_layouts: Path) -> dict[str, str]:
     w["suite_surrogate"] = put("suite-surrogate.json", surrogate)
     w["suite_deep"] = put("suite-deep.json", "[" * 100_000 + "]" * 100_000)
     w["empty"] = ""
+    # A link to a device: an output written "atomically" (temp file + rename) would replace the node;
+    # through a link, only the link is at stake (the test never writes to a real device).
+    (root / "device-link").symlink_to("/dev/null")
+    w["device"] = str(root / "device-link")
 
     # incidents
     incident = {
