@@ -122,6 +122,12 @@ def _write_runs(root: Path, good_run: Path, needed: set[str]) -> dict[str, str]:
             pl.read_parquet(path).drop("outcome").write_parquet(path)
 
     variants: dict[str, Callable[[Path], None]] = {
+        "gr_records_wrong_type": lambda run: (
+            pl.read_parquet(run / "records.parquet")
+            .with_columns(pl.lit("x").alias("seed"))
+            .write_parquet(run / "records.parquet")
+        ),
+        "gr_records_cut": lambda run: (run / "records.parquet").write_bytes(b"PAR1 cut"),
         "gr_foreign_run_id": records_edit("run_id", "another-run-0123456789ab", every=True),
         "gr_foreign_layout": records_edit("layout_id", "f" * 64),
         "gr_foreign_arm": records_edit("arm", "shadow"),
@@ -208,6 +214,10 @@ def _write_inputs(root: Path, good_layouts: Path) -> dict[str, str]:
     w["suite_surrogate"] = put("suite-surrogate.json", surrogate)
     w["suite_deep"] = put("suite-deep.json", "[" * 100_000 + "]" * 100_000)
     w["empty"] = ""
+    # A link to a device: an output written "atomically" (temp file + rename) would replace the node;
+    # through a link, only the link is at stake (the test never writes to a real device).
+    (root / "device-link").symlink_to("/dev/null")
+    w["device"] = str(root / "device-link")
 
     # incidents
     incident = {
@@ -404,7 +414,7 @@ class Hostile:
     stdout: tuple[str, ...] = field(default=())
 
 
-_CODES = {"VERIFY": VERIFY, "USAGE": USAGE}
+_CODES = {"VERIFY": VERIFY, "USAGE": USAGE, "INFRA": int(ExitCode.INFRA)}
 
 
 def _load_corpus(path: Path) -> list[Hostile]:

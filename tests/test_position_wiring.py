@@ -126,7 +126,7 @@ def test_plan_prints_power_per_slice(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert main(["plan", str(matrix), "--p-baseline", "1.5"]) == 20
     # below 0 the ICC's variance goes negative: a named error, not a math domain error
     assert main(["plan", str(matrix), "--p-baseline", "-0.5"]) == 20
-    assert "--p-baseline" in capsys.readouterr().err
+    assert "field '--p-baseline'" in capsys.readouterr().err  # the option the user typed (issue #21)
     assert main(["plan", str(tmp_path / "missing.toml")]) == 20
 
 

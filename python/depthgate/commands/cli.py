@@ -20,7 +20,7 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -183,6 +183,9 @@ def _cmd_suite_generate(args: argparse.Namespace) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    from depthgate.spec.models import load_matrix
+
+    load_matrix(args.matrix)  # bad input refused before the pipeline's imports (≈ 1-3 s on a busy machine)
     from depthgate.commands.pipeline import run_matrix
 
     with naming_the_file(args.matrix, fix="correct the matrix file"):
@@ -219,12 +222,13 @@ def _shard(value: str) -> tuple[int, int]:
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
-    from depthgate.commands.plan import matrix_power, near_ceiling_power, print_power, read_pilot
     from depthgate.spec.models import load_matrix
-    from depthgate.spec.suites import resolve_suite
 
     matrix_path = Path(args.matrix)
-    matrix = load_matrix(matrix_path)
+    matrix = load_matrix(matrix_path)  # refused before the heavy imports (issue #21)
+    from depthgate.commands.plan import matrix_power, near_ceiling_power, print_power, read_pilot
+    from depthgate.spec.suites import resolve_suite
+
     suite = resolve_suite(matrix.suite, base_dir=matrix_path.parent)
     pilot = read_pilot(args.pilot) if args.pilot else None
     power = matrix_power(matrix, suite, p_baseline=args.p_baseline, icc=args.icc, pilot=pilot)
@@ -327,6 +331,17 @@ class _Version(argparse.Action):
 
         print(f"depthgate {dist_version('depthgate') or 'unknown'} (layout assembler {ASSEMBLER_VERSION})")
         parser.exit(0)
+
+
+def _lazy(module: str, name: str) -> Callable[[argparse.Namespace], int]:
+    """A command handler that imports ``module`` when the command runs, not when the parser is built."""
+
+    def run(args: argparse.Namespace) -> int:
+        import importlib
+
+        return int(getattr(importlib.import_module(module), name)(args))
+
+    return run
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -439,10 +454,15 @@ def build_parser() -> argparse.ArgumentParser:
     imp.add_argument("--out", required=True)
     imp.set_defaults(func=_cmd_suite_import, outputs=(("out", "file"),))
 
-    from depthgate.commands import diff, faults
+    from depthgate.commands.subparsers import add_diff_parsers, add_faults_parser
 
-    faults.add_parsers(sub)  # depthgate faults
-    diff.add_parsers(sub)  # depthgate diff-tokenizer, depthgate diff-template
+    # depthgate faults, diff-tokenizer, diff-template: their modules load when the command runs.
+    add_faults_parser(sub, _lazy("depthgate.commands.faults", "cmd_faults"))
+    add_diff_parsers(
+        sub,
+        _lazy("depthgate.commands.diff", "cmd_diff_tokenizer"),
+        _lazy("depthgate.commands.diff", "cmd_diff_template"),
+    )
     # Output paths each command writes, checked by main() before the command starts (the model of
     # `depthgate faults` is never loaded for an --out or --json that cannot be written).
     sub.choices["faults"].set_defaults(outputs=(("out", "empty_dir"), ("json", "file")))

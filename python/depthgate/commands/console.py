@@ -1,4 +1,7 @@
-"""Standard output that a closed reader cannot turn into a traceback (issue #21, item 3).
+"""The console of a command: standard output that a closed reader cannot turn into a traceback (issue #21,
+item 3), errors that name the file they are about, and the endpoint lines of a run (summarised, item 1).
+
+Standard output first.
 
 ``depthgate gate RUN | head -1`` (or ``| true``) closes the pipe while the verdict is still being
 printed. The reports are written before anything is printed, so the run's result stands; what must not
@@ -16,10 +19,12 @@ import io
 import os
 import re
 import sys
-from collections.abc import Iterator
-from typing import TextIO
+from collections.abc import Iterator, Mapping
+from typing import Any, TextIO
 
-__all__ = ["naming_the_file", "pipe_safe_stdout"]
+from depthgate.spec.limits import summarise_urls
+
+__all__ = ["naming_the_file", "note_endpoints", "pipe_safe_stdout", "print_endpoint_stats"]
 
 # A serde message from the Rust core about a value of the wrong kind ("invalid value: integer `-5`,
 # expected usize at line 1 column 2899"): library words for "a negative number where a count goes".
@@ -117,3 +122,49 @@ def naming_the_file(path: str | os.PathLike[str], *, fix: str) -> Iterator[None]
         raise InputError(
             _plain(exc.message), file=os.fspath(path), field=field, fix=exc.fix if keep else fix
         ) from None
+
+
+def note_endpoints(arm: str, backend: Any, concurrency: int) -> None:
+    """One stderr line for an arm on several endpoints: which are up, and the run's cap."""
+    endpoints = getattr(backend, "endpoints", None)
+    if not endpoints:
+        return
+    healthy = list(getattr(backend, "healthy", endpoints))
+    down = [e for e in endpoints if e not in healthy]
+    print(
+        f"depthgate: {arm}: {len(healthy)} of {len(endpoints)} endpoint(s) up, window {backend.window}"
+        + (f" (down at start, drained: {summarise_urls(down)})" if down else "")
+        + f"; --concurrency {concurrency} caps the whole run",
+        file=sys.stderr,
+    )
+
+
+#: Per-endpoint lines on the console at most (the rest summed in one line; verdict.json has them all).
+_ENDPOINT_LINES = 8
+
+
+def print_endpoint_stats(backends: Mapping[str, Any]) -> None:
+    """Per-endpoint counts of the arms on several endpoints (this call; verdict.json's ``infra.endpoints``
+    counts the final records of the whole run)."""
+    for arm, backend in backends.items():
+        stats = getattr(backend, "stats", None)
+        if not callable(stats):
+            continue
+        rows = list(stats().items())
+        # The endpoints with something to say first; past a few, one line sums up the rest.
+        rows.sort(key=lambda row: (row[1]["healthy"] and not row[1]["failed"], str(row[0])))
+        for url, st in rows[:_ENDPOINT_LINES]:
+            state = "up" if st["healthy"] else f"excluded: {st['excluded']}" if st["excluded"] else "drained"
+            print(
+                f"depthgate: {arm} {url}: sent {st['sent']}, answered {st['answered']}, "
+                f"failed {st['failed']}, drained {st['drains']}x ({state})",
+                file=sys.stderr,
+            )
+        rest = [st for _, st in rows[_ENDPOINT_LINES:]]
+        if rest:
+            print(
+                f"depthgate: {arm} {len(rest)} more endpoints: sent {sum(st['sent'] for st in rest)}, "
+                f"answered {sum(st['answered'] for st in rest)}, failed {sum(st['failed'] for st in rest)}, "
+                f"{sum(1 for st in rest if not st['healthy'])} not up",
+                file=sys.stderr,
+            )

@@ -26,6 +26,7 @@ from typing import Any, Literal
 
 import polars as pl
 
+from depthgate.commands.subparsers import add_diff_parsers
 from depthgate.exceptions import ExitCode, TemplateError, VerificationError
 from depthgate.layout.layouts import (
     BuildOptions,
@@ -599,37 +600,6 @@ def cmd_diff_template(args: argparse.Namespace) -> int:
     return _finish(report, args)
 
 
-def _common(p: argparse.ArgumentParser) -> None:
-    from depthgate.spec.paths import csv_ints, csv_list
-
-    p.add_argument("--lengths", type=csv_ints, default=[1024])
-    p.add_argument("--positions", type=csv_list, default=["0", "0.25", "0.5", "0.75", "1"])
-    p.add_argument("--cases", type=int, default=8, help="built-in suite size (default 8)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--lang", default="en", choices=["en", "zh"])
-    p.add_argument("--suite", help="a suite JSON file instead of the built-in suite")
-    p.add_argument("--out", help="write the JSON report to this file")
-    p.add_argument("--limit", type=int, default=40, help="rows in the printed table (default 40)")
-
-
 def add_parsers(subparsers: Any) -> None:
     """Add ``diff-tokenizer`` and ``diff-template`` to the CLI's subparsers."""
-    t = subparsers.add_parser(
-        "diff-tokenizer",
-        help="token-span drift of the suite's layouts between two tokenizers (exit 0 none, 10 drift)",
-    )
-    t.add_argument("--old", required=True, help="old tokenizer.json (or gguf:[file])")
-    t.add_argument("--new", required=True, help="new tokenizer.json (or gguf:[file])")
-    t.add_argument("--chat-template", help="build both with this chat template (default: raw frame)")
-    _common(t)
-    t.set_defaults(func=cmd_diff_tokenizer)
-
-    m = subparsers.add_parser(
-        "diff-template",
-        help="token-span drift of the suite's layouts between two chat templates (exit 0 none, 10 drift)",
-    )
-    m.add_argument("--old", required=True, help="old template (.jinja / tokenizer_config.json), or 'raw'")
-    m.add_argument("--new", required=True, help="new template (.jinja / tokenizer_config.json), or 'raw'")
-    m.add_argument("--tokenizer", required=True, help="tokenizer.json (or gguf:[file]) both are rendered for")
-    _common(m)
-    m.set_defaults(func=cmd_diff_template)
+    add_diff_parsers(subparsers, cmd_diff_tokenizer, cmd_diff_template)

@@ -50,6 +50,7 @@ from typing import Any
 import polars as pl
 
 from depthgate.commands.outputs import check_output, write_text_atomic
+from depthgate.commands.subparsers import FAULT_NAMES, add_faults_parser
 from depthgate.exceptions import ExitCode, InputError
 from depthgate.layout.layouts import (
     LAYOUT_SCHEMA,
@@ -79,14 +80,6 @@ __all__ = [
     "stale_tokenizer_variant",
 ]
 
-FAULT_NAMES: tuple[str, ...] = (
-    "tokenizer-upgrade",
-    "gateway-tail-cut",
-    "retriever-reorder",
-    "template-preamble",
-    "serializer-duplicate",
-    "window-catalog",
-)
 
 FAULT_DESCRIPTIONS: dict[str, str] = {
     "tokenizer-upgrade": "tokenizer upgrade that shifts positions (old offsets reused)",
@@ -644,12 +637,4 @@ def cmd_faults(args: argparse.Namespace) -> int:
 
 def add_parsers(subparsers: Any) -> None:
     """Add ``faults`` to the CLI's subparsers."""
-    p = subparsers.add_parser(
-        "faults",
-        help="inject the six DESIGN §4 faults on the embedded model; exit 0 only if each is caught by name",
-    )
-    p.add_argument("--only", help=f"comma-separated subset of: {', '.join(FAULT_NAMES)}")
-    p.add_argument("--out", help="folder for the layouts and records of every run (default: a temp folder)")
-    p.add_argument("--json", help="also write the results as JSON to this file")
-    p.add_argument("--cases", type=int, default=2, help="built-in cases per fault (default 2)")
-    p.set_defaults(func=cmd_faults)
+    add_faults_parser(subparsers, cmd_faults)

@@ -92,6 +92,15 @@ def check_output(path: str | os.PathLike[str], kind: OutputKind, *, option: str 
             field=option,
             fix=f"give {option} a file path, e.g. {target / 'out.json'}",
         )
+    if kind == "file" and os.path.lexists(target) and not (target.is_file() or target.is_dir()):
+        # A device, pipe or socket (`--json /dev/full`): the atomic rename would replace the node itself
+        # with a regular file (as root, even /dev/null).
+        raise InputError(
+            "is not a regular file (a device, pipe or socket); it would be replaced by the output",
+            file=str(target),
+            field=option,
+            fix=f"give {option} a path to a regular file, e.g. out.json",
+        )
     if kind != "file" and os.path.lexists(target) and not target.is_dir():
         raise InputError(
             "is an existing file, but a folder is expected",

@@ -34,6 +34,7 @@ import polars as pl
 
 from depthgate.commands.belonging import check_records_belong
 from depthgate.commands.checks import canary_jobs, check_reports
+from depthgate.commands.console import note_endpoints
 from depthgate.commands.endpoints import print_endpoint_counts, run_endpoint_counts
 from depthgate.commands.outputs import CreatedPaths
 from depthgate.exceptions import ExitCode, InputError, PlanChangedError
@@ -50,7 +51,6 @@ from depthgate.layout.layouts import (
 from depthgate.layout.model_files import is_model_reference, load_template, resolve_model_files
 from depthgate.layout.templates import ChatTemplate
 from depthgate.spec.files import ReadFailures, dist_version, read_json
-from depthgate.spec.limits import summarise_urls
 from depthgate.spec.models import (
     SPACING_SEP,
     AnalysisPlan,
@@ -347,7 +347,7 @@ def run_matrix(
             # difference): a sample for id arms, every prompt for text arms.
             for report in verify_arm(a.arm, backend, layout_path, out / a.arm, a.tokenizer):
                 print(report.line(), file=sys.stderr)
-            _note_endpoints(a.arm, backend, concurrency)
+            note_endpoints(a.arm, backend, concurrency)
             # The pre-send gate: built under this system's tokenizer, Rust pre-send checks against
             # the *served* window and the system's template, and a full re-encode of every layout —
             # in bounded batches; the jobs keep only small columns, ids and text are read from the
@@ -543,21 +543,6 @@ def shard_jobs(planned: pl.DataFrame, shard: tuple[int, int]) -> pl.DataFrame:
         for c, t, p, s in planned.select("case_id", "target_tokens", "position", "seed").iter_rows()
     ]
     return planned.filter(pl.Series(keep, dtype=pl.Boolean))
-
-
-def _note_endpoints(arm: str, backend: Any, concurrency: int) -> None:
-    """One stderr line for an arm on several endpoints: which are up, and the run's cap."""
-    endpoints = getattr(backend, "endpoints", None)
-    if not endpoints:
-        return
-    healthy = list(getattr(backend, "healthy", endpoints))
-    down = [e for e in endpoints if e not in healthy]
-    print(
-        f"depthgate: {arm}: {len(healthy)} of {len(endpoints)} endpoint(s) up, window {backend.window}"
-        + (f" (down at start, drained: {summarise_urls(down)})" if down else "")
-        + f"; --concurrency {concurrency} caps the whole run",
-        file=sys.stderr,
-    )
 
 
 def _cache_control(a: ArmSetup, layouts: pl.DataFrame, arm_dir: Path, max_tokens: int, base: Path) -> None:

@@ -53,6 +53,7 @@ from depthgate.exceptions import (
 from depthgate.run.backends.base import Backend, Request, Response, endpoint_url
 from depthgate.run.retry import CircuitBreaker, RetryPolicy
 from depthgate.spec.files import named_failure
+from depthgate.spec.limits import summarise_urls
 from depthgate.spec.models import DecodeParams
 
 if TYPE_CHECKING:
@@ -332,12 +333,13 @@ def _read_one(path: Path) -> pl.DataFrame:
         fix="move the file aside if it is not a depthgate record shard, then resume",
     ):
         frame = pl.read_parquet(path)
-    return frame.select(
-        [
-            pl.col(c).cast(t) if c in frame.columns else pl.lit(None, dtype=t).alias(c)
-            for c, t in RECORD_SCHEMA.items()
-        ]
-    )
+        # A column of another type (seed as text) fails in the cast: named like an unreadable file.
+        return frame.select(
+            [
+                pl.col(c).cast(t) if c in frame.columns else pl.lit(None, dtype=t).alias(c)
+                for c, t in RECORD_SCHEMA.items()
+            ]
+        )
 
 
 def _dedup(frame: pl.DataFrame) -> pl.DataFrame:
@@ -506,7 +508,9 @@ class _Progress:
             f"infra_error {self.counts['infra_error']}"
         )
         if self.errors:
-            text += " | transient errors: " + ", ".join(f"{e} {n}" for e, n in sorted(self.errors.items()))
+            # An arm on many replicas: the first few endpoints and how many in all, never the whole list.
+            listed = [f"{summarise_urls(e.split())} {n}" for e, n in sorted(self.errors.items())]
+            text += " | transient errors: " + summarise_urls(listed)
         return text
 
     def _print(self, *, final: bool) -> None:
