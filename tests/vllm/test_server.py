@@ -94,7 +94,14 @@ def test_matrix_end_to_end_on_the_real_server(vllm_server: VLLMServer, tmp_path:
     for arm in ("baseline", "candidate"):
         parity = json.loads((run / arm / "tokenizer_parity.json").read_text())
         assert parity == [
-            {"arm": arm, "endpoint": vllm_server.url, "route": "/tokenize", "checked": 8, "scope": "sample"}
+            {
+                "arm": arm,
+                "endpoint": vllm_server.url,
+                "route": "/tokenize",
+                "checked": 8,
+                "scope": "sample",
+                "unreachable": False,
+            }
         ]
     assert f"tokenizer parity: baseline @ {vllm_server.url}: 8 prompt(s) (sample) tokenized identically" in (
         done.stderr

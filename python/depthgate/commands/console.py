@@ -19,12 +19,12 @@ import io
 import os
 import re
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from typing import Any, TextIO
 
 from depthgate.spec.limits import summarise_urls
 
-__all__ = ["naming_the_file", "note_endpoints", "pipe_safe_stdout", "print_endpoint_stats"]
+__all__ = ["naming_the_file", "note_endpoints", "pipe_safe_stdout"]
 
 # A serde message from the Rust core about a value of the wrong kind ("invalid value: integer `-5`,
 # expected usize at line 1 column 2899"): library words for "a negative number where a count goes".
@@ -137,34 +137,3 @@ def note_endpoints(arm: str, backend: Any, concurrency: int) -> None:
         + f"; --concurrency {concurrency} caps the whole run",
         file=sys.stderr,
     )
-
-
-#: Per-endpoint lines on the console at most (the rest summed in one line; verdict.json has them all).
-_ENDPOINT_LINES = 8
-
-
-def print_endpoint_stats(backends: Mapping[str, Any]) -> None:
-    """Per-endpoint counts of the arms on several endpoints (this call; verdict.json's ``infra.endpoints``
-    counts the final records of the whole run)."""
-    for arm, backend in backends.items():
-        stats = getattr(backend, "stats", None)
-        if not callable(stats):
-            continue
-        rows = list(stats().items())
-        # The endpoints with something to say first; past a few, one line sums up the rest.
-        rows.sort(key=lambda row: (row[1]["healthy"] and not row[1]["failed"], str(row[0])))
-        for url, st in rows[:_ENDPOINT_LINES]:
-            state = "up" if st["healthy"] else f"excluded: {st['excluded']}" if st["excluded"] else "drained"
-            print(
-                f"depthgate: {arm} {url}: sent {st['sent']}, answered {st['answered']}, "
-                f"failed {st['failed']}, drained {st['drains']}x ({state})",
-                file=sys.stderr,
-            )
-        rest = [st for _, st in rows[_ENDPOINT_LINES:]]
-        if rest:
-            print(
-                f"depthgate: {arm} {len(rest)} more endpoints: sent {sum(st['sent'] for st in rest)}, "
-                f"answered {sum(st['answered'] for st in rest)}, failed {sum(st['failed'] for st in rest)}, "
-                f"{sum(1 for st in rest if not st['healthy'])} not up",
-                file=sys.stderr,
-            )

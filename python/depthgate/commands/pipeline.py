@@ -284,7 +284,7 @@ def run_matrix(
     from depthgate.layout.presend import guard_layouts
     from depthgate.run.backends import make_backend, probe_backend
     from depthgate.run.controls import build_controls, read_controls
-    from depthgate.run.parity import verify_arm
+    from depthgate.run.parity import summary_lines, verify_arm
     from depthgate.run.runner import RunOptions, compact
     from depthgate.spec.suites import resolve_suite
 
@@ -345,8 +345,8 @@ def run_matrix(
             asyncio.run(probe_backend(backend))
             # The server's own tokenizer on built prompts, before anything is sent (exit 22 on a
             # difference): a sample for id arms, every prompt for text arms.
-            for report in verify_arm(a.arm, backend, layout_path, out / a.arm, a.tokenizer):
-                print(report.line(), file=sys.stderr)
+            for line in summary_lines(verify_arm(a.arm, backend, layout_path, out / a.arm, a.tokenizer)):
+                print(line, file=sys.stderr)
             note_endpoints(a.arm, backend, concurrency)
             # The pre-send gate: built under this system's tokenizer, Rust pre-send checks against
             # the *served* window and the system's template, and a full re-encode of every layout —

@@ -38,8 +38,9 @@ import polars as pl
 
 from depthgate.exceptions import TokenizerMismatchError, TransientBackendError
 from depthgate.run.backends.base import Backend
+from depthgate.spec.limits import summarise_urls
 
-__all__ = ["PARITY_FILE", "ParityReport", "check_parity", "sample_rows", "verify_arm"]
+__all__ = ["PARITY_FILE", "ParityReport", "check_parity", "sample_rows", "summary_lines", "verify_arm"]
 
 PARITY_FILE = "tokenizer_parity.json"
 SAMPLE_SIZE = 8
@@ -52,21 +53,34 @@ class ParityReport:
     arm: str
     endpoint: str
     route: str | None
-    """The route that answered (``/tokenize`` …), ``None`` when the server has none (not checked)."""
+    """The route that answered (``/tokenize`` …), ``None`` when not checked (see ``unreachable``)."""
     checked: int
     scope: str
     """``"sample"`` (token-id arms) or ``"every prompt"`` (text arms)."""
+    unreachable: bool = False
+    """Not checked because the endpoint did not answer (the run's retries and breaker decide)."""
+
+    def outcome(self) -> str:
+        if self.unreachable:
+            return "not checked (unreachable: the run's retries decide)"
+        if self.route is None:
+            return "not checked (the server has no tokenize route)"
+        return f"{self.checked} prompt(s) ({self.scope}) tokenized identically by {self.route}"
 
     def line(self) -> str:
-        if self.route is None:
-            return (
-                f"tokenizer parity: {self.arm} @ {self.endpoint}: not checked "
-                "(the server has no tokenize route)"
-            )
-        return (
-            f"tokenizer parity: {self.arm} @ {self.endpoint}: {self.checked} prompt(s) ({self.scope}) "
-            f"tokenized identically by {self.route}"
-        )
+        return f"tokenizer parity: {self.arm} @ {self.endpoint}: {self.outcome()}"
+
+
+def summary_lines(reports: Sequence[ParityReport]) -> list[str]:
+    """One console line per arm and outcome, the endpoints summarised (an arm may list hundreds of
+    replicas; ``tokenizer_parity.json`` has every one)."""
+    groups: dict[tuple[str, str], list[str]] = {}
+    for report in reports:
+        groups.setdefault((report.arm, report.outcome()), []).append(report.endpoint)
+    return [
+        f"tokenizer parity: {arm} @ {summarise_urls(endpoints)}: {outcome}"
+        for (arm, outcome), endpoints in groups.items()
+    ]
 
 
 def sample_rows(layouts: pl.DataFrame, k: int = SAMPLE_SIZE) -> pl.DataFrame:
@@ -123,6 +137,7 @@ async def check_parity(
     for label, target in _targets(backend):
         route: str | None = None
         checked = 0
+        unreachable = False
         for row in _rows(rows):
             text = row["text"]
             try:
@@ -130,6 +145,7 @@ async def check_parity(
                 # the content only, since the specials are in the ids sent.
                 answer = await target.server_tokenize(text, add_special_tokens=every_prompt)
             except TransientBackendError:
+                unreachable = checked == 0
                 break  # unreachable: the run's retries and breaker decide, as for the probe
             if answer is None:
                 break
@@ -156,7 +172,11 @@ async def check_parity(
                     ),
                 )
             checked += 1
-        reports.append(ParityReport(arm=arm, endpoint=label, route=route, checked=checked, scope=scope))
+        reports.append(
+            ParityReport(
+                arm=arm, endpoint=label, route=route, checked=checked, scope=scope, unreachable=unreachable
+            )
+        )
     return reports
 
 
