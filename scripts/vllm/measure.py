@@ -67,7 +67,8 @@ def run(args: list[str]) -> tuple[int, float]:
     folder = Path(args[args.index("--out") + 1])
     # What ships is what re-gates: records, scored.parquet, manifest, suite, layouts, reports; not the
     # id/text stores (rebuilt from the layouts on a resume), the record shards (compacted) or the lock.
-    for leftover in [*folder.glob("*/store"), folder / "records", folder / ".depthgate-run.lock"]:
+    leftovers = [*folder.glob("*/store"), folder / "records", folder / ".depthgate-run.lock"]
+    for leftover in [*leftovers, folder / "report" / "report.html"]:  # `depthgate gate` writes it
         if leftover.is_dir():
             shutil.rmtree(leftover)
         elif leftover.exists():
