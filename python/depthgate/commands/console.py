@@ -69,7 +69,12 @@ class _PipeSafe(io.TextIOBase):
                 self._gone()
 
     def isatty(self) -> bool:
-        return not self.broken and self._inner.isatty()
+        # Asked at exit too (Ray's colorama resets the terminal in an atexit hook, after pytest closed the
+        # captured stream): a closed stream is no terminal, not an error.
+        try:
+            return not self.broken and self._inner.isatty()
+        except ValueError:
+            return False
 
     def fileno(self) -> int:
         return self._inner.fileno()
