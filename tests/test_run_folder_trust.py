@@ -178,3 +178,17 @@ def test_a_closed_stdout_ends_quietly_with_the_commands_code(runs: dict[str, Pat
     assert "Exception ignored" not in proc.stderr, proc.stderr
     assert proc.returncode == expected
     assert _digests(run / "report") == reports  # rewritten by the gate to the same bytes, never cut
+
+
+def test_the_pipe_safe_stdout_is_no_terminal_once_closed() -> None:
+    """Ray's colorama asks ``isatty()`` in an atexit hook, after pytest (or the shell) closed the stream
+    under the wrapper: that must answer False, not raise (a traceback printed at the end of a run)."""
+    import io
+
+    from depthgate.commands.console import _PipeSafe
+
+    inner = io.StringIO()
+    wrapped = _PipeSafe(inner)
+    assert wrapped.isatty() is False
+    inner.close()
+    assert wrapped.isatty() is False
