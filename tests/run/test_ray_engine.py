@@ -28,7 +28,7 @@ from helpers import free_port, small_smoke_matrix
 
 pytest.importorskip("ray", reason="the ray extra is not installed (pip install 'depthgate[ray]')")
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 # What must be identical between engines (test_shards.py compares the same keys; timestamps differ).
 SAME = ("slices", "digests", "plan", "overall", "worst_by_length", "worst_cases", "worst_shares", "verdict")
 VERDICTS = (ExitCode.PASS, ExitCode.FAIL, ExitCode.INCONCLUSIVE)
@@ -128,7 +128,7 @@ def test_http_arms_on_ray_actors_give_the_asyncio_verdict(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """HTTP arms (``/v1/completions`` with token ids) sent from the Ray actors: the perfect-reader
-    **stub** of tests/test_verdict_trust.py on 127.0.0.1 (a vLLM-shaped stub server reading the prompt
+    **stub** of tests/cli/test_verdict_trust.py on 127.0.0.1 (a vLLM-shaped stub server reading the prompt
     with the real GPT-2 tokenizer). Same verdict as the asyncio engine, and the server answered exactly
     as many requests from each engine (nothing sent twice). The server answers the Ray run's first two
     requests with HTTP 503: the actors retry them, and the progress line counts them per endpoint."""

@@ -1,7 +1,7 @@
 """Shards across machines (issue #12 item 3): ``run --shard i/N`` + ``merge`` + ``gate`` gives the verdict
 one unsharded run gives; a missing, doubled, foreign or incomplete shard is refused by name.
 
-The model is the perfect-reader **stub** of tests/test_verdict_trust.py on 127.0.0.1 (labelled there)
+The model is the perfect-reader **stub** of tests/cli/test_verdict_trust.py on 127.0.0.1 (labelled there)
 for the many-case form, and the real embedded model (llama.cpp in process) for the small
 ``smoke_model`` form.
 """

@@ -1,8 +1,8 @@
 """The per-arm ``runtime`` block of a matrix (issue #10, items 8 and 9): typed, closed (unknown names and
 fields that cannot apply to the arm's backend are refused with the file, the field and the fix, exit 20
 through the CLI), and digested only where it can change an answer. What each field does is tested with
-its backend: tests/test_backends_http.py (HTTP fields, vLLM engine arguments, keys) and
-tests/test_backend_llamacpp.py (embedded fields, paths, cache control)."""
+its backend: tests/run/test_backends_http.py (HTTP fields, vLLM engine arguments, keys) and
+tests/run/test_backend_llamacpp.py (embedded fields, paths, cache control)."""
 
 from __future__ import annotations
 

@@ -56,7 +56,7 @@ class Reader(StubServer):
 
 def run_tokenizer_upgrade(tmp: Path) -> Path:
     """One CLI run into ``tmp/run``: GPT-2 baseline, SmolLM candidate, 4 cases × 2 lengths × 2 depths, no
-    controls (also used by tests/test_report_junit.py)."""
+    controls (also used by tests/report/test_report_junit.py)."""
     port = free_port()
     matrix = tmp / "upgrade.toml"
     text = stub_matrix(

@@ -51,7 +51,7 @@ from depthgate.run.runner import (
 )
 from depthgate.spec.models import DecodeParams
 
-PYTHON_DIR = Path(__file__).resolve().parents[1] / "python"
+PYTHON_DIR = Path(__file__).resolve().parents[2] / "python"
 ARMS = ("baseline", "candidate")
 DECODE = DecodeParams(max_tokens=4, seeds=[0, 1, 2])
 SECRET_TEXT = "The vault code is 4821 (prompt text that must never be stored)"

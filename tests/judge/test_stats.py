@@ -50,7 +50,7 @@ from depthgate.judge.stats import (
     wilson_lower,
 )
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 FAST = GatePlan(bootstrap_reps=999)
 PROPS = settings(deadline=None, database=None, max_examples=150)
 
@@ -978,7 +978,7 @@ def test_bootstrap_degenerate_handling_keeps_resamples_with_spread():
 
 
 def test_near_ceiling_aa_slices_rarely_fail_small():
-    """CI-sized version of the A/A calibration (the opt-in one is tests/test_stats_sim.py): 99%
+    """CI-sized version of the A/A calibration (the opt-in one is tests/judge/test_stats_sim.py): 99%
     accuracy (spec §4 DGP, Beta(1.98, 0.02) per case), R = 3, n = 40. Appendix A failed ~26%."""
     rng = np.random.default_rng(1111)
     sims = 300

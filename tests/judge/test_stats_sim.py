@@ -3,15 +3,15 @@
 Opt-in (``bench``; minutes on one core), fixed seeds, every rate printed with its Monte Carlo standard
 error. Reproduce the tables of docs/gate-calibration.md with either::
 
-    .venv/bin/python -m pytest -m bench -s -p no:cacheprovider tests/test_stats_sim.py
-    .venv/bin/python tests/test_stats_sim.py            # the same simulations, one markdown table
+    .venv/bin/python -m pytest -m bench -s -p no:cacheprovider tests/judge/test_stats_sim.py
+    .venv/bin/python tests/judge/test_stats_sim.py            # the same simulations, one markdown table
 
-The small deterministic versions that run in the ordinary test command are in tests/test_stats.py
+The small deterministic versions that run in the ordinary test command are in tests/judge/test_stats.py
 (``test_near_ceiling_aa_slices_rarely_fail_small``, ``test_one_extension_tests_every_look_at_half_alpha``
 and the other issue #11 tests).
 
 "Appendix A" columns recompute the same draws with the spec's ``gate_lib`` bootstrap (degenerate
-resamples as t* = +-inf, transcribed in tests/test_stats.py), i.e. the gate before the fix.
+resamples as t* = +-inf, transcribed in tests/judge/test_stats.py), i.e. the gate before the fix.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@
 The model behind 127.0.0.1 here is a **stub** (labelled as such): a vLLM-shaped ``/v1/completions``
 server that decodes the prompt ids with the real GPT-2 tokenizer and answers each case's question with
 its true value — a perfect reader, which no real model here is, so a verdict depends only on the
-serving path under test. Real-model runs of the same pipeline are in tests/test_cli.py.
+serving path under test. Real-model runs of the same pipeline are in tests/cli/test_cli.py.
 """
 
 from __future__ import annotations
@@ -264,7 +264,7 @@ def test_the_shipped_tokenizer_upgrade_matrix_runs_to_a_report(
 ) -> None:
     """matrices/tokenizer-upgrade.toml itself (two different tokenizer files, 44 cases, 5 depths), its
     placeholder endpoints pointed at the stub and its relative paths made absolute."""
-    shipped = Path(__file__).resolve().parents[1] / "matrices" / "tokenizer-upgrade.toml"
+    shipped = Path(__file__).resolve().parents[2] / "matrices" / "tokenizer-upgrade.toml"
     text = shipped.read_text().replace("../tests/fixtures", str(shipped.parents[1] / "tests" / "fixtures"))
     text = text.replace("127.0.0.1:8000", f"127.0.0.1:{port}").replace("127.0.0.1:8001", f"127.0.0.1:{port}")
     matrix = tmp_path / "tokenizer-upgrade.toml"

@@ -37,7 +37,7 @@ from helpers import ModelsHandler, StubServer, completion, free_port, stub_matri
 TOK = tokenizers_dir()
 GPT2 = TOK / "gpt2" / "tokenizer.json"
 TPL = TOK / "chat-templates" / "llama.cpp-models-templates"
-SUITE_PATH = Path(__file__).resolve().parent / "fixtures" / "two_evidence_suite.json"
+SUITE_PATH = Path(__file__).resolve().parents[1] / "fixtures" / "two_evidence_suite.json"
 SUITE = load_suite(SUITE_PATH)
 MULTI = [c for c in SUITE.cases if len(c.decisive) >= 2]
 SINGLE = [c for c in SUITE.cases if len(c.decisive) == 1]
@@ -400,7 +400,7 @@ def test_run_gates_each_spacing_as_its_own_slice(tmp_path: Path, capsys: pytest.
 
 
 def test_the_plan_is_validated_over_every_spacing_slice() -> None:
-    data = load_matrix(Path(__file__).resolve().parent.parent / "matrices" / "smoke.toml").model_dump()
+    data = load_matrix(Path(__file__).resolve().parents[2] / "matrices" / "smoke.toml").model_dump()
     data["plan"]["bootstrap_resamples"] = 499  # enough for 5 slices, too few for 15
     Matrix.model_validate(data)
     data["spacings"] = ["adjacent", "near", "far"]

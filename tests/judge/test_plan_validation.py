@@ -16,7 +16,7 @@ from depthgate.exceptions import ExitCode, SpecError
 from depthgate.judge.stats import GatePlan
 from depthgate.spec.models import AnalysisPlan, load_matrix, min_bootstrap_resamples, parse_spec
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SMOKE = (REPO / "matrices" / "smoke.toml").read_text()
 NIGHTLY = (REPO / "matrices" / "nightly.toml").read_text()
 

@@ -3,7 +3,7 @@ the A/A noise floor and power planning.
 
 Every statistic is checked against a hand-computed example (exact numbers) and by a small seeded
 simulation (a planted effect is found, A/A stays clean). The larger calibration runs are opt-in:
-tests/test_position_sim.py (``-m bench``).
+tests/judge/test_position_sim.py (``-m bench``).
 """
 
 from __future__ import annotations
@@ -705,7 +705,7 @@ def test_newcombe_binds_near_the_ceiling() -> None:
 
 def test_power_checked_against_the_gate_small() -> None:
     """The gate itself on simulated slices (seeded; B = 199): power near the approximation at delta 0,
-    size at most alpha + 2 MC-SE at delta = -M. The full table is tests/test_position_sim.py."""
+    size at most alpha + 2 MC-SE at delta = -M. The full table is tests/judge/test_position_sim.py."""
     d = DesignParameters.from_icc(0.85, 0.0)
     sim = simulate_gate_power(
         d, n_cases=60, seeds=3, margin=0.1, alpha=0.05, sims=80, seed=3, bootstrap_reps=199

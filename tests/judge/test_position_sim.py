@@ -3,11 +3,11 @@
 Opt-in (``bench``; a few minutes on one core), fixed seeds, every rate printed with its Monte Carlo
 standard error. Run either::
 
-    .venv/bin/python -m pytest -m bench -s -p no:cacheprovider tests/test_position_sim.py
-    .venv/bin/python tests/test_position_sim.py          # the same simulations, printed as tables
+    .venv/bin/python -m pytest -m bench -s -p no:cacheprovider tests/judge/test_position_sim.py
+    .venv/bin/python tests/judge/test_position_sim.py          # the same simulations, printed as tables
 
 The small deterministic versions that run in the ordinary test command are in
-tests/test_position_science.py.
+tests/judge/test_position_science.py.
 
 * **Power vs the gate itself.** For a grid of designs (baseline accuracy, between-case ICC, seeds,
   margin): the cases ``cases_for_power`` recommends for 0.8, and the power of

@@ -432,7 +432,7 @@ def _load_corpus(path: Path) -> list[Hostile]:
     return corpus
 
 
-CORPUS = _load_corpus(Path(__file__).parent / "fixtures" / "hostile_corpus.toml")
+CORPUS = _load_corpus(Path(__file__).resolve().parents[1] / "fixtures" / "hostile_corpus.toml")
 
 
 def _snapshot(root: Path) -> dict[str, tuple[str, str]]:

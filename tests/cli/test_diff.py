@@ -17,7 +17,7 @@ from depthgate.layout.templates import load_chat_template
 from depthgate.spec.models import Suite, System, load_matrix
 from depthgate.spec.suites import builtin_suite
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 POSITIONS = ["0", "0.5", "1"]
 
 
