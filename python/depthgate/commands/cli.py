@@ -352,7 +352,30 @@ def build_parser() -> argparse.ArgumentParser:
         help="print the package version and the layout assembler version, then exit",
     )
     sub = parser.add_subparsers(dest="command", required=True)
+    _add_build_parsers(sub)
+    _add_run_parser(sub)
+    _add_plan_merge_gate_parsers(sub)
+    _add_suite_parsers(sub)
 
+    from depthgate.commands.subparsers import add_diff_parsers, add_faults_parser
+
+    # depthgate faults, diff-tokenizer, diff-template: their modules load when the command runs.
+    add_faults_parser(sub, _lazy("depthgate.commands.faults", "cmd_faults"))
+    add_diff_parsers(
+        sub,
+        _lazy("depthgate.commands.diff", "cmd_diff_tokenizer"),
+        _lazy("depthgate.commands.diff", "cmd_diff_template"),
+    )
+    # Output paths each command writes, checked by main() before the command starts (the model of
+    # `depthgate faults` is never loaded for an --out or --json that cannot be written).
+    sub.choices["faults"].set_defaults(outputs=(("out", "empty_dir"), ("json", "file")))
+    for name in ("diff-tokenizer", "diff-template"):
+        sub.choices[name].set_defaults(outputs=(("out", "file"),))
+    return parser
+
+
+def _add_build_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """depthgate build and check."""
     b = sub.add_parser("build", help="build token-exact layouts (layouts.parquet)")
     b.add_argument("matrix", nargs="?", help="a matrices/*.toml file (builds both arms)")
     b.add_argument("--tokenizer", help="tokenizer.json, or 'gguf:' for the embedded model's tokenizer")
@@ -375,6 +398,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--tokenizer", required=True)
     c.set_defaults(func=_cmd_check)
 
+
+def _add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """depthgate run."""
     r = sub.add_parser("run", help="build → run both arms (paired, resumable) → score → gate → report")
     r.add_argument("matrix")
     r.add_argument("--out", default="runs/latest", help="run folder; rerunning the same folder resumes")
@@ -406,6 +432,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--ray-actors", type=int, help="--engine ray: actors in the pool (default 2)")
     r.set_defaults(func=_cmd_run, outputs=(("out", "run_dir"),))
 
+
+def _add_plan_merge_gate_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """depthgate plan, merge, gate, report and schema."""
     pl_ = sub.add_parser("plan", help="per-slice power of a matrix's plan (and the cases it needs)")
     pl_.add_argument("matrix")
     pl_.add_argument("--pilot", help="a finished run folder: estimate the design from its scored.parquet")
@@ -436,6 +465,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out")
     s.set_defaults(func=_cmd_schema, outputs=(("out", "file"),))
 
+
+def _add_suite_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """depthgate suite generate and import."""
     suite = sub.add_parser("suite", help="case suites")
     suite_sub = suite.add_subparsers(dest="suite_command", required=True)
     g = suite_sub.add_parser("generate", help="generate the built-in synthetic suite")
@@ -453,22 +485,6 @@ def build_parser() -> argparse.ArgumentParser:
     imp.add_argument("incidents", help="JSONL: documents, query, evidence_ids, claims per line")
     imp.add_argument("--out", required=True)
     imp.set_defaults(func=_cmd_suite_import, outputs=(("out", "file"),))
-
-    from depthgate.commands.subparsers import add_diff_parsers, add_faults_parser
-
-    # depthgate faults, diff-tokenizer, diff-template: their modules load when the command runs.
-    add_faults_parser(sub, _lazy("depthgate.commands.faults", "cmd_faults"))
-    add_diff_parsers(
-        sub,
-        _lazy("depthgate.commands.diff", "cmd_diff_tokenizer"),
-        _lazy("depthgate.commands.diff", "cmd_diff_template"),
-    )
-    # Output paths each command writes, checked by main() before the command starts (the model of
-    # `depthgate faults` is never loaded for an --out or --json that cannot be written).
-    sub.choices["faults"].set_defaults(outputs=(("out", "empty_dir"), ("json", "file")))
-    for name in ("diff-tokenizer", "diff-template"):
-        sub.choices[name].set_defaults(outputs=(("out", "file"),))
-    return parser
 
 
 #: Smallest value of each numeric option (any command that has it); below it the option is refused.
