@@ -69,10 +69,13 @@ from depthgate.run.backends.http import (
     is_overlength_error,
     key_in_clear,
 )
+from depthgate.run.options import RunOptions
+from depthgate.run.records import read_records
 from depthgate.run.retry import RetryPolicy
-from depthgate.run.runner import RunOptions, read_records, run_pairs
+from depthgate.run.runner import run_pairs
 from depthgate.run.store import write_layout_store
-from depthgate.spec.models import DecodeParams, System, parse_spec
+from depthgate.spec.loading import parse_spec
+from depthgate.spec.system import DecodeParams, System
 from helpers import LlamaServerProcess, free_port, small_smoke_matrix
 
 # --------------------------------------------------------------------------------------------------
@@ -1233,7 +1236,7 @@ def test_runtime_vllm_engine_arguments_reach_the_engine(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     from depthgate.run.backends.vllm_offline import VLLMOfflineBackend
-    from depthgate.spec.models import VLLMEngineArgs
+    from depthgate.spec.system import VLLMEngineArgs
 
     inits: list[Any] = []
     monkeypatch.setitem(sys.modules, "vllm", _fake_vllm(4096, [], inits))
@@ -1414,7 +1417,9 @@ def test_llamacpp_python_server_silent_clamp_is_caught_by_the_runner(
 ) -> None:
     """A 2,040-token prompt with max_tokens 16 in a 2,048 window: the server clamps max_tokens to 8
     without an error; the runner records it as system_fail max_tokens_clamped."""
-    from depthgate.run.runner import RunOptions, read_records, run_pairs
+    from depthgate.run.options import RunOptions
+    from depthgate.run.records import read_records
+    from depthgate.run.runner import run_pairs
 
     sentence = " The access code for vault 7 is 4821."
     text = "Handbook."

@@ -29,7 +29,7 @@ from depthgate.layout.layouts import (
 from depthgate.layout.templates import load_chat_template
 from depthgate.run import controls
 from depthgate.run.controls import CONTROLS_SCHEMA, build_controls, read_controls
-from depthgate.spec.models import Case
+from depthgate.spec.cases import Case
 from depthgate.spec.suites import builtin_suite
 from fixtures_paths import tokenizers_dir
 from test_build_streaming import row_group_rows

@@ -31,15 +31,15 @@ __version__ = "0.1.0"
 # public name → the module that defines it
 _EXPORTS: dict[str, str] = {
     # spec
-    "Case": "depthgate.spec.models",
-    "Suite": "depthgate.spec.models",
-    "System": "depthgate.spec.models",
-    "Matrix": "depthgate.spec.models",
+    "Case": "depthgate.spec.cases",
+    "Suite": "depthgate.spec.cases",
+    "System": "depthgate.spec.system",
+    "Matrix": "depthgate.spec.matrix",
     "AnalysisPlan": "depthgate.spec.models",
-    "DecodeParams": "depthgate.spec.models",
-    "RunManifest": "depthgate.spec.models",
-    "load_matrix": "depthgate.spec.models",
-    "load_suite": "depthgate.spec.models",
+    "DecodeParams": "depthgate.spec.system",
+    "RunManifest": "depthgate.spec.manifest",
+    "load_matrix": "depthgate.spec.loading",
+    "load_suite": "depthgate.spec.loading",
     "generate_suite": "depthgate.spec.suites",
     "builtin_suite": "depthgate.spec.suites",
     # layout + check
@@ -55,7 +55,7 @@ _EXPORTS: dict[str, str] = {
     # run
     "make_backend": "depthgate.run.backends",
     "run_pairs": "depthgate.run.runner",
-    "read_records": "depthgate.run.runner",
+    "read_records": "depthgate.run.records",
     # score + gate
     "score_records": "depthgate.judge.oracle",
     "GatePlan": "depthgate.judge.stats",
@@ -142,16 +142,12 @@ if TYPE_CHECKING:
     from depthgate.layout.templates import ChatTemplate, load_chat_template
     from depthgate.report.report import load_verdict, write_reports
     from depthgate.run.backends import make_backend
-    from depthgate.run.runner import read_records, run_pairs
-    from depthgate.spec.models import (
-        AnalysisPlan,
-        Case,
-        DecodeParams,
-        Matrix,
-        RunManifest,
-        Suite,
-        System,
-        load_matrix,
-        load_suite,
-    )
+    from depthgate.run.records import read_records
+    from depthgate.run.runner import run_pairs
+    from depthgate.spec.cases import Case, Suite
+    from depthgate.spec.loading import load_matrix, load_suite
+    from depthgate.spec.manifest import RunManifest
+    from depthgate.spec.matrix import Matrix
+    from depthgate.spec.models import AnalysisPlan
     from depthgate.spec.suites import builtin_suite, generate_suite
+    from depthgate.spec.system import DecodeParams, System

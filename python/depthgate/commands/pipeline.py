@@ -50,19 +50,15 @@ from depthgate.layout.layouts import (
 )
 from depthgate.layout.model_files import is_model_reference, load_template, resolve_model_files
 from depthgate.layout.templates import ChatTemplate
+from depthgate.spec.base import canonical_json
+from depthgate.spec.cases import Suite
 from depthgate.spec.files import ReadFailures, dist_version, read_json
-from depthgate.spec.models import (
-    SPACING_SEP,
-    AnalysisPlan,
-    Matrix,
-    RunManifest,
-    Suite,
-    System,
-    canonical_json,
-    load_matrix,
-    parse_spec,
-    split_position_label,
-)
+from depthgate.spec.loading import load_matrix, parse_spec
+from depthgate.spec.manifest import RunManifest
+from depthgate.spec.matrix import Matrix
+from depthgate.spec.models import AnalysisPlan
+from depthgate.spec.positions import SPACING_SEP, split_position_label
+from depthgate.spec.system import System
 
 if TYPE_CHECKING:
     from depthgate.run.store import LayoutStore
@@ -273,7 +269,7 @@ def run_matrix(
 ) -> tuple[GateResult | None, ExitCode, Path]:
     """Build → pre-send check → run (paired, resumable) → score → gate → report.
 
-    With ``shard = (i, N)`` only the pairs of shard i of N run (``depthgate.run.runner.shard_of``: by
+    With ``shard = (i, N)`` only the pairs of shard i of N run (``depthgate.run.jobs.shard_of``: by
     content, both arms of a pair together); the folder holds the same frozen manifest as every other
     shard and no verdict: ``depthgate merge`` joins the N folders, then ``gate`` judges the whole.
     Returns ``(None, PASS or INFRA, out)`` for a shard. ``aa``: the baseline against a repeat of itself
@@ -284,8 +280,9 @@ def run_matrix(
     from depthgate.layout.presend import guard_layouts
     from depthgate.run.backends import make_backend, probe_backend
     from depthgate.run.controls import build_controls, read_controls
+    from depthgate.run.options import RunOptions
     from depthgate.run.parity import summary_lines, verify_arm
-    from depthgate.run.runner import RunOptions, compact
+    from depthgate.run.records import compact
     from depthgate.spec.suites import resolve_suite
 
     matrix_path = Path(matrix_path)
@@ -456,7 +453,7 @@ def run_matrix(
         compact(out / CANARIES_DIR)
     if shard is not None:
         from depthgate.judge.health import infra_summary
-        from depthgate.run.runner import read_records
+        from depthgate.run.records import read_records
 
         planned = shard_jobs(_planned_jobs(out, matrix.decode.seeds), shard)
         lost = infra_summary(read_records(out), planned).lost
@@ -535,7 +532,7 @@ def _freeze_shard(out: Path, shard: tuple[int, int]) -> None:
 
 def shard_jobs(planned: pl.DataFrame, shard: tuple[int, int]) -> pl.DataFrame:
     """The planned jobs (arm, layout_id, seed, case_id, target_tokens, position) of shard ``(i, N)``."""
-    from depthgate.run.runner import shard_of
+    from depthgate.run.jobs import shard_of
 
     index, count = shard
     keep = [
@@ -593,7 +590,7 @@ def gate_run(
     from depthgate.judge.health import infra_summary
     from depthgate.judge.oracle import score_records
     from depthgate.report.report import write_reports
-    from depthgate.run.runner import read_records
+    from depthgate.run.records import read_records
     from depthgate.spec.suites import resolve_suite
 
     run = Path(run_dir)
@@ -643,7 +640,7 @@ def gate_run(
             )
     if suite is None:
         if (run / SUITE_FILE).is_file():
-            from depthgate.spec.models import load_suite
+            from depthgate.spec.loading import load_suite
 
             suite = load_suite(run / SUITE_FILE)
         elif matrix is not None:
@@ -808,7 +805,7 @@ def _score_controls(run: Path, suite: Suite) -> pl.DataFrame | None:
     none ran."""
     from depthgate.judge.controls import score_controls
     from depthgate.run.controls import read_controls
-    from depthgate.run.runner import read_records
+    from depthgate.run.records import read_records
 
     if not (run / CONTROLS_DIR).is_dir():
         return None

@@ -28,11 +28,10 @@ from depthgate.exceptions import InputError, SpecError
 from depthgate.layout.gguf_tokenizer import resolve_tokenizer_path
 from depthgate.layout.templates import ChatTemplate, Frame, chat_frame, raw_frame
 from depthgate.spec.assemblers import assemble
+from depthgate.spec.cases import Case, Suite
 from depthgate.spec.filler import filler_pool, filler_units
-from depthgate.spec.models import (
+from depthgate.spec.positions import (
     SPACING_SEP,
-    Case,
-    Suite,
     is_spacing_label,
     spacing_gap,
     split_position_label,

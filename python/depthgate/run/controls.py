@@ -50,7 +50,7 @@ from depthgate.layout.layouts import (
     read_layouts,
 )
 from depthgate.layout.templates import Frame
-from depthgate.spec.models import Case, Suite
+from depthgate.spec.cases import Case, Suite
 
 __all__ = [
     "CONTROLS_SCHEMA",

@@ -51,24 +51,22 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from depthgate.exceptions import SpecError
 from depthgate.spec._compat import tomllib
-from depthgate.spec.files import ReadFailures, read_utf8, refuse_unencodable
-from depthgate.spec.filler import SplitMix64
-from depthgate.spec.limits import MAX_GENERATED_CASES
-from depthgate.spec.models import (
-    BuiltinSuiteRef,
+from depthgate.spec.cases import (
     Case,
     Claim,
     Distractor,
     EvidenceDoc,
     EvidencePattern,
-    FileSuiteRef,
     Language,
     Risk,
     Suite,
     TaskKind,
-    load_suite,
-    spec_error_from_validation,
 )
+from depthgate.spec.files import ReadFailures, read_utf8, refuse_unencodable
+from depthgate.spec.filler import SplitMix64
+from depthgate.spec.limits import MAX_GENERATED_CASES
+from depthgate.spec.loading import load_suite, spec_error_from_validation
+from depthgate.spec.matrix import BuiltinSuiteRef, FileSuiteRef
 
 FactType: TypeAlias = Literal["hotel_cap", "invoice_terms", "incident_contact", "expense_signoff"]
 
