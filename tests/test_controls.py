@@ -9,11 +9,11 @@ import polars as pl
 import pytest
 
 from depthgate.judge.controls import CATEGORIES, classify_failures, score_controls
+from depthgate.layout.layout_checks import check_layouts
 from depthgate.layout.layouts import (
     BuildOptions,
     Tokenizer,
     build_layouts,
-    check_layouts,
     load_tokenizer,
     parse_positions,
     read_layouts,

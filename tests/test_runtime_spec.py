@@ -213,7 +213,7 @@ def test_relative_paths_of_the_matrix_are_not_resolved_from_the_working_director
 ) -> None:
     """make_backend takes the matrix's folder; a tokenizer path relative to it is found from any cwd."""
     from depthgate.run.backends import make_backend
-    from depthgate.run.backends.http import OpenAIChatBackend
+    from depthgate.run.backends.chat import OpenAIChatBackend
     from fixtures_paths import tokenizers_dir
 
     matrix_dir = tmp_path / "matrices"

@@ -14,6 +14,7 @@ import pytest
 
 from depthgate.exceptions import SpecError
 from depthgate.spec.cases import Case, Suite
+from depthgate.spec.incidents import import_incidents
 from depthgate.spec.matrix import BuiltinSuiteRef, FileSuiteRef
 from depthgate.spec.suites import (
     COMPETING_DEPTHS,
@@ -24,7 +25,6 @@ from depthgate.spec.suites import (
     _data_file,
     builtin_suite,
     generate_suite,
-    import_incidents,
     resolve_suite,
     split_suite,
 )

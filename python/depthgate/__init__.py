@@ -49,7 +49,7 @@ _EXPORTS: dict[str, str] = {
     "Tokenizer": "depthgate.layout.layouts",
     "load_tokenizer": "depthgate.layout.layouts",
     "build_layouts": "depthgate.layout.layouts",
-    "check_layouts": "depthgate.layout.layouts",
+    "check_layouts": "depthgate.layout.layout_checks",
     "read_layouts": "depthgate.layout.layouts",
     "guard_layouts": "depthgate.layout.presend",
     # run
@@ -130,11 +130,11 @@ if TYPE_CHECKING:
     from depthgate.commands.pipeline import gate_run, run_matrix
     from depthgate.judge.oracle import score_records
     from depthgate.judge.stats import GatePlan, GateResult, gate
+    from depthgate.layout.layout_checks import check_layouts
     from depthgate.layout.layouts import (
         BuildOptions,
         Tokenizer,
         build_layouts,
-        check_layouts,
         load_tokenizer,
         read_layouts,
     )

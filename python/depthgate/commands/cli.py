@@ -134,7 +134,8 @@ def _print_build(summary: object, path: Path) -> None:
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
-    from depthgate.layout.layouts import check_layouts, load_tokenizer
+    from depthgate.layout.layout_checks import check_layouts
+    from depthgate.layout.layouts import load_tokenizer
 
     tok = load_tokenizer(args.tokenizer)
     with naming_the_file(
@@ -310,7 +311,7 @@ def _print_verdict(result: object, code: int, html: Path) -> None:
 
 
 def _cmd_suite_import(args: argparse.Namespace) -> int:
-    from depthgate.spec.suites import import_incidents
+    from depthgate.spec.incidents import import_incidents
 
     suite = import_incidents(args.incidents)
     out = write_text_atomic(args.out, suite.model_dump_json(indent=1), option="--out")

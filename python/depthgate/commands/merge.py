@@ -34,9 +34,8 @@ from depthgate.commands.pipeline import (
     MANIFEST,
     SHARD_FILE,
     SUITE_FILE,
-    _planned_jobs,
-    shard_jobs,
 )
+from depthgate.commands.planned import planned_jobs, shard_jobs
 from depthgate.exceptions import InputError, PlanChangedError
 from depthgate.run.jobs import shard_of
 from depthgate.run.records import (
@@ -206,7 +205,7 @@ def _check_overlaps(parts: Sequence[tuple[int, Path, pl.DataFrame]], count: int)
 def _check_gaps(
     dirs: Sequence[Path], parts: Sequence[tuple[int, Path, pl.DataFrame]], count: int, seeds: list[int]
 ) -> None:
-    planned = _planned_jobs(dirs[0], seeds)
+    planned = planned_jobs(dirs[0], seeds)
     for index, folder, records in parts:
         want = shard_jobs(planned, (index, count)).select("arm", "layout_id", "seed")
         have = _final(records).select("arm", "layout_id", pl.col("seed").cast(pl.Int64))

@@ -37,6 +37,7 @@ from depthgate.commands.checks import canary_jobs, check_reports
 from depthgate.commands.console import note_endpoints
 from depthgate.commands.endpoints import print_endpoint_counts, run_endpoint_counts
 from depthgate.commands.outputs import CreatedPaths
+from depthgate.commands.planned import planned_jobs, shard_jobs
 from depthgate.exceptions import ExitCode, InputError, PlanChangedError
 from depthgate.judge.stats import GatePlan, GateResult, gate
 from depthgate.layout.layouts import (
@@ -455,7 +456,7 @@ def run_matrix(
         from depthgate.judge.health import infra_summary
         from depthgate.run.records import read_records
 
-        planned = shard_jobs(_planned_jobs(out, matrix.decode.seeds), shard)
+        planned = shard_jobs(planned_jobs(out, matrix.decode.seeds), shard)
         lost = infra_summary(read_records(out), planned).lost
         return None, ExitCode.INFRA if lost else ExitCode.PASS, out
     return gate_run(out, matrix=matrix, suite=suite)
@@ -528,18 +529,6 @@ def _freeze_shard(out: Path, shard: tuple[int, int]) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(body), encoding="utf-8")
     os.replace(tmp, path)
-
-
-def shard_jobs(planned: pl.DataFrame, shard: tuple[int, int]) -> pl.DataFrame:
-    """The planned jobs (arm, layout_id, seed, case_id, target_tokens, position) of shard ``(i, N)``."""
-    from depthgate.run.jobs import shard_of
-
-    index, count = shard
-    keep = [
-        shard_of((str(c), int(t), str(p), int(s)), count) == index - 1
-        for c, t, p, s in planned.select("case_id", "target_tokens", "position", "seed").iter_rows()
-    ]
-    return planned.filter(pl.Series(keep, dtype=pl.Boolean))
 
 
 def _cache_control(a: ArmSetup, layouts: pl.DataFrame, arm_dir: Path, max_tokens: int, base: Path) -> None:
@@ -707,7 +696,7 @@ def gate_run(
     result = gate(
         gated, gate_plan(plan, lengths, labels, cases=placed, seeds=frozen.seeds, spaced_cases=spaced)
     )
-    infra = infra_summary(records, _planned_jobs(run, frozen.seeds), endpoints=run_endpoint_counts(run))
+    infra = infra_summary(records, planned_jobs(run, frozen.seeds), endpoints=run_endpoint_counts(run))
     # The run's own layouts, for the length in characters, wherever the report goes (--report-dir).
     arm_layouts = {arm: run / arm / "layouts.parquet" for arm in ARMS}
     paths = write_reports(
@@ -782,21 +771,6 @@ def _add_noise_floor(scored: pl.DataFrame, plan: GatePlan, report_dir: Path) -> 
         f"probability {result.pass_probability:.2f}; plan margin {plan.margin:g} is {state} it); flip rate "
         f"{result.flip_rate:.3f}",
         file=sys.stderr,
-    )
-
-
-def _planned_jobs(run: Path, seeds: Sequence[int]) -> pl.DataFrame:
-    """Every (arm, layout, seed) job the frozen run plans: the arms' layouts × the seed set."""
-    frames = [
-        # Only the small columns: never every layout's ids and text (10 GB at 10,000 × 128K).
-        read_layouts(
-            run / arm / "layouts.parquet", columns=["layout_id", "case_id", "target_tokens", "position"]
-        ).with_columns(pl.lit(arm).alias("arm"))
-        for arm in ARMS
-    ]
-    layouts = pl.concat(frames).with_columns(pl.col("position").cast(pl.String))
-    return layouts.join(
-        pl.DataFrame({"seed": [int(s) for s in seeds]}, schema={"seed": pl.Int64}), how="cross"
     )
 
 

@@ -27,7 +27,7 @@ from depthgate.spec.limits import (
     length_problem,
 )
 from depthgate.spec.models import AnalysisPlan
-from depthgate.spec.positions import SPACING_SEP, Position, Spacing, spacing_gap, spacing_label
+from depthgate.spec.positions import Position, PositionLabel, Spacing, spacing_gap, spacing_label
 from depthgate.spec.system import DecodeParams, System
 from depthgate.spec.text_checks import check_id
 
@@ -178,7 +178,8 @@ class Matrix(Frozen):
             raise violation("contains a repeated position", field="positions", fix="list each position once")
         longest = max(self.lengths)
         for index, position in enumerate(self.positions):
-            if isinstance(position, str) and int(position[1:]) >= longest:
+            offset = PositionLabel.of(position).offset
+            if offset is not None and offset >= longest:
                 raise violation(
                     f"offset {position} is beyond the longest length {longest}",
                     field=f"positions[{index}]",
@@ -233,9 +234,9 @@ class Matrix(Frozen):
         # An absolute offset puts the start of the evidence block there; the gap must still fit after it
         # at every length (else every such layout would be refused at build, offset_outside_region).
         for p_index, position in enumerate(self.positions):
-            if not isinstance(position, str):
+            offset = PositionLabel.of(position).offset
+            if offset is None:
                 continue
-            offset = int(position[1:])
             for index, spacing in enumerate(self.spacings):
                 for length in self.lengths:
                     gap = spacing_gap(spacing, length)
@@ -252,11 +253,7 @@ class Matrix(Frozen):
         """The position list the run is built, frozen and gated on: every position at every spacing,
         spacing-major; a non-adjacent spacing joins the position as ``"0.5~far"``. With the default
         spacing this is exactly ``[str(p) for p in positions]``."""
-        return [
-            str(p) if spacing_label(s) == "adjacent" else f"{p}{SPACING_SEP}{spacing_label(s)}"
-            for s in self.spacings
-            for p in self.positions
-        ]
+        return [str(PositionLabel.of(p, s)) for s in self.spacings for p in self.positions]
 
     def canonical_json(self) -> str:
         """As :meth:`Frozen.canonical_json`, without ``spacings``, ``order``, ``canaries`` and the

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Annotated, Any, TypeAlias
 
 from pydantic import (
@@ -93,10 +94,10 @@ def spacing_gap(spacing: str | int, length: int) -> int:
 
 
 def split_position_label(label: str) -> tuple[str, str]:
-    """``"0.5~far"`` → ``("0.5", "far")``; ``"0.5"`` → ``("0.5", "adjacent")``. The one place a position
-    label is split into its depth/offset part and its evidence spacing."""
-    base, sep, spacing = str(label).partition(SPACING_SEP)
-    return (base, spacing) if sep else (base, "adjacent")
+    """``"0.5~far"`` → ``("0.5", "far")``; ``"0.5"`` → ``("0.5", "adjacent")``
+    (:meth:`PositionLabel.parse`)."""
+    parsed = PositionLabel.parse(label)
+    return parsed.base, parsed.spacing
 
 
 def is_spacing_label(label: str) -> bool:
@@ -109,3 +110,70 @@ def spacing_rank(label: str) -> int:
         return SPACING_NAMES.index(label)
     match = _GAP_LABEL.match(label)
     return len(SPACING_NAMES) + (int(match.group(1)) if match else 0)
+
+
+@dataclass(frozen=True)
+class PositionLabel:
+    """A position label as records, slices and reports name it: where the evidence block starts
+    (``base``: a depth such as ``"0.5"``, or an absolute token offset such as ``"@1200"``) and how its
+    decisive documents are spaced (``spacing``: ``"adjacent"``, ``"near"``, ``"far"`` or ``"<N>tok"``).
+    ``str()`` gives the label: the base alone when adjacent, else ``"<base>~<spacing>"``. The one place
+    a label is parsed, formatted and ordered."""
+
+    base: str
+    spacing: str = "adjacent"
+
+    @classmethod
+    def parse(cls, label: object) -> PositionLabel:
+        """``"0.5~far"`` → ``PositionLabel("0.5", "far")``; ``"@1200"`` → ``PositionLabel("@1200")``."""
+        base, sep, spacing = str(label).partition(SPACING_SEP)
+        return cls(base, spacing if sep else "adjacent")
+
+    @classmethod
+    def of(cls, position: float | str, spacing: str | int = "adjacent") -> PositionLabel:
+        """The label of a matrix position (a depth or ``"@<offset>"``) at a spacing (a value or label)."""
+        return cls(str(position), spacing_label(spacing))
+
+    def __str__(self) -> str:
+        return self.base if self.spacing == "adjacent" else f"{self.base}{SPACING_SEP}{self.spacing}"
+
+    @property
+    def adjacent(self) -> bool:
+        return self.spacing == "adjacent"
+
+    @property
+    def is_offset(self) -> bool:
+        """The base names a token offset (``"@..."``), not a depth."""
+        return self.base.startswith("@")
+
+    @property
+    def offset(self) -> int | None:
+        """The absolute token offset of an ``"@<offset>"`` label, else None."""
+        return int(self.base[1:]) if _ABSOLUTE_POSITION.match(self.base) else None
+
+    def sort_key(self) -> tuple[int, float, str]:
+        """Order of labels in reports: relative depths first, then absolute token offsets (then anything
+        else); spaced labels after the adjacent ones, grouped by spacing (near, far, gaps by size)."""
+        label = str(self)
+        kind, value = _base_order(self.base)
+        if not self.adjacent:
+            return (3 * (1 + spacing_rank(self.spacing)) + kind, value, label)
+        return (kind, value, label)
+
+
+def _base_order(base: str) -> tuple[int, float]:
+    try:
+        return (0, float(base))
+    except ValueError:
+        pass
+    if base.startswith("@"):
+        try:
+            return (1, float(base[1:]))
+        except ValueError:
+            pass
+    return (2, 0.0)
+
+
+def position_sort_key(position: str) -> tuple[int, float, str]:
+    """:meth:`PositionLabel.sort_key` of a label."""
+    return PositionLabel.parse(position).sort_key()

@@ -75,11 +75,11 @@ def make_backend(
       arguments from ``runtime.vllm`` (``tensor_parallel_size``, ``max_model_len``, …).
     * ``vllm-server``: :class:`~depthgate.run.backends.http.OpenAICompletionsBackend` (token ids,
       ``return_token_ids``, ``max_model_len`` from ``/v1/models``).
-    * ``openai``: :class:`~depthgate.run.backends.http.OpenAIChatBackend` (text; the chat framing is
+    * ``openai``: :class:`~depthgate.run.backends.chat.OpenAIChatBackend` (text; the chat framing is
       calibrated with the system's tokenizer; ``runtime.api = "completions"`` for a compatible server that
       takes token ids). Key from ``OPENAI_API_KEY`` (or ``runtime.api_key_env``); required for
       api.openai.com, optional for a self-hosted endpoint.
-    * ``anthropic``: :class:`~depthgate.run.backends.http.AnthropicBackend`; key from ``ANTHROPIC_API_KEY``
+    * ``anthropic``: :class:`~depthgate.run.backends.chat.AnthropicBackend`; key from ``ANTHROPIC_API_KEY``
       (or ``runtime.api_key_env``), always required.
     * ``endpoints = [...]`` (several replicas of one model behind a ``/v1/completions`` arm): a
       :class:`~depthgate.run.backends.pool.ReplicaPool` over one completions backend per endpoint, each

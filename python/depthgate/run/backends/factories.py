@@ -291,13 +291,14 @@ OPENAI_COMPLETIONS = _completions_factory(vllm=False, provider="OpenAI", engine=
 
 
 def _build_openai_chat(system: System, context: BuildContext) -> Backend:
-    from depthgate.run.backends import http as http_backends
+    from depthgate.run.backends.chat import OpenAIChatBackend
+    from depthgate.run.backends.http import OPENAI_URL
 
     env = system.runtime.api_key_env or system.serving.default_key_env or "OPENAI_API_KEY"
     key = api_key_from_env(env, required=system.endpoint is None, what="OpenAI")
-    return http_backends.OpenAIChatBackend(
+    return OpenAIChatBackend(
         system.model,
-        base_url=system.endpoint or http_backends.OPENAI_URL,
+        base_url=system.endpoint or OPENAI_URL,
         api_key=key,
         local_count=_local_counter(system, context.base_dir, context.tokenizer),
         **_http_shared(system, context),
@@ -308,12 +309,12 @@ OPENAI_CHAT = BackendFactory(_build_openai_chat, _server_determinism("OpenAI API
 
 
 def _build_anthropic(system: System, context: BuildContext) -> Backend:
-    from depthgate.run.backends import http as http_backends
+    from depthgate.run.backends.chat import ANTHROPIC_URL, AnthropicBackend
 
     env = system.runtime.api_key_env or system.serving.default_key_env or "ANTHROPIC_API_KEY"
-    return http_backends.AnthropicBackend(
+    return AnthropicBackend(
         system.model,
-        base_url=system.endpoint or http_backends.ANTHROPIC_URL,
+        base_url=system.endpoint or ANTHROPIC_URL,
         api_key=api_key_from_env(env, what="Anthropic"),
         **_http_shared(system, context),
     )
