@@ -223,3 +223,11 @@ def test_every_built_in_path_names_a_factory_that_exists() -> None:
                 "cache_control",
                 "vllm",
             }
+
+
+def test_the_json_schema_lists_the_registered_backends(toy: BackendKind) -> None:
+    from depthgate.spec.loading import schema
+
+    backend = schema()["System"]["properties"]["backend"]
+    assert backend["type"] == "string" and backend["enum"] == list(registered_backends())
+    assert "toy" in backend["enum"]

@@ -40,7 +40,14 @@ def _registered_backend(name: str) -> str:
 
 #: A backend kind named in the registry of :mod:`depthgate.spec.backend_kinds` (checked when read, so a
 #: registered backend is accepted by the matrix and the manifest alike).
-Backend: TypeAlias = Annotated[str, AfterValidator(_registered_backend)]
+def _backend_schema(schema: dict[str, Any]) -> None:
+    """The JSON Schema lists the backends registered when it is generated (``depthgate schema``)."""
+    schema["enum"] = list(registered_backends())
+
+
+Backend: TypeAlias = Annotated[
+    str, AfterValidator(_registered_backend), Field(json_schema_extra=_backend_schema)
+]
 
 
 #: Prompt assemblers (depthgate.spec.assemblers): where the question goes relative to the document.
