@@ -32,7 +32,7 @@ from depthgate.spec.manifest import RunManifest
 from depthgate.spec.matrix import Matrix
 from depthgate.spec.system import DecodeParams, System
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = next(p for p in Path(__file__).resolve().parents if (p / "pyproject.toml").is_file())
 
 
 class ToyBackend:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = next(p for p in Path(__file__).resolve().parents if (p / "pyproject.toml").is_file())
 PACKAGE = REPO / "python" / "depthgate"
 #: Private names any module may import: the compiled core behind the typed package.
 ALLOWED = frozenset({"_core"})

@@ -19,7 +19,11 @@ from pydantic import (
     model_validator,
 )
 
-from depthgate.spec.base import Frozen, StrictFloat, StrictInt, violation
+# The plan section below is kept as it was written (its own names for the base model and the validation
+# error), so the move of AnalysisPlan into its own module stays a move.
+from depthgate.spec.base import Frozen as _Frozen
+from depthgate.spec.base import StrictFloat, StrictInt
+from depthgate.spec.base import violation as _violation
 
 #: Adjustments of the confirmed-regression family the gate supports (valid under any dependence).
 RegressionMethod: TypeAlias = Literal["BY", "holm"]
@@ -141,7 +145,7 @@ def plan_violations(
     return problems
 
 
-class AnalysisPlan(Frozen):
+class AnalysisPlan(_Frozen):
     """The frozen statistical plan (research/stats_gate.md). Digested before any run; never changed after.
 
     Validated once, here and in :class:`Matrix`, by :func:`plan_violations` (the rules the gate applies):
@@ -190,4 +194,4 @@ class AnalysisPlan(Frozen):
     def raise_violations(self, *, n_slices: int | None = None, prefix: str = "") -> None:
         """Raise the first violation as a validation error on ``prefix + field``."""
         for field, problem, fix in self.violations(n_slices=n_slices):
-            raise violation(problem, field=f"{prefix}{field}", fix=fix)
+            raise _violation(problem, field=f"{prefix}{field}", fix=fix)
