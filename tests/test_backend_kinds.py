@@ -171,6 +171,22 @@ def test_an_unregistered_backend_is_refused_again() -> None:
     assert "unknown backend 'toy'" in str(info.value) and "'toy'" not in (info.value.fix or "")
 
 
+def test_a_factory_that_disagrees_with_its_descriptor_is_refused(toy: BackendKind) -> None:
+    """The descriptor says what the backend takes; a factory building a text backend for an ids path is
+    a bug caught when the backend is made."""
+    system = System(name="cand", backend="toy", model="m", tokenizer="gguf:")
+    text_only = ToyBackend("cand", 1024)
+    text_only.accepts_token_ids = False
+    global TOY_FACTORY
+    saved = TOY_FACTORY
+    TOY_FACTORY = BackendFactory(lambda system, context: text_only, saved.determinism)
+    try:
+        with pytest.raises(TypeError, match="takes text"):
+            make_backend(system)
+    finally:
+        TOY_FACTORY = saved
+
+
 def test_registering_a_name_twice_is_refused(toy: BackendKind) -> None:
     with pytest.raises(ValueError, match="already registered"):
         register_backend(toy)
@@ -215,6 +231,8 @@ def test_every_built_in_path_names_a_factory_that_exists() -> None:
             )
             assert system.serving is path
             assert isinstance(factory_for(system), BackendFactory)
+            assert path.sends_token_ids() == (path.takes != "text")
+            assert not path.sends_token_ids("text") or path.takes == "token_ids"
             assert path.runtime_fields <= HTTP_FIELDS | {
                 "prompt_format",
                 "api",

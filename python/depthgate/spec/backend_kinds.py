@@ -88,6 +88,13 @@ class ServingPath:
         """``runtime_field`` can change something on this path."""
         return runtime_field in self.runtime_fields
 
+    def sends_token_ids(self, prompt_format: str | None = None) -> bool:
+        """Prompts go out as the exact ids (else as text, which the server re-tokenizes: the parity
+        check then covers every prompt). ``prompt_format``: the arm's ``runtime.prompt_format``."""
+        if self.takes == "prompt_format":
+            return prompt_format != "text"
+        return self.takes == "token_ids"
+
 
 def _single(has_endpoint: bool, api: str | None) -> str:
     return "default"

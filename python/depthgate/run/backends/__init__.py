@@ -109,7 +109,13 @@ def make_backend(
     context = BuildContext(
         base_dir=_base(base_dir), tokenizer=tokenizer, http_options=http_options, vllm_kwargs=vllm_kwargs
     )
-    return factory_for(system).build(system, context)
+    backend = factory_for(system).build(system, context)
+    if bool(backend.accepts_token_ids) != system.serving.sends_token_ids(system.runtime.prompt_format):
+        raise TypeError(  # a factory that disagrees with its descriptor is a bug, never a user error
+            f"{system.serving.factory} built a backend that takes "
+            f"{'ids' if backend.accepts_token_ids else 'text'}, not what {system.serving.label} takes"
+        )
+    return backend
 
 
 async def probe_backend(backend: Backend) -> None:
