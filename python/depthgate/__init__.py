@@ -31,15 +31,15 @@ __version__ = "0.1.0"
 # public name → the module that defines it
 _EXPORTS: dict[str, str] = {
     # spec
-    "Case": "depthgate.spec.models",
-    "Suite": "depthgate.spec.models",
-    "System": "depthgate.spec.models",
-    "Matrix": "depthgate.spec.models",
+    "Case": "depthgate.spec.cases",
+    "Suite": "depthgate.spec.cases",
+    "System": "depthgate.spec.system",
+    "Matrix": "depthgate.spec.matrix",
     "AnalysisPlan": "depthgate.spec.models",
-    "DecodeParams": "depthgate.spec.models",
-    "RunManifest": "depthgate.spec.models",
-    "load_matrix": "depthgate.spec.models",
-    "load_suite": "depthgate.spec.models",
+    "DecodeParams": "depthgate.spec.system",
+    "RunManifest": "depthgate.spec.manifest",
+    "load_matrix": "depthgate.spec.loading",
+    "load_suite": "depthgate.spec.loading",
     "generate_suite": "depthgate.spec.suites",
     "builtin_suite": "depthgate.spec.suites",
     # layout + check
@@ -49,13 +49,13 @@ _EXPORTS: dict[str, str] = {
     "Tokenizer": "depthgate.layout.layouts",
     "load_tokenizer": "depthgate.layout.layouts",
     "build_layouts": "depthgate.layout.layouts",
-    "check_layouts": "depthgate.layout.layouts",
+    "check_layouts": "depthgate.layout.layout_checks",
     "read_layouts": "depthgate.layout.layouts",
     "guard_layouts": "depthgate.layout.presend",
     # run
     "make_backend": "depthgate.run.backends",
     "run_pairs": "depthgate.run.runner",
-    "read_records": "depthgate.run.runner",
+    "read_records": "depthgate.run.records",
     # score + gate
     "score_records": "depthgate.judge.oracle",
     "GatePlan": "depthgate.judge.stats",
@@ -130,11 +130,11 @@ if TYPE_CHECKING:
     from depthgate.commands.pipeline import gate_run, run_matrix
     from depthgate.judge.oracle import score_records
     from depthgate.judge.stats import GatePlan, GateResult, gate
+    from depthgate.layout.layout_checks import check_layouts
     from depthgate.layout.layouts import (
         BuildOptions,
         Tokenizer,
         build_layouts,
-        check_layouts,
         load_tokenizer,
         read_layouts,
     )
@@ -142,16 +142,12 @@ if TYPE_CHECKING:
     from depthgate.layout.templates import ChatTemplate, load_chat_template
     from depthgate.report.report import load_verdict, write_reports
     from depthgate.run.backends import make_backend
-    from depthgate.run.runner import read_records, run_pairs
-    from depthgate.spec.models import (
-        AnalysisPlan,
-        Case,
-        DecodeParams,
-        Matrix,
-        RunManifest,
-        Suite,
-        System,
-        load_matrix,
-        load_suite,
-    )
+    from depthgate.run.records import read_records
+    from depthgate.run.runner import run_pairs
+    from depthgate.spec.cases import Case, Suite
+    from depthgate.spec.loading import load_matrix, load_suite
+    from depthgate.spec.manifest import RunManifest
+    from depthgate.spec.matrix import Matrix
+    from depthgate.spec.models import AnalysisPlan
     from depthgate.spec.suites import builtin_suite, generate_suite
+    from depthgate.spec.system import DecodeParams, System

@@ -96,6 +96,7 @@ def measure_build(out_dir: Path) -> dict[str, Any]:
 
     from depthgate import _core
     from depthgate.layout import layouts
+    from depthgate.layout import sink as layout_sink
     from depthgate.spec.suites import builtin_suite
 
     n_cases = _env_int("DEPTHGATE_BENCH_LAYOUT_CASES", 40)
@@ -110,7 +111,7 @@ def measure_build(out_dir: Path) -> dict[str, Any]:
     )
     core_name = "build_layout_columns" if hasattr(_core, "build_layout_columns") else "build_layouts"
     core = _Timer(_core, core_name)
-    sink = getattr(layouts, "_LayoutSink", None)
+    sink = getattr(layout_sink, "LayoutSink", None)
     write = _Timer(sink, "finish") if sink is not None else None
     for label in ("cold", "warm"):
         core.reset()

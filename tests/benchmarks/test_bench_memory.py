@@ -126,7 +126,7 @@ def _prepare_only(matrix_path: Path, out: Path, arms: int, verification: str, ph
     from depthgate.commands import pipeline
     from depthgate.layout.layouts import build_layouts
     from depthgate.layout.presend import guard_layouts
-    from depthgate.spec.models import load_matrix
+    from depthgate.spec.loading import load_matrix
     from depthgate.spec.suites import resolve_suite
 
     matrix = load_matrix(matrix_path)

@@ -304,8 +304,9 @@ def run_backend_only(client: str) -> Callable[[StubServer, Jobs, Config, Path], 
 
 def run_runner(client: str) -> Callable[[StubServer, Jobs, Config, Path], int]:
     def run(server: StubServer, jobs: Jobs, cfg: Config, out: Path) -> int:
-        from depthgate.run.runner import RunOptions, run_pairs
-        from depthgate.spec.models import DecodeParams
+        from depthgate.run.options import RunOptions
+        from depthgate.run.runner import run_pairs
+        from depthgate.spec.system import DecodeParams
 
         backends = _backends(server, client)
         try:

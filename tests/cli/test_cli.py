@@ -280,7 +280,7 @@ def test_replayed_incidents_get_position_variants(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("matrix", sorted(Path("matrices").glob("*.toml")), ids=lambda p: p.stem)
 def test_every_shipped_matrix_validates(matrix: Path) -> None:
-    from depthgate.spec.models import load_matrix
+    from depthgate.spec.loading import load_matrix
 
     loaded = load_matrix(matrix)
     assert loaded.lengths and loaded.positions

@@ -14,8 +14,10 @@ from depthgate.commands.diff import assert_no_reuse, diff_templates, diff_tokeni
 from depthgate.exceptions import ExitCode, TemplateError, VerificationError
 from depthgate.layout.layouts import BuildOptions, build_layouts, load_tokenizer, parse_positions
 from depthgate.layout.templates import load_chat_template
-from depthgate.spec.models import Suite, System, load_matrix
+from depthgate.spec.cases import Suite
+from depthgate.spec.loading import load_matrix
 from depthgate.spec.suites import builtin_suite
+from depthgate.spec.system import System
 
 REPO = Path(__file__).resolve().parents[2]
 POSITIONS = ["0", "0.5", "1"]

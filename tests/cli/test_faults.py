@@ -34,7 +34,7 @@ from depthgate.layout.layouts import (
     parse_positions,
 )
 from depthgate.layout.templates import ChatTemplate, load_chat_template, raw_frame
-from depthgate.spec.models import Suite
+from depthgate.spec.cases import Suite
 from depthgate.spec.suites import builtin_suite
 
 RAW = raw_frame(user_before="", user_after="").template_digest

@@ -28,7 +28,7 @@ import pytest
 
 from depthgate.commands.cli import main
 from depthgate.exceptions import ExitCode
-from depthgate.run.runner import RECORDS_FILE, read_records
+from depthgate.run.records import RECORDS_FILE, read_records
 from fixtures_paths import tokenizers_dir
 from helpers import ModelsHandler, StubServer, completion, stub_matrix
 

@@ -28,7 +28,7 @@ from tokenizers import Tokenizer
 
 from depthgate.commands.cli import main
 from depthgate.exceptions import ExitCode
-from depthgate.run.runner import read_records
+from depthgate.run.records import read_records
 from depthgate.spec.suites import builtin_suite
 from fixtures_paths import tokenizers_dir
 from helpers import ModelsHandler, StubServer, completion, free_port, stub_matrix

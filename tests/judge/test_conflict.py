@@ -23,7 +23,8 @@ from depthgate.layout.layouts import (
     parse_positions,
     read_layouts,
 )
-from depthgate.spec.models import Case, Suite, parse_spec
+from depthgate.spec.cases import Case, Suite
+from depthgate.spec.loading import parse_spec
 from depthgate.spec.suites import builtin_suite, generate_suite
 from fixtures_paths import tokenizers_dir
 from helpers import ModelsHandler, StubServer, case_data, completion, free_port, stub_matrix
@@ -456,7 +457,7 @@ def test_suite_generate_conflict_flag_and_matrix_field(tmp_path: Path) -> None:
     assert [c.evidence_pattern for c in b.cases].count("conflict") == 2
     assert [c.id for c in a.cases[:13]] == [c.id for c in b.cases[:13]]
 
-    from depthgate.spec.models import load_matrix
+    from depthgate.spec.loading import load_matrix
 
     gpt2 = tokenizers_dir() / "gpt2" / "tokenizer.json"
     digests = {}

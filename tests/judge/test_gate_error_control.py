@@ -40,7 +40,7 @@ from depthgate.judge.stats import (
     slice_statistics,
     stable_seed,
 )
-from depthgate.spec.models import load_matrix
+from depthgate.spec.loading import load_matrix
 from depthgate.spec.suites import resolve_suite
 from fixtures_paths import tokenizers_dir
 from helpers import stub_matrix

@@ -26,7 +26,7 @@ from depthgate.judge.oracle import (
     score_records,
 )
 from depthgate.judge.stats import GatePlan, gate
-from depthgate.spec.models import Case, Claim, Distractor, EvidenceDoc, Suite
+from depthgate.spec.cases import Case, Claim, Distractor, EvidenceDoc, Suite
 from depthgate.spec.suites import generate_suite
 
 PATTERNS_WITH_EVIDENCE = ("single", "override", "exception", "order", "negation")

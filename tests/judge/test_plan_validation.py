@@ -14,7 +14,8 @@ from depthgate.commands.cli import main
 from depthgate.commands.pipeline import gate_plan
 from depthgate.exceptions import ExitCode, SpecError
 from depthgate.judge.stats import GatePlan
-from depthgate.spec.models import AnalysisPlan, load_matrix, min_bootstrap_resamples, parse_spec
+from depthgate.spec.loading import load_matrix, parse_spec
+from depthgate.spec.models import AnalysisPlan, min_bootstrap_resamples
 
 REPO = Path(__file__).resolve().parents[2]
 SMOKE = (REPO / "matrices" / "smoke.toml").read_text()

@@ -17,14 +17,15 @@ import pytest
 
 from depthgate.exceptions import InputError
 from depthgate.layout import layouts
+from depthgate.layout import sink as layout_sink
 from depthgate.layout.layouts import (
-    ROW_GROUP_ROWS,
     BuildOptions,
     build_layouts,
     load_tokenizer,
     parse_positions,
     read_layouts,
 )
+from depthgate.layout.sink import ROW_GROUP_ROWS
 from depthgate.run.store import LayoutStore, iter_layout_batches, write_layout_store
 from depthgate.spec.suites import builtin_suite
 from fixtures_paths import tokenizers_dir
@@ -107,7 +108,7 @@ def _tokenizer() -> layouts.Tokenizer:
 OPTIONS = BuildOptions(lengths=[256, 512], positions=parse_positions(["0", "0.5", "1"]), verification="fast")
 
 
-class _CountingSink(layouts._LayoutSink):
+class _CountingSink(layout_sink.LayoutSink):
     """The build's sink, remembered with the size of every chunk it was given."""
 
     made: ClassVar[list[_CountingSink]] = []
@@ -130,9 +131,9 @@ def test_build_spills_each_chunk_and_writes_bounded_row_groups(
     build_layouts(suite, _tokenizer(), OPTIONS, whole)  # held in memory, one write
 
     _CountingSink.made = []
-    monkeypatch.setattr(layouts, "_LayoutSink", _CountingSink)
-    monkeypatch.setattr(layouts, "_SINK_BUDGET_BYTES", 1)  # spill after every chunk
-    monkeypatch.setattr(layouts, "ROW_GROUP_ROWS", 16)
+    monkeypatch.setattr(layout_sink, "LayoutSink", _CountingSink)
+    monkeypatch.setattr(layout_sink, "SINK_BUDGET_BYTES", 1)  # spill after every chunk
+    monkeypatch.setattr(layout_sink, "ROW_GROUP_ROWS", 16)
     streamed = tmp_path / "streamed.parquet"
     build_layouts(suite, _tokenizer(), OPTIONS, streamed)
 

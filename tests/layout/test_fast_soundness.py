@@ -19,11 +19,11 @@ import pytest
 from tokenizers import Tokenizer as HFTokenizer
 
 from depthgate.exceptions import SpecError
+from depthgate.layout.layout_checks import check_layouts
 from depthgate.layout.layouts import (
     BuildOptions,
     build_batch,
     build_frame,
-    check_layouts,
     load_tokenizer,
     parse_positions,
 )

@@ -15,12 +15,12 @@ from hypothesis import strategies as st
 from tokenizers import Tokenizer as HFTokenizer
 
 from depthgate.exceptions import InputError, SpecError, TokenizerLoadError
+from depthgate.layout.layout_checks import check_layouts
 from depthgate.layout.layouts import (
     BuildOptions,
     build_batch,
     build_frame,
     build_layouts,
-    check_layouts,
     load_tokenizer,
     parse_positions,
     read_layouts,

@@ -30,7 +30,8 @@ from depthgate.layout.layouts import (
 )
 from depthgate.layout.templates import load_chat_template
 from depthgate.report.report import depth_label
-from depthgate.spec.models import Matrix, load_matrix, load_suite
+from depthgate.spec.loading import load_matrix, load_suite
+from depthgate.spec.matrix import Matrix
 from fixtures_paths import tokenizers_dir
 from helpers import ModelsHandler, StubServer, completion, free_port, stub_matrix
 

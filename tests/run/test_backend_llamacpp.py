@@ -23,7 +23,8 @@ from depthgate.layout.gguf_tokenizer import gemma_default_gguf, tokenizer_from_g
 from depthgate.run.backends import make_backend
 from depthgate.run.backends.base import EmbeddedBackendAdapter, Request
 from depthgate.run.backends.llamacpp import EmbeddedLlamaBackend, Generation
-from depthgate.spec.models import System, load_matrix
+from depthgate.spec.loading import load_matrix
+from depthgate.spec.system import System
 from helpers import SHORT_PREAMBLE, small_smoke_matrix
 
 ARMS = ("baseline", "candidate")

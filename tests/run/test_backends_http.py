@@ -56,23 +56,23 @@ from depthgate.exceptions import (
     SpecError,
     TransientBackendError,
 )
-from depthgate.run.backends import http as http_backends
-from depthgate.run.backends import make_backend
+from depthgate.run.backends import http_wire, make_backend
 from depthgate.run.backends.base import Backend, Request, Response, Secret, api_key_from_env
+from depthgate.run.backends.chat import CALIBRATION_PROBE, AnthropicBackend, OpenAIChatBackend
 from depthgate.run.backends.http import (
-    CALIBRATION_PROBE,
-    AnthropicBackend,
     HTTPOptions,
-    OpenAIChatBackend,
     OpenAICompletionsBackend,
     is_loopback_host,
-    is_overlength_error,
     key_in_clear,
 )
+from depthgate.run.backends.http_wire import is_overlength_error
+from depthgate.run.options import RunOptions
+from depthgate.run.records import read_records
 from depthgate.run.retry import RetryPolicy
-from depthgate.run.runner import RunOptions, read_records, run_pairs
+from depthgate.run.runner import run_pairs
 from depthgate.run.store import write_layout_store
-from depthgate.spec.models import DecodeParams, System, parse_spec
+from depthgate.spec.loading import parse_spec
+from depthgate.spec.system import DecodeParams, System
 from helpers import LlamaServerProcess, free_port, small_smoke_matrix
 
 # --------------------------------------------------------------------------------------------------
@@ -634,7 +634,7 @@ def test_a_client_is_closed_when_the_event_loop_it_was_opened_in_ends(
     backend = OpenAICompletionsBackend("m", base_url=stub.url)
     assert run(backend.generate(_req([1, 2]))).prompt_tokens_server == 2
     first = backend._http
-    assert isinstance(first, http_backends._AiohttpSession) and first._session.closed
+    assert isinstance(first, http_wire.AiohttpSession) and first._session.closed
     assert run(backend.generate(_req([1, 2, 3]))).prompt_tokens_server == 3  # a new loop, a new client
     assert backend._http is not first
     run(backend.aclose())
@@ -649,13 +649,13 @@ def test_json_codec_takes_what_orjson_refuses_through_the_stdlib() -> None:
     it) and answers with NaN or integers beyond 64 bits (orjson refuses to decode them) go through the
     stdlib ``json`` instead of failing."""
     body = {"prompt": [1, 2, 255_999], "text": "é\n\u2028", "t": 0.0}
-    assert json.loads(http_backends._dumps(body)) == body
-    assert json.loads(http_backends._dumps({"text": "a\ud800b"})) == {"text": "a\ud800b"}
-    assert http_backends._loads(b'{"n": 18446744073709551616}') == {"n": 2**64}
-    nan = http_backends._loads(b'{"x": NaN}')["x"]
+    assert json.loads(http_wire.dumps(body)) == body
+    assert json.loads(http_wire.dumps({"text": "a\ud800b"})) == {"text": "a\ud800b"}
+    assert http_wire.loads(b'{"n": 18446744073709551616}') == {"n": 2**64}
+    nan = http_wire.loads(b'{"x": NaN}')["x"]
     assert nan != nan
     with pytest.raises(ValueError):
-        http_backends._loads(b"<html>busy</html>")
+        http_wire.loads(b"<html>busy</html>")
 
 
 def test_the_proxy_is_the_environments_unless_no_proxy_covers_the_host(
@@ -664,13 +664,13 @@ def test_the_proxy_is_the_environments_unless_no_proxy_covers_the_host(
     for name in ("http_proxy", "https_proxy", "all_proxy", "no_proxy"):
         monkeypatch.delenv(name, raising=False)
         monkeypatch.delenv(name.upper(), raising=False)
-    assert http_backends._environment_proxy("https://api.openai.com") is None
+    assert http_wire.environment_proxy("https://api.openai.com") is None
     monkeypatch.setenv("HTTPS_PROXY", "http://proxy.example:3128")
     monkeypatch.setenv("NO_PROXY", "internal.example,127.0.0.1")
-    assert http_backends._environment_proxy("https://api.openai.com/v1") == "http://proxy.example:3128"
-    assert http_backends._environment_proxy("https://internal.example/v1") is None
-    assert http_backends._environment_proxy("http://127.0.0.1:8000") is None
-    assert http_backends._environment_proxy("http://10.0.0.5:8000") is None  # no HTTP_PROXY for http
+    assert http_wire.environment_proxy("https://api.openai.com/v1") == "http://proxy.example:3128"
+    assert http_wire.environment_proxy("https://internal.example/v1") is None
+    assert http_wire.environment_proxy("http://127.0.0.1:8000") is None
+    assert http_wire.environment_proxy("http://10.0.0.5:8000") is None  # no HTTP_PROXY for http
 
 
 # --- recorded OpenAI chat shapes (research/api_facts.md §4.1) ------------------------------------
@@ -1233,7 +1233,7 @@ def test_runtime_vllm_engine_arguments_reach_the_engine(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     from depthgate.run.backends.vllm_offline import VLLMOfflineBackend
-    from depthgate.spec.models import VLLMEngineArgs
+    from depthgate.spec.system import VLLMEngineArgs
 
     inits: list[Any] = []
     monkeypatch.setitem(sys.modules, "vllm", _fake_vllm(4096, [], inits))
@@ -1414,7 +1414,9 @@ def test_llamacpp_python_server_silent_clamp_is_caught_by_the_runner(
 ) -> None:
     """A 2,040-token prompt with max_tokens 16 in a 2,048 window: the server clamps max_tokens to 8
     without an error; the runner records it as system_fail max_tokens_clamped."""
-    from depthgate.run.runner import RunOptions, read_records, run_pairs
+    from depthgate.run.options import RunOptions
+    from depthgate.run.records import read_records
+    from depthgate.run.runner import run_pairs
 
     sentence = " The access code for vault 7 is 4821."
     text = "Handbook."

@@ -9,18 +9,18 @@ import polars as pl
 import pytest
 
 from depthgate.judge.controls import CATEGORIES, classify_failures, score_controls
+from depthgate.layout.layout_checks import check_layouts
 from depthgate.layout.layouts import (
     BuildOptions,
     Tokenizer,
     build_layouts,
-    check_layouts,
     load_tokenizer,
     parse_positions,
     read_layouts,
 )
 from depthgate.layout.templates import load_chat_template
 from depthgate.run.controls import CONTROLS_SCHEMA, build_controls
-from depthgate.spec.models import Suite
+from depthgate.spec.cases import Suite
 from depthgate.spec.suites import builtin_suite
 
 
@@ -241,8 +241,10 @@ def test_controls_on_the_embedded_model(gemma_tokenizer: Tokenizer, tmp_path: Pa
     from depthgate.layout.gguf_tokenizer import gemma_default_gguf, tokenizer_from_gguf
     from depthgate.run.backends.base import EmbeddedBackendAdapter
     from depthgate.run.backends.llamacpp import EmbeddedLlamaBackend
-    from depthgate.run.runner import RunOptions, read_records, run_pairs
-    from depthgate.spec.models import DecodeParams
+    from depthgate.run.options import RunOptions
+    from depthgate.run.records import read_records
+    from depthgate.run.runner import run_pairs
+    from depthgate.spec.system import DecodeParams
 
     suite = builtin_suite(2)
     options = BuildOptions(lengths=[512], positions=parse_positions(["0.5"]), system="gemma")

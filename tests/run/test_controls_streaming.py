@@ -16,20 +16,20 @@ import pytest
 
 from depthgate import _core
 from depthgate.exceptions import InputError
-from depthgate.layout import layouts
+from depthgate.layout import sink as layout_sink
+from depthgate.layout.layout_checks import check_layouts
 from depthgate.layout.layouts import (
     BuildOptions,
     Position,
     Tokenizer,
     build_layouts,
-    check_layouts,
     load_tokenizer,
     read_layouts,
 )
 from depthgate.layout.templates import load_chat_template
 from depthgate.run import controls
 from depthgate.run.controls import CONTROLS_SCHEMA, build_controls, read_controls
-from depthgate.spec.models import Case
+from depthgate.spec.cases import Case
 from depthgate.spec.suites import builtin_suite
 from fixtures_paths import tokenizers_dir
 from test_build_streaming import row_group_rows
@@ -71,7 +71,7 @@ def _whole_frame_build(cases: list[Case], tok: Tokenizer, options: BuildOptions,
     return pl.DataFrame(rows, schema=CONTROLS_SCHEMA)
 
 
-class _CountingSink(layouts._LayoutSink):
+class _CountingSink(layout_sink.LayoutSink):
     """The layouts' sink, remembering how many rows it was handed at a time."""
 
     made: ClassVar[list[_CountingSink]] = []
@@ -118,9 +118,9 @@ def test_streamed_controls_equal_the_whole_frame_build(
 
     # small batches, a write after every one: never more than one batch (and a partial row group) held
     _CountingSink.made = []
-    monkeypatch.setattr(layouts, "_LayoutSink", _CountingSink)
-    monkeypatch.setattr(layouts, "_SINK_BUDGET_BYTES", 1)
-    monkeypatch.setattr(layouts, "ROW_GROUP_ROWS", 16)
+    monkeypatch.setattr(layout_sink, "LayoutSink", _CountingSink)
+    monkeypatch.setattr(layout_sink, "SINK_BUDGET_BYTES", 1)
+    monkeypatch.setattr(layout_sink, "ROW_GROUP_ROWS", 16)
     monkeypatch.setattr(controls, "_BATCH_ROWS", 16)
     streamed = tmp_path / "streamed.parquet"
     build_controls(suite, tok, options, streamed)

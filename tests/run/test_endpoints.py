@@ -36,10 +36,13 @@ from depthgate.exceptions import ExitCode, InputError, OverLengthError, SpecErro
 from depthgate.run.backends import make_backend
 from depthgate.run.backends.base import Request, Response
 from depthgate.run.backends.pool import ReplicaPool, rendezvous_order
+from depthgate.run.options import RunOptions
+from depthgate.run.records import read_records
 from depthgate.run.retry import RetryPolicy
-from depthgate.run.runner import RunOptions, read_records, run_pairs
-from depthgate.spec.models import DecodeParams, System, parse_spec
+from depthgate.run.runner import run_pairs
+from depthgate.spec.loading import parse_spec
 from depthgate.spec.suites import builtin_suite
+from depthgate.spec.system import DecodeParams, System
 from fixtures_paths import tokenizers_dir
 from helpers import (
     JSONHandler,

@@ -22,8 +22,8 @@ import pytest
 
 from depthgate.commands.cli import main
 from depthgate.exceptions import ExitCode
-from depthgate.run import runner
-from depthgate.run.runner import FINAL_STATUSES, RECORD_KEY, read_records
+from depthgate.run import records as records_module
+from depthgate.run.records import FINAL_STATUSES, RECORD_KEY, read_records
 from helpers import free_port, small_smoke_matrix
 
 pytest.importorskip("ray", reason="the ray extra is not installed (pip install 'depthgate[ray]')")
@@ -249,8 +249,8 @@ def test_killed_ray_run_resumes_with_nothing_lost_or_doubled(
         raw_seen[Path(folder)] = read_records(folder, dedup=False)
         return real_compact(folder)
 
-    real_compact = runner.compact
-    monkeypatch.setattr(runner, "compact", compact_after_reading)
+    real_compact = records_module.compact
+    monkeypatch.setattr(records_module, "compact", compact_after_reading)
     assert main([*argv, "--engine", resume_engine]) == asyncio_code
     raw = raw_seen[out].filter(pl.col("status").is_in(FINAL_STATUSES))
     per_key = raw.group_by(list(RECORD_KEY)).len()

@@ -37,19 +37,13 @@ from depthgate.exceptions import (
     TransientBackendError,
 )
 from depthgate.run.backends.base import Backend, Request, Response
-from depthgate.run.runner import (
-    RECORD_SCHEMA,
-    RECORDS_FILE,
-    RetryPolicy,
-    RunOptions,
-    _DirLock,
-    compact,
-    interleaved_order,
-    order_seed,
-    read_records,
-    run_pairs,
-)
-from depthgate.spec.models import DecodeParams
+from depthgate.run.jobs import interleaved_order, order_seed
+from depthgate.run.lock import DirLock
+from depthgate.run.options import RunOptions
+from depthgate.run.records import RECORD_SCHEMA, RECORDS_FILE, compact, read_records
+from depthgate.run.retry import RetryPolicy
+from depthgate.run.runner import run_pairs
+from depthgate.spec.system import DecodeParams
 
 PYTHON_DIR = Path(__file__).resolve().parents[2] / "python"
 ARMS = ("baseline", "candidate")
@@ -362,7 +356,7 @@ def test_progress_line_on_stderr(tmp_path: Path, capsys: pytest.CaptureFixture[s
 
 def test_compact_refuses_while_a_run_holds_the_folder(tmp_path: Path) -> None:
     _run(tmp_path, _backends(), job_list=jobs(cases=1))
-    with _DirLock(tmp_path), pytest.raises(InfraError, match="another depthgate process"):
+    with DirLock(tmp_path), pytest.raises(InfraError, match="another depthgate process"):
         compact(tmp_path)
 
 
@@ -425,8 +419,9 @@ CHILD = textwrap.dedent(
     """
     import json, sys
     from depthgate.run.backends.http import OpenAICompletionsBackend
-    from depthgate.spec.models import DecodeParams
-    from depthgate.run.runner import RunOptions, run_pairs
+    from depthgate.spec.system import DecodeParams
+    from depthgate.run.options import RunOptions
+    from depthgate.run.runner import run_pairs
 
     def make_jobs():
         out = []
@@ -520,7 +515,7 @@ def test_embedded_llamacpp_adapter_runs_two_layouts(tmp_path: Path) -> None:
     from depthgate.run.backends import make_backend
     from depthgate.run.backends.base import EmbeddedBackendAdapter
     from depthgate.run.backends.llamacpp import EmbeddedLlamaBackend
-    from depthgate.spec.models import System
+    from depthgate.spec.system import System
 
     tokenizer = tokenizer_from_gguf(gemma_default_gguf())
     facts = [("vault 7", "4821"), ("locker 12", "3967"), ("archive " + "and archive " * 150, "1111")]
@@ -585,10 +580,10 @@ def test_progress_lines_reach_a_ci_log(tmp_path: Path, capsys: pytest.CaptureFix
     ETA, outcome counts and transient errors per endpoint; the default (progress=None) is on."""
     import io
 
-    from depthgate.run.runner import _Progress
+    from depthgate.run.progress import Progress
 
     stream = io.StringIO()
-    meter = _Progress(100, True, stream)
+    meter = Progress(100, True, stream)
     meter.error("http://127.0.0.1:8000")
     for _ in range(100):
         meter.tick("ok")

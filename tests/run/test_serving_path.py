@@ -258,7 +258,7 @@ def test_a_baseline_that_loses_its_canaries_is_named_too(
 
 
 def test_canaries_default_off_keeps_the_run_id_of_a_matrix_without_them(tmp_path: Path) -> None:
-    from depthgate.spec.models import load_matrix
+    from depthgate.spec.loading import load_matrix
 
     plain = _matrix(tmp_path, 'endpoint = "http://127.0.0.1:9"')
     zero = tmp_path / "zero.toml"

@@ -18,7 +18,8 @@ import pytest
 
 from depthgate.commands.cli import main
 from depthgate.exceptions import ExitCode
-from depthgate.run.runner import read_records, shard_of
+from depthgate.run.jobs import shard_of
+from depthgate.run.records import read_records
 from helpers import free_port
 from test_cli import _tiny_matrix
 from test_verdict_trust import PerfectReader, _matrix

@@ -18,8 +18,8 @@ from depthgate.commands.cli import main
 from depthgate.exceptions import ExitCode, SpecError
 from depthgate.layout.layouts import BuildOptions, build_layouts, load_tokenizer, parse_positions
 from depthgate.spec.assemblers import ASSEMBLERS, assemble
-from depthgate.spec.models import Assembler, System
 from depthgate.spec.suites import builtin_suite
+from depthgate.spec.system import Assembler, System
 from fixtures_paths import tokenizers_dir
 
 GPT2 = tokenizers_dir() / "gpt2" / "tokenizer.json"

@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 from depthgate.exceptions import SpecError
 from depthgate.spec.filler import SplitMix64, filler_pool, filler_units
-from depthgate.spec.models import find_special_token, unit_contract_violation
 from depthgate.spec.suites import NAMES_EN, NAMES_ZH, REGIONS
+from depthgate.spec.text_checks import find_special_token, unit_contract_violation
 
 languages = st.sampled_from(["en", "zh"])
 seeds = st.integers(min_value=0, max_value=2**32)

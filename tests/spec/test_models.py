@@ -12,22 +12,13 @@ import pytest
 from pydantic import ValidationError
 
 from depthgate.exceptions import InputError, SpecError
-from depthgate.spec.models import (
-    AnalysisPlan,
-    BuiltinSuiteRef,
-    Case,
-    DecodeParams,
-    FileSuiteRef,
-    Matrix,
-    Suite,
-    System,
-    canonical_json,
-    load_matrix,
-    load_suite,
-    parse_spec,
-    schema,
-    unit_contract_violation,
-)
+from depthgate.spec.base import canonical_json
+from depthgate.spec.cases import Case, Suite
+from depthgate.spec.loading import load_matrix, load_suite, parse_spec, schema
+from depthgate.spec.matrix import BuiltinSuiteRef, FileSuiteRef, Matrix
+from depthgate.spec.models import AnalysisPlan
+from depthgate.spec.system import DecodeParams, System
+from depthgate.spec.text_checks import unit_contract_violation
 from helpers import case_data
 
 

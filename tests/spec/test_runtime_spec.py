@@ -15,7 +15,8 @@ import pytest
 
 from depthgate.commands.cli import main
 from depthgate.exceptions import ExitCode, SpecError
-from depthgate.spec.models import Runtime, System, VLLMEngineArgs, load_matrix
+from depthgate.spec.loading import load_matrix
+from depthgate.spec.system import Runtime, System, VLLMEngineArgs
 from helpers import REPO, small_smoke_matrix
 
 
@@ -114,7 +115,7 @@ VLLM_SERVER: dict[str, Any] = {"backend": "vllm-server", "endpoint": "http://127
 def test_runtime_fields_that_cannot_apply_are_refused(system: dict[str, Any], field: str) -> None:
     data = {"name": "arm", "backend": "llamacpp", "model": "m", "tokenizer": "gguf:", **system}
     with pytest.raises(SpecError) as info:
-        from depthgate.spec.models import parse_spec
+        from depthgate.spec.loading import parse_spec
 
         parse_spec(System, data, file="m.toml")
     assert info.value.field == field
@@ -212,7 +213,7 @@ def test_relative_paths_of_the_matrix_are_not_resolved_from_the_working_director
 ) -> None:
     """make_backend takes the matrix's folder; a tokenizer path relative to it is found from any cwd."""
     from depthgate.run.backends import make_backend
-    from depthgate.run.backends.http import OpenAIChatBackend
+    from depthgate.run.backends.chat import OpenAIChatBackend
     from fixtures_paths import tokenizers_dir
 
     matrix_dir = tmp_path / "matrices"
@@ -248,7 +249,7 @@ def test_determinism_settings_per_backend(monkeypatch: pytest.MonkeyPatch) -> No
     """What the manifest records per arm about repeatability, from the system and the environment (no
     engine is started: vLLM cannot run here, so its row is checked from the spec and env alone)."""
     from depthgate.run.backends import determinism_settings
-    from depthgate.spec.models import DecodeParams
+    from depthgate.spec.system import DecodeParams
 
     greedy, sampled = DecodeParams(seeds=[0, 1]), DecodeParams(temperature=0.7, seeds=[3])
     embedded = determinism_settings(_system(runtime={"n_threads": 3, "reuse_prefix": True}), greedy)

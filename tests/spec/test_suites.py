@@ -13,14 +13,9 @@ from typing import Any
 import pytest
 
 from depthgate.exceptions import SpecError
-from depthgate.spec.models import (
-    BuiltinSuiteRef,
-    Case,
-    FileSuiteRef,
-    Suite,
-    find_special_token,
-    unit_contract_violation,
-)
+from depthgate.spec.cases import Case, Suite
+from depthgate.spec.incidents import import_incidents
+from depthgate.spec.matrix import BuiltinSuiteRef, FileSuiteRef
 from depthgate.spec.suites import (
     COMPETING_DEPTHS,
     DISTRACTORS_PER_CASE,
@@ -30,10 +25,10 @@ from depthgate.spec.suites import (
     _data_file,
     builtin_suite,
     generate_suite,
-    import_incidents,
     resolve_suite,
     split_suite,
 )
+from depthgate.spec.text_checks import find_special_token, unit_contract_violation
 
 N_CASES = 320
 

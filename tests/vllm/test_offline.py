@@ -52,7 +52,7 @@ def engine_matrix(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from depthgate.run.backends import make_backend
-    from depthgate.spec.models import load_matrix
+    from depthgate.spec.loading import load_matrix
 
     path = offline_matrix(tmp_path_factory.mktemp("offline"))
     matrix = load_matrix(path)

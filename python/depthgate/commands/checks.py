@@ -52,7 +52,7 @@ def canary_jobs(
 
 def check_reports(run: Path) -> dict[str, SystemCheckReport]:
     """Every registered serving-path check whose records are in ``run`` (``RUN/<name>/``), judged."""
-    from depthgate.run.runner import read_records
+    from depthgate.run.records import read_records
 
     out: dict[str, SystemCheckReport] = {}
     for name, check in checks().items():

@@ -52,7 +52,7 @@ BUILTIN_CASES = 8
 def _cmd_build(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if args.matrix:
-        from depthgate.spec.models import load_matrix
+        from depthgate.spec.loading import load_matrix
 
         matrix_path = Path(args.matrix)
         matrix = load_matrix(matrix_path)  # before the pipeline's imports: bad input is refused at once
@@ -98,7 +98,7 @@ def _cmd_build(args: argparse.Namespace) -> int:
     tok = load_tokenizer(args.tokenizer)
     template = load_template(args.chat_template) if args.chat_template else None
     if args.suite:
-        from depthgate.spec.models import load_suite
+        from depthgate.spec.loading import load_suite
 
         suite = load_suite(args.suite)
     else:
@@ -134,7 +134,8 @@ def _print_build(summary: object, path: Path) -> None:
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
-    from depthgate.layout.layouts import check_layouts, load_tokenizer
+    from depthgate.layout.layout_checks import check_layouts
+    from depthgate.layout.layouts import load_tokenizer
 
     tok = load_tokenizer(args.tokenizer)
     with naming_the_file(
@@ -159,7 +160,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
 
 def _cmd_schema(args: argparse.Namespace) -> int:
-    from depthgate.spec.models import schema
+    from depthgate.spec.loading import schema
 
     text = json.dumps(schema(), indent=2, sort_keys=True)
     if args.out:
@@ -183,7 +184,7 @@ def _cmd_suite_generate(args: argparse.Namespace) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from depthgate.spec.models import load_matrix
+    from depthgate.spec.loading import load_matrix
 
     load_matrix(args.matrix)  # bad input refused before the pipeline's imports (≈ 1-3 s on a busy machine)
     from depthgate.commands.pipeline import run_matrix
@@ -222,7 +223,7 @@ def _shard(value: str) -> tuple[int, int]:
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
-    from depthgate.spec.models import load_matrix
+    from depthgate.spec.loading import load_matrix
 
     matrix_path = Path(args.matrix)
     matrix = load_matrix(matrix_path)  # refused before the heavy imports (issue #21)
@@ -310,7 +311,7 @@ def _print_verdict(result: object, code: int, html: Path) -> None:
 
 
 def _cmd_suite_import(args: argparse.Namespace) -> int:
-    from depthgate.spec.suites import import_incidents
+    from depthgate.spec.incidents import import_incidents
 
     suite = import_incidents(args.incidents)
     out = write_text_atomic(args.out, suite.model_dump_json(indent=1), option="--out")

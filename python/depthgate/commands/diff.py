@@ -40,7 +40,7 @@ from depthgate.layout.layouts import (
 )
 from depthgate.layout.model_files import load_template
 from depthgate.layout.templates import ChatTemplate, raw_frame
-from depthgate.spec.models import Suite
+from depthgate.spec.cases import Suite
 
 __all__ = [
     "DiffReport",
@@ -569,7 +569,7 @@ def _suite_from(args: argparse.Namespace) -> Suite:
     from depthgate.spec.suites import builtin_suite, resolve_suite
 
     if getattr(args, "suite", None):
-        from depthgate.spec.models import FileSuiteRef
+        from depthgate.spec.matrix import FileSuiteRef
 
         return resolve_suite(FileSuiteRef(path=str(args.suite)))
     return builtin_suite(args.cases, args.seed, args.lang)

@@ -3,7 +3,7 @@
 The counts are the records' (:func:`depthgate.judge.health.endpoint_counts`) over every request the run
 sent — the matrix, its controls and its canaries — and over every call into the folder: the final
 record of each job by status where it was answered, and every failed attempt (a resumed job's final
-record carries the endpoints that failed it in earlier calls, :class:`depthgate.run.runner.RunLedger`).
+record carries the endpoints that failed it in earlier calls, :class:`depthgate.run.ledger.RunLedger`).
 The console adds only each replica's state now (up, drained, excluded).
 """
 
@@ -26,7 +26,7 @@ _SIDE_FOLDERS = ("controls", "canaries")
 
 def run_endpoint_counts(run: Path) -> dict[str, dict[str, int]]:
     """Per endpoint: ``ok``, ``system_fail``, ``infra_error`` (final records) and ``failed`` (attempts)."""
-    from depthgate.run.runner import read_records
+    from depthgate.run.records import read_records
 
     folders = [run, *(run / name for name in _SIDE_FOLDERS if (run / name).is_dir())]
     finals = [f for f in (read_records(folder) for folder in folders) if f.height]

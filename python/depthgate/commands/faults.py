@@ -64,7 +64,8 @@ from depthgate.layout.layouts import (
 from depthgate.layout.presend import guard_layouts
 from depthgate.layout.templates import ChatTemplate
 from depthgate.run.backends.base import Backend, EmbeddedBackendAdapter, Request, Response
-from depthgate.spec.models import Case, DecodeParams, Suite
+from depthgate.spec.cases import Case, Suite
+from depthgate.spec.system import DecodeParams
 
 __all__ = [
     "EXPECTED_REASONS",
@@ -289,7 +290,9 @@ class _Env:
 def _send(env: _Env, name: str, layouts: pl.DataFrame, backend: Backend) -> pl.DataFrame:
     """Run the (already gated) layouts on ``backend`` through the runner; return the scored records."""
     from depthgate.judge.oracle import score_records
-    from depthgate.run.runner import RunOptions, read_records, run_pairs
+    from depthgate.run.options import RunOptions
+    from depthgate.run.records import read_records
+    from depthgate.run.runner import run_pairs
 
     out = env.work / name
     decode = DecodeParams(max_tokens=env.max_tokens, seeds=[0])

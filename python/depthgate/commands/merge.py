@@ -3,7 +3,7 @@
 A run too large for one machine is split with ``depthgate run MATRIX --shard i/N --out DIR_i`` (the
 HELM / OpenCompass / NeMo-Skills pattern on Slurm job arrays and Kubernetes Indexed Jobs,
 docs/scale.md): every shard freezes the same manifest and builds the same layouts, and runs only the
-pairs of its part (``depthgate.run.runner.shard_of``, by content). Merging refuses, by name:
+pairs of its part (``depthgate.run.jobs.shard_of``, by content). Merging refuses, by name:
 
 * folders whose frozen manifests differ (another matrix, plan, case set, system or version);
 * a missing shard (``shard 2/3 missing``) or a doubled one (``shard 2/3 twice: A, B``);
@@ -34,11 +34,17 @@ from depthgate.commands.pipeline import (
     MANIFEST,
     SHARD_FILE,
     SUITE_FILE,
-    _planned_jobs,
-    shard_jobs,
 )
+from depthgate.commands.planned import planned_jobs, shard_jobs
 from depthgate.exceptions import InputError, PlanChangedError
-from depthgate.run.runner import FINAL_STATUSES, RECORD_KEY, RECORDS_DIR, RECORDS_FILE, read_records, shard_of
+from depthgate.run.jobs import shard_of
+from depthgate.run.records import (
+    FINAL_STATUSES,
+    RECORD_KEY,
+    RECORDS_DIR,
+    RECORDS_FILE,
+    read_records,
+)
 from depthgate.spec.files import ReadFailures, read_json, read_parquet
 
 __all__ = ["MergeSummary", "merge_runs"]
@@ -199,7 +205,7 @@ def _check_overlaps(parts: Sequence[tuple[int, Path, pl.DataFrame]], count: int)
 def _check_gaps(
     dirs: Sequence[Path], parts: Sequence[tuple[int, Path, pl.DataFrame]], count: int, seeds: list[int]
 ) -> None:
-    planned = _planned_jobs(dirs[0], seeds)
+    planned = planned_jobs(dirs[0], seeds)
     for index, folder, records in parts:
         want = shard_jobs(planned, (index, count)).select("arm", "layout_id", "seed")
         have = _final(records).select("arm", "layout_id", pl.col("seed").cast(pl.Int64))

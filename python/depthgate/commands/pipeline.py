@@ -37,6 +37,7 @@ from depthgate.commands.checks import canary_jobs, check_reports
 from depthgate.commands.console import note_endpoints
 from depthgate.commands.endpoints import print_endpoint_counts, run_endpoint_counts
 from depthgate.commands.outputs import CreatedPaths
+from depthgate.commands.planned import planned_jobs, shard_jobs
 from depthgate.exceptions import ExitCode, InputError, PlanChangedError
 from depthgate.judge.stats import GatePlan, GateResult, gate
 from depthgate.layout.layouts import (
@@ -50,19 +51,15 @@ from depthgate.layout.layouts import (
 )
 from depthgate.layout.model_files import is_model_reference, load_template, resolve_model_files
 from depthgate.layout.templates import ChatTemplate
+from depthgate.spec.base import canonical_json
+from depthgate.spec.cases import Suite
 from depthgate.spec.files import ReadFailures, dist_version, read_json
-from depthgate.spec.models import (
-    SPACING_SEP,
-    AnalysisPlan,
-    Matrix,
-    RunManifest,
-    Suite,
-    System,
-    canonical_json,
-    load_matrix,
-    parse_spec,
-    split_position_label,
-)
+from depthgate.spec.loading import load_matrix, parse_spec
+from depthgate.spec.manifest import RunManifest
+from depthgate.spec.matrix import Matrix
+from depthgate.spec.models import AnalysisPlan
+from depthgate.spec.positions import SPACING_SEP, split_position_label
+from depthgate.spec.system import System
 
 if TYPE_CHECKING:
     from depthgate.run.store import LayoutStore
@@ -273,7 +270,7 @@ def run_matrix(
 ) -> tuple[GateResult | None, ExitCode, Path]:
     """Build → pre-send check → run (paired, resumable) → score → gate → report.
 
-    With ``shard = (i, N)`` only the pairs of shard i of N run (``depthgate.run.runner.shard_of``: by
+    With ``shard = (i, N)`` only the pairs of shard i of N run (``depthgate.run.jobs.shard_of``: by
     content, both arms of a pair together); the folder holds the same frozen manifest as every other
     shard and no verdict: ``depthgate merge`` joins the N folders, then ``gate`` judges the whole.
     Returns ``(None, PASS or INFRA, out)`` for a shard. ``aa``: the baseline against a repeat of itself
@@ -284,8 +281,9 @@ def run_matrix(
     from depthgate.layout.presend import guard_layouts
     from depthgate.run.backends import make_backend, probe_backend
     from depthgate.run.controls import build_controls, read_controls
+    from depthgate.run.options import RunOptions
     from depthgate.run.parity import summary_lines, verify_arm
-    from depthgate.run.runner import RunOptions, compact
+    from depthgate.run.records import compact
     from depthgate.spec.suites import resolve_suite
 
     matrix_path = Path(matrix_path)
@@ -456,9 +454,9 @@ def run_matrix(
         compact(out / CANARIES_DIR)
     if shard is not None:
         from depthgate.judge.health import infra_summary
-        from depthgate.run.runner import read_records
+        from depthgate.run.records import read_records
 
-        planned = shard_jobs(_planned_jobs(out, matrix.decode.seeds), shard)
+        planned = shard_jobs(planned_jobs(out, matrix.decode.seeds), shard)
         lost = infra_summary(read_records(out), planned).lost
         return None, ExitCode.INFRA if lost else ExitCode.PASS, out
     return gate_run(out, matrix=matrix, suite=suite)
@@ -533,18 +531,6 @@ def _freeze_shard(out: Path, shard: tuple[int, int]) -> None:
     os.replace(tmp, path)
 
 
-def shard_jobs(planned: pl.DataFrame, shard: tuple[int, int]) -> pl.DataFrame:
-    """The planned jobs (arm, layout_id, seed, case_id, target_tokens, position) of shard ``(i, N)``."""
-    from depthgate.run.runner import shard_of
-
-    index, count = shard
-    keep = [
-        shard_of((str(c), int(t), str(p), int(s)), count) == index - 1
-        for c, t, p, s in planned.select("case_id", "target_tokens", "position", "seed").iter_rows()
-    ]
-    return planned.filter(pl.Series(keep, dtype=pl.Boolean))
-
-
 def _cache_control(a: ArmSetup, layouts: pl.DataFrame, arm_dir: Path, max_tokens: int, base: Path) -> None:
     """The warm/cold prefix-cache control (:mod:`depthgate.run.cache`) on an arm's layouts, when its
     runtime block asks for it (``cache_control = true``): ``<arm>/cache_control.json`` (summary, incident,
@@ -593,7 +579,7 @@ def gate_run(
     from depthgate.judge.health import infra_summary
     from depthgate.judge.oracle import score_records
     from depthgate.report.report import write_reports
-    from depthgate.run.runner import read_records
+    from depthgate.run.records import read_records
     from depthgate.spec.suites import resolve_suite
 
     run = Path(run_dir)
@@ -643,7 +629,7 @@ def gate_run(
             )
     if suite is None:
         if (run / SUITE_FILE).is_file():
-            from depthgate.spec.models import load_suite
+            from depthgate.spec.loading import load_suite
 
             suite = load_suite(run / SUITE_FILE)
         elif matrix is not None:
@@ -710,7 +696,7 @@ def gate_run(
     result = gate(
         gated, gate_plan(plan, lengths, labels, cases=placed, seeds=frozen.seeds, spaced_cases=spaced)
     )
-    infra = infra_summary(records, _planned_jobs(run, frozen.seeds), endpoints=run_endpoint_counts(run))
+    infra = infra_summary(records, planned_jobs(run, frozen.seeds), endpoints=run_endpoint_counts(run))
     # The run's own layouts, for the length in characters, wherever the report goes (--report-dir).
     arm_layouts = {arm: run / arm / "layouts.parquet" for arm in ARMS}
     paths = write_reports(
@@ -788,27 +774,12 @@ def _add_noise_floor(scored: pl.DataFrame, plan: GatePlan, report_dir: Path) -> 
     )
 
 
-def _planned_jobs(run: Path, seeds: Sequence[int]) -> pl.DataFrame:
-    """Every (arm, layout, seed) job the frozen run plans: the arms' layouts × the seed set."""
-    frames = [
-        # Only the small columns: never every layout's ids and text (10 GB at 10,000 × 128K).
-        read_layouts(
-            run / arm / "layouts.parquet", columns=["layout_id", "case_id", "target_tokens", "position"]
-        ).with_columns(pl.lit(arm).alias("arm"))
-        for arm in ARMS
-    ]
-    layouts = pl.concat(frames).with_columns(pl.col("position").cast(pl.String))
-    return layouts.join(
-        pl.DataFrame({"seed": [int(s) for s in seeds]}, schema={"seed": pl.Int64}), how="cross"
-    )
-
-
 def _score_controls(run: Path, suite: Suite) -> pl.DataFrame | None:
     """The controls run beside the matrix, scored (and written to scored_controls.parquet); None when
     none ran."""
     from depthgate.judge.controls import score_controls
     from depthgate.run.controls import read_controls
-    from depthgate.run.runner import read_records
+    from depthgate.run.records import read_records
 
     if not (run / CONTROLS_DIR).is_dir():
         return None

@@ -18,8 +18,11 @@ from depthgate.exceptions import InputError
 from depthgate.judge.power import DesignParameters, PowerPlan, pilot_parameters, power_plan
 from depthgate.judge.stats import Sizing
 from depthgate.layout.layouts import parse_positions
+from depthgate.spec.cases import Suite
 from depthgate.spec.files import read_parquet
-from depthgate.spec.models import Matrix, Suite, look_alpha, split_position_label
+from depthgate.spec.matrix import Matrix
+from depthgate.spec.models import look_alpha
+from depthgate.spec.positions import split_position_label
 
 __all__ = [
     "AA_FILE",

@@ -12,7 +12,7 @@ import polars as pl
 
 from depthgate.exceptions import InputError
 from depthgate.judge.oracle import CaseOracle, score_records
-from depthgate.spec.models import Suite
+from depthgate.spec.cases import Suite
 
 __all__ = ["CATEGORIES", "classify_failures", "score_controls"]
 

@@ -119,7 +119,7 @@ def infra_summary(
     """Compare the planned jobs with the records (one row per key, the final record preferred).
 
     ``planned`` has one row per job: ``arm``, ``layout_id``, ``seed``, ``target_tokens``,
-    ``position``. ``records`` are the run's records (:func:`depthgate.run.runner.read_records`).
+    ``position``. ``records`` are the run's records (:func:`depthgate.run.records.read_records`).
     ``endpoints``: the per-endpoint counts to report (the pipeline's, over every request of the run:
     matrix, controls and canaries, failures of earlier calls included); default those of ``records``.
     A lost job is counted under the endpoint that failed it last, or :data:`NO_ENDPOINT`.

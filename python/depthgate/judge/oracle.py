@@ -83,7 +83,7 @@ import polars as pl
 
 from depthgate.exceptions import InputError
 from depthgate.judge.frames import require_columns
-from depthgate.spec.models import Case, Claim, Suite
+from depthgate.spec.cases import Case, Claim, Suite
 
 Outcome: TypeAlias = Literal["pass", "fail", "system_fail", "missing"]
 

@@ -49,7 +49,7 @@ from depthgate.judge.stats import (
     position_sort_key,
     stable_seed,
 )
-from depthgate.spec.models import spacing_rank, split_position_label
+from depthgate.spec.positions import spacing_rank, split_position_label
 
 __all__ = [
     "RUN_COLUMNS",

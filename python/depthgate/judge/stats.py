@@ -45,7 +45,8 @@ from depthgate.judge.design_effect import shrunk_design_effect
 from depthgate.judge.frames import FrameOf, JsonRow, clean_value
 from depthgate.judge.monotone import monotone_floor_lower_bound
 from depthgate.spec.models import look_alpha as _look_alpha
-from depthgate.spec.models import plan_violations, spacing_rank, split_position_label
+from depthgate.spec.models import plan_violations
+from depthgate.spec.positions import spacing_rank, split_position_label
 
 FloatArray = npt.NDArray[np.float64]
 

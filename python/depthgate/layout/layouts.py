@@ -25,26 +25,25 @@ import polars as pl
 
 from depthgate import _core
 from depthgate.exceptions import InputError, SpecError
+from depthgate.layout import sink as layout_sink
 from depthgate.layout.gguf_tokenizer import resolve_tokenizer_path
 from depthgate.layout.templates import ChatTemplate, Frame, chat_frame, raw_frame
 from depthgate.spec.assemblers import assemble
+from depthgate.spec.cases import Case, Suite
 from depthgate.spec.filler import filler_pool, filler_units
-from depthgate.spec.models import (
+from depthgate.spec.positions import (
     SPACING_SEP,
-    Case,
-    Suite,
+    PositionLabel,
     is_spacing_label,
     spacing_gap,
-    split_position_label,
 )
 
 __all__ = [
     "ASSEMBLER_VERSION",
+    "BUILT_SCHEMA",
     "LAYOUT_SCHEMA",
-    "ROW_GROUP_ROWS",
     "SPACING_SCHEMA",
     "BuildOptions",
-    "CheckSummary",
     "Position",
     "Tokenizer",
     "assembler_version",
@@ -52,10 +51,8 @@ __all__ = [
     "build_frame",
     "build_layouts",
     "case_frame",
-    "check_layouts",
     "load_tokenizer",
     "parse_positions",
-    "presend_check",
     "read_layouts",
 ]
 
@@ -77,18 +74,6 @@ def _cases_per_call(options: BuildOptions) -> int:
     per_case = sum(options.lengths) * max(len(options.positions), 1)
     return max(1, min(_CASES_PER_CHUNK, _TOKENS_PER_CALL // max(per_case, 1)))
 
-
-# Built layouts held in memory before they are written out (see :class:`_LayoutSink`): a build up to
-# this size is written to parquet once, a larger one as row groups to the open file each time the
-# budget fills. Memory stays bounded by this budget plus one chunk, whatever the size of the matrix
-# (512 MB before issue #12, 128 MB before issue #21).
-_SINK_BUDGET_BYTES = 0
-
-#: Rows per parquet row group of a layouts file. A reader decodes whole row groups, so the run path's
-#: batched reads (:func:`depthgate.run.store.iter_layout_batches`, 64 rows) hold one row group at a
-#: time: at 128K tokens ≈ 64 × 1 MB of ids and text. With polars' default (one row group of up to
-#: 512² rows) reading the first 64 layouts of a 10,000-layout 128K file decoded all of it (≈ 10 GB).
-ROW_GROUP_ROWS = 64
 
 _SPAN_STRUCT = pl.Struct(
     {
@@ -139,7 +124,7 @@ SPACING_SCHEMA: dict[str, Any] = {
     "evidence_gaps": pl.List(pl.Int64),
     "evidence_gap_tokens": pl.Int64,
 }
-_BUILT_SCHEMA: dict[str, Any] = {**LAYOUT_SCHEMA, **SPACING_SCHEMA}
+BUILT_SCHEMA: dict[str, Any] = {**LAYOUT_SCHEMA, **SPACING_SCHEMA}
 
 #: The gap filler between decisive documents comes from its own filler stream (this offset added to the
 #: filler seed), so it never repeats the haystack's sentences around it; its texts are bound into the
@@ -199,15 +184,14 @@ def parse_positions(values: Sequence[float | str]) -> list[Position]:
     ``"0.5~far"``, ``"@1200~near"``, ``"1~300tok"`` (``Matrix.position_values``)."""
     out: list[Position] = []
     for raw in values:
-        text, spacing = split_position_label(str(raw).strip())
-        text = text.strip()
+        parsed = PositionLabel.parse(str(raw).strip())
+        text, spacing = parsed.base.strip(), parsed.spacing
         if not is_spacing_label(spacing):
             raise InputError(
                 f"position {raw!r} has the unknown spacing {spacing!r}",
                 field="positions",
                 fix="write a spacing as <position>~near, ~far or ~<N>tok (e.g. 0.5~far), or leave it off",
             )
-        suffix = "" if spacing == "adjacent" else f"{SPACING_SEP}{spacing}"
         if text.startswith("@"):
             try:
                 offset = int(text[1:])
@@ -219,7 +203,7 @@ def parse_positions(values: Sequence[float | str]) -> list[Position]:
                 ) from None
             if offset < 0:
                 raise InputError(f"offset {text} is negative", field="positions", fix="use @0 or more")
-            out.append(Position(label=text + suffix, offset=offset, spacing=spacing))
+            out.append(Position(label=str(PositionLabel(text, spacing)), offset=offset, spacing=spacing))
             continue
         try:
             depth = float(text)
@@ -235,12 +219,9 @@ def parse_positions(values: Sequence[float | str]) -> list[Position]:
                 field="positions",
                 fix="use a depth between 0 (start of the context) and 1 (end), or an offset @N",
             )
-        out.append(Position(label=_depth_label(depth) + suffix, depth=depth, spacing=spacing))
+        label = PositionLabel(f"{depth:g}", spacing)
+        out.append(Position(label=str(label), depth=depth, spacing=spacing))
     return out
-
-
-def _depth_label(depth: float) -> str:
-    return f"{depth:g}"
 
 
 # Document header and question lines per language. The frame prefix must end with non-whitespace
@@ -404,81 +385,142 @@ def _chunks(cases: Sequence[Case], size: int) -> Iterator[Sequence[Case]]:
         yield cases[start : start + size]
 
 
-class _LayoutSink:
-    """Streams built chunks into one parquet file with bounded memory (issues #12, #21).
+def _check_build_inputs(
+    cases: Sequence[Case], options: BuildOptions, groups: Sequence[tuple[str, list[Position]]]
+) -> None:
+    if not cases:
+        raise SpecError(
+            "no case with decisive evidence to place", field="cases", fix="use a suite with cases"
+        )
+    if not options.lengths:
+        raise InputError("no lengths given", field="lengths", fix="pass --lengths 1024,4096")
+    for length in options.lengths:
+        if length < 16:
+            raise InputError(f"length {length} is too small", field="lengths", fix="use lengths >= 16 tokens")
+    spaced = [label for label, _ in groups if label != "adjacent"]
+    if spaced and not any(len(c.decisive) >= 2 for c in cases):
+        raise SpecError(
+            f"spacing {spaced[0]!r} needs a case with two or more decisive documents; every case of this "
+            "suite has one, so every spacing would build the same prompt",
+            field="spacings",
+            fix='use a suite with multi-evidence cases, or spacings = ["adjacent"]',
+        )
 
-    Chunks are held in memory up to ``budget`` bytes; a build that fits is written to parquet once, by
-    polars. Past the budget the held rows are written at once as row groups of ``row_group_rows``
-    rows to the open file (pyarrow's ``ParquetWriter``: polars has no row-group writer), and the
-    last ``< row_group_rows`` rows stay held for the next write, so every row group but the file's
-    last is full. Memory is the budget plus one chunk, whatever the build's size: the former design
-    spilled to Arrow IPC parts and merged them in one pass of polars' streaming sink, whose peak grew
-    with the data (+0.64 GB for 350 layouts of 128K, docs/benchmarks.md, issue #21). ``parts``: the
-    writes past the budget; ``peak_held_bytes``: the most ever held at once (for tests).
-    """
 
-    def __init__(
-        self, tmp_dir: Path, budget: int | None = None, row_group_rows: int = ROW_GROUP_ROWS
-    ) -> None:
-        self._tmp_dir = tmp_dir
-        self._budget = _SINK_BUDGET_BYTES if budget is None else budget
-        self._row_group_rows = row_group_rows
-        self._held: list[pl.DataFrame] = []
-        self._held_bytes: int = 0
-        self._parts = 0
-        self._writer: Any = None
-        self._staged = tmp_dir / "sink.parquet"
-        self.peak_held_bytes: int = 0
+@dataclass(frozen=True)
+class _BuildFiller:
+    """One language's filler for a whole build: the units and pool (with the offset stride between
+    cases), their digest (hashed once per build, not once per batch in the core), their JSON (encoded
+    once and spliced into every chunk's spec) and the gap filler of spaced layouts (None: no spacing)."""
 
-    @property
-    def parts(self) -> int:
-        return self._parts
+    units: list[str]
+    stride: int
+    digest: str
+    json: str
+    gap: _GapFiller | None
 
-    def add(self, frame: pl.DataFrame) -> None:
-        self._held.append(frame)
-        self._held_bytes += int(frame.estimated_size())
-        self.peak_held_bytes = max(self.peak_held_bytes, self._held_bytes)
-        if self._held_bytes > self._budget:
-            self._spill()
 
-    def _write(self, frame: pl.DataFrame) -> None:
-        import pyarrow.parquet as pq
+def _build_fillers(
+    cases: Sequence[Case], tokenizer: Tokenizer, options: BuildOptions, spaced: bool
+) -> dict[str, _BuildFiller]:
+    out: dict[str, _BuildFiller] = {}
+    for lang in {c.language for c in cases}:
+        units, pool, stride = _filler_for(lang, options.filler_seed, max(options.lengths), len(cases))
+        out[lang] = _BuildFiller(
+            units=units,
+            stride=stride,
+            digest=_fields_digest([*units, *pool]),
+            json=f'"filler": {json.dumps(units)}, "pool": {json.dumps(pool)}',
+            gap=_GapFiller(tokenizer, options.filler_seed, lang, len(units)) if spaced else None,
+        )
+    return out
 
-        table = frame.to_arrow()
-        if self._writer is None:
-            small = [name for name in frame.columns if name not in ("token_ids", "text")]
-            # No dictionary or statistics for the ids and the text: a dictionary of 128K-token rows
-            # is never smaller, and building it was most of a write's memory.
-            self._writer = pq.ParquetWriter(
-                self._staged, table.schema, compression="zstd", use_dictionary=small, write_statistics=small
+
+def _core_calls(
+    chunk_index: int, chunk: Sequence[Case], options: BuildOptions, fillers: Mapping[str, _BuildFiller]
+) -> list[tuple[str, list[Case], list[int]]]:
+    """The (language, cases, filler offsets) of each core call of one chunk. Long lengths go to the core
+    in smaller calls (same cases, offsets and row order: only the memory of one call shrinks, #21)."""
+    by_lang: dict[str, list[Case]] = {}
+    for case in chunk:
+        by_lang.setdefault(case.language, []).append(case)
+    per_call = _cases_per_call(options)
+    return [
+        (lang, group[start : start + per_call], offsets[start : start + per_call])
+        for lang, group in sorted(by_lang.items())
+        for offsets in [
+            [((chunk_index * _CASES_PER_CHUNK + i) * fillers[lang].stride) % 4096 for i in range(len(group))]
+        ]
+        for start in range(0, len(group), per_call)
+    ]
+
+
+def _build_call(
+    tokenizer: Tokenizer,
+    options: BuildOptions,
+    groups: Sequence[tuple[str, list[Position]]],
+    filler: _BuildFiller,
+    lang_cases: Sequence[Case],
+    offsets: Sequence[int],
+) -> Iterator[pl.DataFrame]:
+    """The built frames of one language group of cases: one core call per spacing (and per nominal
+    gap)."""
+    frames = [
+        case_frame(c, template=options.template, preamble=options.preamble, assembler=options.assembler)
+        for c in lang_cases
+    ]
+    frame0 = frames[0]
+    if len({f.add_special_tokens for f in frames}) != 1:
+        raise SpecError("cases render with different BOS handling", field="chat_template")
+    # The moving block differs by spacing; the haystack of a case × length does not, so a case's spacings
+    # stay paired. A case with one decisive document has no spacing: it is laid out at adjacent positions
+    # only (at a spaced label it would repeat its adjacent prompt and dilute the spaced slice's Δ).
+    for spacing, group in groups:
+        members = [
+            (c, f, off)
+            for c, f, off in zip(lang_cases, frames, offsets, strict=True)
+            if spacing == "adjacent" or len(c.decisive) >= 2
+        ]
+        if not members:
+            continue
+        for lengths, gap in _gap_batches(spacing, options.lengths):
+            specs = [
+                _case_spec(
+                    c,
+                    f,
+                    off,
+                    [filler.gap.units(gap, off + 1009 * pair) for pair in range(len(c.decisive) - 1)]
+                    if gap and filler.gap is not None
+                    else (),
+                )
+                for c, f, off in members
+            ]
+            batch = {
+                "assembler_version": assembler_version(options.assembler),
+                "template_digest": frame0.template_digest,
+                "add_special_tokens": frame0.add_special_tokens,
+                "verification": options.verification,
+                "window": options.window,
+                "max_output_tokens": options.max_output_tokens,
+                "filler_digest": filler.digest,
+                "cases": specs,
+                "lengths": list(lengths),
+                "positions": [p.to_spec() for p in group],
+            }
+            spec_json = f"{json.dumps(batch)[:-1]}, {filler.json}}}"
+            ids, offs, texts, meta_json = _core.build_layout_columns(tokenizer._core, spec_json)
+            yield _to_frame(
+                ids,
+                offs,
+                texts,
+                json.loads(meta_json),
+                tokenizer,
+                frame0,
+                options.system,
+                {c.id: c.digest() for c in lang_cases},
+                assembler=assembler_version(options.assembler),
+                decisive={s["case_id"]: _decisive_ids(s) for s in specs},
             )
-        self._writer.write_table(table, row_group_size=self._row_group_rows)
-
-    def _spill(self) -> None:
-        frame = pl.concat(self._held, rechunk=False)
-        full = frame.height - frame.height % self._row_group_rows
-        if full:
-            self._write(frame.slice(0, full))
-        # The rest (< one row group) waits for the next chunk: every row group but the last is full,
-        # so the run path's batches of ROW_GROUP_ROWS rows read one row group each.
-        rest = frame.slice(full)
-        self._held = [rest] if rest.height else []
-        self._held_bytes = int(rest.estimated_size()) if rest.height else 0
-        self._parts += 1
-
-    def finish(self, path: Path) -> None:
-        """Write everything added so far to the parquet file ``path``."""
-        if self._writer is None:
-            frames = self._held or [pl.DataFrame(schema=_BUILT_SCHEMA)]
-            pl.concat(frames, rechunk=False).write_parquet(path, row_group_size=self._row_group_rows)
-            self._held, self._held_bytes = [], 0
-            return
-        if self._held:
-            self._write(pl.concat(self._held, rechunk=False))
-            self._held, self._held_bytes = [], 0
-        self._writer.close()
-        self._writer = None
-        os.replace(self._staged, path)
 
 
 def build_layouts(
@@ -494,136 +536,26 @@ def build_layouts(
     skipped here (see ``depthgate.spec.suites``).
     """
     cases = [c for c in (suite.cases if isinstance(suite, Suite) else suite) if c.decisive]
-    if not cases:
-        raise SpecError(
-            "no case with decisive evidence to place", field="cases", fix="use a suite with cases"
-        )
-    if not options.lengths:
-        raise InputError("no lengths given", field="lengths", fix="pass --lengths 1024,4096")
-    for length in options.lengths:
-        if length < 16:
-            raise InputError(f"length {length} is too small", field="lengths", fix="use lengths >= 16 tokens")
     groups = _spacing_groups(options.positions)
-    spaced = [label for label, _ in groups if label != "adjacent"]
-    if spaced and not any(len(c.decisive) >= 2 for c in cases):
-        raise SpecError(
-            f"spacing {spaced[0]!r} needs a case with two or more decisive documents; every case of this "
-            "suite has one, so every spacing would build the same prompt",
-            field="spacings",
-            fix='use a suite with multi-evidence cases, or spacings = ["adjacent"]',
-        )
-    languages = {c.language for c in cases}
+    _check_build_inputs(cases, options, groups)
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     tmp_dir = Path(tempfile.mkdtemp(prefix=".layouts-", dir=out_path.parent))
     summaries: list[pl.DataFrame] = []
     try:
-        filler: dict[str, tuple[list[str], list[str], int]] = {
-            lang: _filler_for(lang, options.filler_seed, max(options.lengths), len(cases))
-            for lang in languages
-        }
-        # Hashed once per build, not once per batch in the core.
-        digests = {lang: _fields_digest([*units, *pool]) for lang, (units, pool, _) in filler.items()}
-        # The filler and pool as JSON, encoded once per build and spliced into every chunk's spec.
-        filler_json = {
-            lang: f'"filler": {json.dumps(units)}, "pool": {json.dumps(pool)}'
-            for lang, (units, pool, _) in filler.items()
-        }
-        gap_fillers: dict[str, _GapFiller] = {
-            lang: _GapFiller(tokenizer, options.filler_seed, lang, len(filler[lang][0]))
-            for lang in languages
-            if spaced
-        }
-        sink = _LayoutSink(tmp_dir, row_group_rows=ROW_GROUP_ROWS)
+        fillers = _build_fillers(cases, tokenizer, options, any(label != "adjacent" for label, _ in groups))
+        sink = layout_sink.LayoutSink(tmp_dir, BUILT_SCHEMA, row_group_rows=layout_sink.ROW_GROUP_ROWS)
         for chunk_index, chunk in enumerate(_chunks(cases, _CASES_PER_CHUNK)):
-            by_lang: dict[str, list[Case]] = {}
-            for case in chunk:
-                by_lang.setdefault(case.language, []).append(case)
-            # Long lengths go to the core in smaller calls (same cases, offsets and row order: only the
-            # memory of one call shrinks, issue #21).
-            per_call = _cases_per_call(options)
-            groups_of_chunk = [
-                (lang, group[start : start + per_call], offsets[start : start + per_call])
-                for lang, group in sorted(by_lang.items())
-                for offsets in [
-                    [
-                        ((chunk_index * _CASES_PER_CHUNK + i) * filler[lang][2]) % 4096
-                        for i in range(len(group))
-                    ]
-                ]
-                for start in range(0, len(group), per_call)
-            ]
-            for lang, lang_cases, offsets in groups_of_chunk:
-                frames = [
-                    case_frame(
-                        c, template=options.template, preamble=options.preamble, assembler=options.assembler
-                    )
-                    for c in lang_cases
-                ]
-                frame0 = frames[0]
-                if len({f.add_special_tokens for f in frames}) != 1:
-                    raise SpecError("cases render with different BOS handling", field="chat_template")
-                # One core call per spacing (and per nominal gap): the moving block differs by spacing;
-                # the haystack of a case × length does not, so a case's spacings stay paired. A case with
-                # one decisive document has no spacing: it is laid out at adjacent positions only (at a
-                # spaced label it would repeat its adjacent prompt and dilute the spaced slice's Δ).
-                for spacing, group in groups:
-                    members = [
-                        (c, f, off)
-                        for c, f, off in zip(lang_cases, frames, offsets, strict=True)
-                        if spacing == "adjacent" or len(c.decisive) >= 2
-                    ]
-                    if not members:
-                        continue
-                    for lengths, gap in _gap_batches(spacing, options.lengths):
-                        specs = [
-                            _case_spec(
-                                c,
-                                f,
-                                off,
-                                [
-                                    gap_fillers[lang].units(gap, off + 1009 * pair)
-                                    for pair in range(len(c.decisive) - 1)
-                                ]
-                                if gap
-                                else (),
-                            )
-                            for c, f, off in members
-                        ]
-                        batch = {
-                            "assembler_version": assembler_version(options.assembler),
-                            "template_digest": frame0.template_digest,
-                            "add_special_tokens": frame0.add_special_tokens,
-                            "verification": options.verification,
-                            "window": options.window,
-                            "max_output_tokens": options.max_output_tokens,
-                            "filler_digest": digests[lang],
-                            "cases": specs,
-                            "lengths": list(lengths),
-                            "positions": [p.to_spec() for p in group],
-                        }
-                        spec_json = f"{json.dumps(batch)[:-1]}, {filler_json[lang]}}}"
-                        ids, offs, texts, meta_json = _core.build_layout_columns(tokenizer._core, spec_json)
-                        frame = _to_frame(
-                            ids,
-                            offs,
-                            texts,
-                            json.loads(meta_json),
-                            tokenizer,
-                            frame0,
-                            options.system,
-                            {c.id: c.digest() for c in lang_cases},
-                            assembler=assembler_version(options.assembler),
-                            decisive={s["case_id"]: _decisive_ids(s) for s in specs},
-                        )
-                        sink.add(frame)
-                        summaries.append(frame.drop("token_ids", "text"))
+            for lang, lang_cases, offsets in _core_calls(chunk_index, chunk, options, fillers):
+                for frame in _build_call(tokenizer, options, groups, fillers[lang], lang_cases, offsets):
+                    sink.add(frame)
+                    summaries.append(frame.drop("token_ids", "text"))
         staged = tmp_dir / "layouts.parquet"
         sink.finish(staged)
         os.replace(staged, out_path)
     finally:
         shutil.rmtree(tmp_dir, ignore_errors=True)
-    return pl.concat(summaries) if summaries else pl.DataFrame(schema=_BUILT_SCHEMA)
+    return pl.concat(summaries) if summaries else pl.DataFrame(schema=BUILT_SCHEMA)
 
 
 def _decisive_ids(spec: Mapping[str, Any]) -> frozenset[str]:
@@ -633,7 +565,7 @@ def _decisive_ids(spec: Mapping[str, Any]) -> frozenset[str]:
 
 def _spacing_fields(meta: Mapping[str, Any], decisive: frozenset[str]) -> tuple[str, list[int], int | None]:
     """(spacing label, measured gaps between consecutive decisive spans, the smallest gap or None)."""
-    spacing = split_position_label(meta["position"])[1]
+    spacing = PositionLabel.parse(meta["position"]).spacing
     spans = sorted((s["token_start"], s["token_end"]) for s in meta["spans"] if s["unit_id"] in decisive)
     gaps = [b[0] - a[1] for a, b in itertools.pairwise(spans)]
     return spacing, gaps, min(gaps) if gaps else None
@@ -643,9 +575,10 @@ def _spaced_request(meta: dict[str, Any], decisive: frozenset[str]) -> None:
     """Re-read ``requested_offset`` and ``snap_tokens`` of a spaced depth layout with the whole moving
     block (gap filler included) taken out of the haystack, as the core does for an adjacent block (the
     core counts only the block's evidence spans)."""
-    base = split_position_label(meta["position"])[0]
+    label = PositionLabel.parse(meta["position"])
+    base = label.base
     spans = [s for s in meta["spans"] if s["unit_id"] in decisive]
-    if meta["status"] != "ok" or base.startswith("@") or not spans or meta["actual_offset"] is None:
+    if meta["status"] != "ok" or label.is_offset or not spans or meta["actual_offset"] is None:
         return
     block = max(s["token_end"] for s in spans) - min(s["token_start"] for s in spans)
     room = meta["region_end"] - meta["region_start"] - block
@@ -668,7 +601,7 @@ def _to_frame(
     decisive: Mapping[str, frozenset[str]] | None = None,
 ) -> pl.DataFrame:
     rows = np.split(ids, offsets[1:-1].astype(np.int64)) if len(meta) else []
-    data: dict[str, list[Any]] = {name: [] for name in _BUILT_SCHEMA}
+    data: dict[str, list[Any]] = {name: [] for name in BUILT_SCHEMA}
     for m in meta:
         ids_of = (decisive or {}).get(m["case_id"], frozenset())
         spacing, gaps, smallest = _spacing_fields(m, ids_of)
@@ -718,7 +651,7 @@ def _to_frame(
         data["case_digest"].append(case_digests[m["case_id"]])
     data["token_ids"] = list(rows)
     data["text"] = texts
-    return pl.DataFrame(data, schema=_BUILT_SCHEMA)
+    return pl.DataFrame(data, schema=BUILT_SCHEMA)
 
 
 def build_batch(tokenizer: Tokenizer, batch: dict[str, Any], *, system: str = "default") -> pl.DataFrame:
@@ -782,154 +715,3 @@ def read_layouts(path: str | Path, columns: Sequence[str] | None = None) -> pl.D
             fix="pass a layouts.parquet written by `depthgate build`",
         )
     return frame
-
-
-def presend_check(
-    row: dict[str, Any],
-    *,
-    window: int | None,
-    max_output_tokens: int,
-    template_digest: str,
-    pinned_date: str | None = None,
-    bos_id: int | None = None,
-) -> dict[str, Any]:
-    """Rust pre-send checks of one layout row against the contract of the system it goes to
-    (length, served window, template digest and pinned date, doubled BOS, every evidence hash present
-    once, no duplicated distractor). ``pinned_date`` is the system template's date (ISO, "" for a raw
-    frame; None: not checked); ``bos_id`` the target tokenizer's (:attr:`Tokenizer.bos_id`). Returns
-    ``{"ok": bool, "violations": [{"code", "detail"}]}``. The product path is
-    :func:`depthgate.layout.presend.guard_layouts`, which derives both from the system."""
-    contract = {
-        "target_tokens": row["target_tokens"],
-        "window": window,
-        "max_output_tokens": max_output_tokens,
-        "template_digest": template_digest,
-        "pinned_date": pinned_date,
-        "bos_id": bos_id,
-    }
-    report: dict[str, Any] = json.loads(
-        _core.presend_check(
-            row["layout_id"],
-            row["text"],
-            np.asarray(row["token_ids"], dtype=np.uint32),
-            json.dumps(list(row["evidence_spans"] or [])),
-            row["template_digest"],
-            row.get("pinned_date") or "",
-            json.dumps(contract),
-        )
-    )
-    return report
-
-
-@dataclass(frozen=True)
-class CheckSummary:
-    checked: int
-    refused: int
-    violations: list[dict[str, str]]
-
-    @property
-    def ok(self) -> bool:
-        return not self.violations
-
-
-_ROW_FIELDS = ("layout_id", "text", "token_ids", "evidence_spans", "add_special_tokens", "target_tokens")
-
-
-def _column_fits(name: str, dtype: pl.DataType) -> bool:
-    if name == "text":
-        return dtype == pl.String
-    if not isinstance(dtype, pl.List):
-        return False
-    inner = dtype.inner
-    if name == "token_ids":
-        return inner is not None and inner.is_integer()
-    return isinstance(inner, (pl.Struct, pl.Null))  # evidence_spans
-
-
-def _check_layout_columns(frame: pl.DataFrame, path: Path) -> None:
-    """The columns ``check`` reads must have their layout types; anything else is not a layouts file."""
-    expected = {
-        "token_ids": "a list of token ids",
-        "evidence_spans": "a list of span structs",
-        "text": "a string",
-    }
-    for name, what in expected.items():
-        if name in frame.columns and not _column_fits(name, frame.schema[name]):
-            raise InputError(
-                f"column {name} is {frame.schema[name]}, not {what}",
-                file=str(path),
-                field=name,
-                fix="pass a layouts.parquet written by `depthgate build` (rebuild it)",
-            )
-
-
-def _row_problem(row: dict[str, Any]) -> tuple[str, str] | None:
-    """Why one ok row cannot be re-verified at all (null fields, ids that are not u32), or None."""
-    for name in _ROW_FIELDS:
-        if row.get(name) is None:
-            return "field_missing", f"{name} is null; the layout was tampered with or truncated: rebuild it"
-    try:
-        ids = np.asarray(row["token_ids"], dtype=np.int64)
-    except (TypeError, ValueError, OverflowError):
-        return "ids_out_of_range", "token_ids hold a null or non-integer id: rebuild the layout"
-    bad = ids[(ids < 0) | (ids > 0xFFFFFFFF)]
-    if bad.size:
-        return (
-            "ids_out_of_range",
-            f"token_ids hold {bad.size} id(s) outside 0..2^32-1 (first {int(bad[0])}): rebuild the layout",
-        )
-    return None
-
-
-def check_layouts(path: str | Path, tokenizer: Tokenizer, *, batch_rows: int = 64) -> CheckSummary:
-    """Re-verify every ok layout of a file from scratch (full re-encode): ids == encode(text), the
-    length contract, spans on the final offsets, span hashes. The tokenizer digest must match too:
-    a layout built under another tokenizer is stale by definition."""
-    frame = read_layouts(path)
-    _check_layout_columns(frame, Path(path))
-    violations: list[dict[str, str]] = []
-    ok = frame.filter(pl.col("status") == "ok")
-    refused = frame.height - ok.height
-    if "tokenizer_digest" in ok.columns:
-        stale = ok.filter(pl.col("tokenizer_digest") != tokenizer.digest)
-        for layout_id in stale["layout_id"].to_list():
-            violations.append(
-                {
-                    "layout_id": layout_id,
-                    "code": "stale_tokenizer",
-                    "detail": "built under a different tokenizer (digest differs); rebuild",
-                }
-            )
-    for start in range(0, ok.height, batch_rows):
-        part = ok.slice(start, batch_rows)
-        stored = []
-        flat: list[np.ndarray[Any, np.dtype[np.uint32]]] = []
-        for row in part.iter_rows(named=True):
-            problem = _row_problem(row)
-            if problem is not None:  # a tampered or truncated row: a violation, not a crash
-                violations.append(
-                    {"layout_id": str(row["layout_id"]), "code": problem[0], "detail": problem[1]}
-                )
-                continue
-            spans = list(row["evidence_spans"])  # the core reads evidence_id as its unit id
-            stored.append(
-                {
-                    "layout_id": row["layout_id"],
-                    "text": row["text"],
-                    "add_special_tokens": row["add_special_tokens"],
-                    "target_tokens": row["target_tokens"],
-                    "spans": spans,
-                }
-            )
-            flat.append(np.asarray(row["token_ids"], dtype=np.uint32))
-        lengths = np.array([0] + [len(x) for x in flat], dtype=np.uint64)
-        ids = np.concatenate(flat) if flat else np.zeros(0, dtype=np.uint32)
-        result = json.loads(
-            _core.verify_layouts(tokenizer._core, json.dumps(stored), ids, np.cumsum(lengths))
-        )
-        for layout, found in zip(stored, result, strict=True):
-            for v in found:
-                violations.append(
-                    {"layout_id": layout["layout_id"], "code": v["code"], "detail": v["detail"]}
-                )
-    return CheckSummary(checked=ok.height, refused=refused, violations=violations)

@@ -24,7 +24,7 @@ from depthgate import _core
 from depthgate.exceptions import TemplateError
 from depthgate.layout.layouts import Tokenizer, case_frame
 from depthgate.layout.templates import ChatTemplate, Frame, raw_frame
-from depthgate.spec.models import Case
+from depthgate.spec.cases import Case
 
 __all__ = ["REASON_PRIORITY", "guard_layouts"]
 

@@ -65,7 +65,7 @@ from depthgate.judge.stats import (
     position_sort_key,
 )
 from depthgate.judge.wording import with_system_wording
-from depthgate.spec.models import split_position_label
+from depthgate.spec.positions import split_position_label
 
 SCHEMA_VERSION = "depthgate.verdict/1"
 VERDICT_JSON = "verdict.json"

@@ -14,8 +14,8 @@ For every case with decisive evidence, :func:`build_controls` writes two control
 
 Both are exact: ``ids == encode(text)`` under the target tokenizer, ``target_tokens`` is the recorded
 token count, every remaining span is recomputed from the offsets of the final encoding and verified by
-the Rust core's full re-encode (:func:`depthgate.layout.layouts.check_layouts` accepts the file). A control
-that cannot be made exact is ``refused`` with the reason, never silently approximated.
+the Rust core's full re-encode (:func:`depthgate.layout.layout_checks.check_layouts` accepts the file). A
+control that cannot be made exact is ``refused`` with the reason, never silently approximated.
 
 :func:`score_controls` scores control records (oracle + the hallucination rule) and
 :func:`classify_failures` combines them with the scored matrix into one category per case.
@@ -39,6 +39,7 @@ import polars as pl
 from depthgate import _core
 from depthgate.exceptions import InputError, SpecError
 from depthgate.layout import layouts as _layouts
+from depthgate.layout import sink as layout_sink
 from depthgate.layout.layouts import (
     LAYOUT_SCHEMA,
     BuildOptions,
@@ -50,7 +51,7 @@ from depthgate.layout.layouts import (
     read_layouts,
 )
 from depthgate.layout.templates import Frame
-from depthgate.spec.models import Case, Suite
+from depthgate.spec.cases import Case, Suite
 
 __all__ = [
     "CONTROLS_SCHEMA",
@@ -363,7 +364,7 @@ def build_controls(
     summaries: list[pl.DataFrame] = []
     tmp = Path(tempfile.mkdtemp(prefix=".controls-", dir=out.parent))
     try:
-        sink = _layouts._LayoutSink(tmp, row_group_rows=_layouts.ROW_GROUP_ROWS)
+        sink = layout_sink.LayoutSink(tmp, _layouts.BUILT_SCHEMA, row_group_rows=layout_sink.ROW_GROUP_ROWS)
 
         def add(rows: list[dict[str, Any]]) -> None:
             frame = _verify(pl.DataFrame(rows, schema=CONTROLS_SCHEMA), tokenizer)

@@ -4,7 +4,7 @@ For teams that already run Ray (issue #12 item 4; facts and pitfalls: research/r
 is the *engine*, not a scheduler of ours:
 
 * **Jobs.** The driver builds the job list exactly as the asyncio runner does — the runner's
-  :func:`~depthgate.run.runner.interleaved_order` (seeded by the run id, pairs interleaved), the
+  :func:`~depthgate.run.jobs.interleaved_order` (seeded by the run id, pairs interleaved), the
   ``--shard`` filter, the skip of every key already recorded with a final status — and hands the jobs
   still to send to ``ray.data.from_items`` in that order. Refused layouts are recorded by the driver
   without a request, as the asyncio runner does.
@@ -12,7 +12,8 @@ is the *engine*, not a scheduler of ours:
   arms' backends itself with :func:`~depthgate.run.backends.make_backend` (llama.cpp in process, the
   HTTP backends, a :class:`~depthgate.run.backends.pool.ReplicaPool`; vLLM offline as one engine per
   GPU actor with token-id prompts — wired the same way, **not tested here**: no GPU) and sends each job
-  through the runner's own ``_Run.execute`` (the same retries, count checks and record fields).
+  through the runner's own :meth:`~depthgate.run.execute.JobRunner.execute` (the same retries, count
+  checks and record fields).
 * **Records.** Actors return records; only the **driver** writes them, through the runner's atomic
   shard writer keyed by (arm, layout_id, seed), under the run folder's lock. So a killed Ray run
   resumes with either engine, and ``merge``/``gate`` read the folder unchanged.
@@ -46,19 +47,14 @@ from typing import TYPE_CHECKING, Any
 
 from depthgate.exceptions import BackendRequestError, InputError
 from depthgate.run.backends.base import Backend, Request, Response
-from depthgate.run.runner import (
-    Job,
-    LayoutSource,
-    RunLedger,
-    RunOptions,
-    RunSummary,
-    interleaved_order,
-    shard_of,
-)
+from depthgate.run.execute import JobRunner
+from depthgate.run.jobs import Job, LayoutSource, check_jobs, interleaved_order, shard_of
+from depthgate.run.ledger import RunLedger, RunSummary
+from depthgate.run.options import RunOptions
 from depthgate.spec.files import import_extra
 
 if TYPE_CHECKING:
-    from depthgate.spec.models import System
+    from depthgate.spec.system import System
 
 __all__ = [
     "ENGINES",
@@ -185,12 +181,6 @@ class _WindowOnly:
         return None
 
 
-def _in_process(system: System) -> bool:
-    return system.backend == "vllm" or (
-        system.backend == "llamacpp" and system.endpoint is None and system.endpoints is None
-    )
-
-
 def driver_backend(system: System, *, base_dir: str | os.PathLike[str] | None = None) -> Backend:
     """The backend the driver of a Ray run probes and pre-send checks against: the real one for an HTTP
     arm (every endpoint probed before the first request, as with the asyncio engine), a window-only
@@ -199,18 +189,18 @@ def driver_backend(system: System, *, base_dir: str | os.PathLike[str] | None = 
     the driver does not start an engine to ask it)."""
     from depthgate.run.backends import make_backend
 
-    if not _in_process(system):
+    path = system.serving
+    if not path.embedded:
         return make_backend(system, tokenizer=None, base_dir=base_dir)
-    if system.backend == "vllm":
-        if system.window is None:
-            raise InputError(
-                "--engine ray with a vllm (offline) arm needs the arm's window: the driver does not start "
-                "an engine to read max_model_len",
-                field=f"{system.name}.window",
-                fix="set window = <max_model_len> in the arm's table",
-            )
-        return _WindowOnly(system.name, system.window)
-    return _WindowOnly(system.name, system.window or 4096)
+    window = system.window or path.default_window
+    if window is None:
+        raise InputError(
+            f"--engine ray with an arm on {path.label} needs the arm's window: the driver does not start "
+            "an engine to read it",
+            field=f"{system.name}.window",
+            fix="set window = <the engine's context length, e.g. max_model_len> in the arm's table",
+        )
+    return _WindowOnly(system.name, window)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -229,11 +219,11 @@ class ArmSpec:
 
 
 class _JobActor:
-    """One Ray Data actor: the arms' backends, built once, and the runner's ``_Run`` over them."""
+    """One Ray Data actor: the arms' backends, built once, and the runner's
+    :class:`~depthgate.run.execute.JobRunner` over them."""
 
     def __init__(self, arms: Mapping[str, ArmSpec], options: RunOptions, in_flight: int) -> None:
         from depthgate.run.backends import make_backend
-        from depthgate.run.runner import _Run
         from depthgate.run.store import LayoutStore
 
         # One event loop for the actor's lifetime: HTTP clients are bound to the loop they were made in.
@@ -250,7 +240,7 @@ class _JobActor:
             for arm, spec in arms.items()
         }
         sources = {arm: LayoutStore(spec.store) for arm, spec in arms.items() if spec.store is not None}
-        self.run = _Run(backends=self.backends, options=options, sources=sources or None)
+        self.run = JobRunner(backends=self.backends, options=options, sources=sources or None)
         self.in_flight = max(1, in_flight)
 
     async def _batch(self, jobs: Sequence[Job]) -> list[dict[str, Any]]:
@@ -320,8 +310,6 @@ def run_pairs_ray(
     :class:`~depthgate.run.store.LayoutStore` (its folder is what the actors open). Records, resume,
     ``--shard`` and the returned summary are the asyncio runner's.
     """
-    from depthgate.run import runner as rn
-
     ray = import_ray()
     ropts = ray_options or RayOptions.from_env()
     started = time.monotonic()
@@ -337,7 +325,7 @@ def run_pairs_ray(
             field="systems",
             fix="pass one system per arm",
         )
-    rows = rn._check_jobs(jobs, list(backends), streamed=bool(sources))
+    rows = check_jobs(jobs, list(backends), streamed=bool(sources))
     order = interleaved_order(rows, seed_list, run_id, options.order)
     if options.shard is not None:
         index, count = options.shard
@@ -363,7 +351,7 @@ def run_pairs_ray(
         Path(out_dir), run_id, order, options, started=started, dedup=True, errors_from_records=True
     ) as ledger:
         # Refused layouts are recorded here, without a request, as the asyncio runner does.
-        refusals = rn._Run(backends=backends, options=options)
+        refusals = JobRunner(backends=backends, options=options)
         sendable = ledger.sendable(refusals.refused)
         print(
             f"depthgate: engine ray: {len(order)} jobs, {ledger.already} already recorded, "
@@ -407,7 +395,7 @@ def _execute(
         override_num_blocks=max(1, math.ceil(len(sendable) / ropts.batch_rows)),
     )
     # vLLM offline: one engine per GPU actor unless the cluster job says otherwise.
-    gpus = ropts.num_gpus or (1.0 if any(spec.system.backend == "vllm" for spec in arms.values()) else 0.0)
+    gpus = ropts.num_gpus or (1.0 if any(spec.system.serving.wants_gpu for spec in arms.values()) else 0.0)
     results = dataset.map_batches(
         _JobActor,
         fn_constructor_kwargs={

@@ -25,7 +25,7 @@ import numpy as np
 import polars as pl
 
 from depthgate.exceptions import InfraError
-from depthgate.layout.layouts import ROW_GROUP_ROWS
+from depthgate.layout.sink import ROW_GROUP_ROWS
 
 __all__ = ["LayoutStore", "iter_layout_batches", "write_layout_store"]
 

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from typing import get_args
 
 from depthgate.exceptions import SpecError
-from depthgate.spec.models import Assembler, Case
+from depthgate.spec.cases import Case
+from depthgate.spec.system import Assembler
 
 __all__ = ["ASSEMBLERS", "FrameParts", "assemble"]
 
@@ -67,7 +68,7 @@ ASSEMBLERS: dict[str, Callable[[Case, str], FrameParts]] = {
     "query-first": _query_first,
 }
 if set(ASSEMBLERS) != set(get_args(Assembler)):  # the model's accepted names are exactly these
-    raise RuntimeError("depthgate.spec.models.Assembler and ASSEMBLERS disagree")
+    raise RuntimeError("depthgate.spec.system.Assembler and ASSEMBLERS disagree")
 
 
 def assemble(name: str, case: Case, preamble: str = "") -> FrameParts:

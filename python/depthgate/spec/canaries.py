@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import hashlib
 
-from depthgate.spec.models import Case, Suite
+from depthgate.spec.cases import Case, Suite
 
 __all__ = ["CANARY_DEPTHS", "CANARY_KINDS", "canary_cases", "canary_kind", "canary_suite"]
 

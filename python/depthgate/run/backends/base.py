@@ -186,7 +186,7 @@ class Response:
     the ids — Anthropic's own ``count_tokens`` of the message, or the local count plus the calibrated chat
     framing (``None``: the local count, ``len(token_ids)``). The runner compares ``prompt_tokens_server``
     with it and records the difference. ``endpoint``: the endpoint that answered, set by a backend over
-    several endpoints (``None``: the backend's own, :func:`depthgate.run.runner.endpoint_of`).
+    several endpoints (``None``: the backend's own, :func:`depthgate.run.execute.endpoint_of`).
     """
 
     text: str

@@ -39,23 +39,21 @@ count plus the chat framing overhead, measured once per backend with a small pro
 from __future__ import annotations
 
 import asyncio
-import email.utils
 import ipaddress
-import json
 import logging
-import math
-import re
-import time
-import urllib.request
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypedDict, TypeVar
 from urllib.parse import urlsplit
 
-import aiohttp
 import numpy as np
-import orjson
+
+if TYPE_CHECKING:
+    from typing import Unpack  # Python 3.11; annotations only (postponed), so 3.10 imports this module
+
+    import httpx
+    import numpy.typing as npt
 
 from depthgate.exceptions import (
     BackendError,
@@ -65,34 +63,31 @@ from depthgate.exceptions import (
     TransientBackendError,
 )
 from depthgate.run.backends.base import Request, Response, Secret, check_fits_window
-
-if TYPE_CHECKING:
-    from typing import Unpack  # Python 3.11; annotations only (postponed), so 3.10 imports this module
-
-    import httpx
-    import numpy.typing as npt
-
-__all__ = [
-    "ANTHROPIC_URL",
-    "ANTHROPIC_VERSION",
-    "CALIBRATION_PROBE",
-    "OPENAI_URL",
-    "AnthropicBackend",
-    "HTTPOptions",
-    "OpenAIChatBackend",
-    "OpenAICompletionsBackend",
-    "is_loopback_host",
-    "is_overlength_error",
-    "key_in_clear",
-]
+from depthgate.run.backends.http_wire import (
+    MAX_MESSAGE,
+    RETRY_STATUS,
+    VALIDATION_TEXT,
+    AiohttpSession,
+    Failure,
+    HttpxSession,
+    Session,
+    cached_tokens,
+    closed_at_loop_end,
+    dumps,
+    error_fields,
+    int_or_none,
+    is_overlength_error,
+    loads,
+    native,
+    normalize_base_url,
+    retry_after_seconds,
+    same_ids,
+    text_of,
+)
 
 log = logging.getLogger("depthgate.run.backends.http")
 
 OPENAI_URL = "https://api.openai.com"
-ANTHROPIC_URL = "https://api.anthropic.com"
-ANTHROPIC_VERSION = "2023-06-01"
-#: The message the OpenAI chat backend sends once to measure the chat framing overhead.
-CALIBRATION_PROBE = "Hello."
 
 _T = TypeVar("_T")
 
@@ -152,287 +147,11 @@ def key_in_clear(url: str) -> bool:
     return parts.scheme.lower() != "https" and not is_loopback_host(parts.hostname)
 
 
-_RETRY_STATUS = frozenset({408, 409, 425, 429})
-_OVERLENGTH_TEXT = re.compile(
-    r"maximum context length|context length|context window|exceeds? the available context"
-    r"|prompt is too long|too many (?:input )?tokens|longer than the maximum model length",
-    re.IGNORECASE,
-)
-_VALIDATION_TEXT = re.compile(r"\bvalidation errors?\b", re.IGNORECASE)
-_MAX_MESSAGE = 400
-
-
-# --------------------------------------------------------------------------------------------------
-# helpers
-
-
-def _error_fields(body: Any) -> dict[str, Any]:
-    """``{"message", "type", "code", "param"}`` from the error envelopes in use (nested OpenAI/vLLM ≥0.11,
-    flat vLLM ≤0.10, Anthropic ``{"type":"error","error":{…}}``, FastAPI ``{"detail": …}``)."""
-    if not isinstance(body, Mapping):
-        return {"message": str(body)} if body else {}
-    err = body.get("error")
-    if isinstance(err, Mapping):
-        return {k: err.get(k) for k in ("message", "type", "code", "param")}
-    if isinstance(err, str):
-        return {"message": err, "type": body.get("type"), "code": body.get("code")}
-    if "detail" in body:
-        return {"message": json.dumps(body["detail"], default=str)[:2000]}
-    return {k: body.get(k) for k in ("message", "type", "code", "param")}
-
-
-def is_overlength_error(status: int, body: Any) -> bool:
-    """HTTP status + JSON body of a refusal because the prompt (plus ``max_tokens``) exceeds the window."""
-    if status not in (400, 413, 422):
-        return False
-    fields = _error_fields(body)
-    if fields.get("code") == "context_length_exceeded" or fields.get("type") == "exceed_context_size_error":
-        return True
-    if fields.get("param") == "input_tokens":
-        return True
-    message = str(fields.get("message") or "")
-    if fields.get("param") == "max_tokens" and "must be at least 1" in message:
-        return True  # vLLM 0.32 when the prompt fills the whole window
-    return bool(_OVERLENGTH_TEXT.search(message))
-
-
-def _retry_after_seconds(value: str | None) -> float | None:
-    if not value:
-        return None
-    value = value.strip()
-    try:
-        seconds = float(value)
-    except ValueError:
-        try:
-            when = email.utils.parsedate_to_datetime(value)
-        except (TypeError, ValueError):
-            return None
-        seconds = when.timestamp() - time.time()
-    if not math.isfinite(seconds):
-        return None
-    return max(0.0, seconds)
-
-
-def _int_or_none(value: Any) -> int | None:
-    if isinstance(value, bool) or value is None:
-        return None
-    if isinstance(value, int):
-        return value
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    return None
-
-
-def _normalize_base_url(url: str) -> str:
-    url = url.rstrip("/")
-    if url.endswith("/v1"):
-        url = url[: -len("/v1")]
-    return url
-
-
-def _cached_tokens(usage: Mapping[str, Any]) -> int | None:
-    """``usage.prompt_tokens_details.cached_tokens``, when the server reports prefix-cache hits."""
-    details = usage.get("prompt_tokens_details")
-    return _int_or_none(details.get("cached_tokens")) if isinstance(details, Mapping) else None
-
-
-def _text_of(request: Request, sender: str) -> str:
-    """The request's text, which ``sender`` (a backend that sends text) cannot do without."""
-    if request.text is None:
-        raise BackendRequestError(
-            f"{sender} sends text but the request has none", field="text", fix="send the layout text"
-        )
-    return request.text
-
-
-def _apply_stops(text: str, stops: Sequence[str]) -> tuple[str, bool]:
-    """``text`` cut before the earliest stop string, and whether one was found."""
-    cut = min((i for i in (text.find(s) for s in stops if s) if i >= 0), default=-1)
-    return (text[:cut], True) if cut >= 0 else (text, False)
-
-
-# --------------------------------------------------------------------------------------------------
-# JSON and the two HTTP clients
-
-
-def _array_default(value: Any) -> Any:
-    """What orjson's numpy support does not take (a non-contiguous or foreign-endian id array) and the
-    stdlib ``json`` (no numpy at all) get: the array's ints as a list."""
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    raise TypeError(f"{type(value).__name__} is not JSON serializable")
-
-
-def _dumps(payload: Mapping[str, Any]) -> bytes:
-    """``payload`` as JSON bytes: orjson (a 128K-id body in 1.3 ms, the stdlib ``json`` 19 ms,
-    docs/benchmarks-runner-gate.md), an id array written straight from its numpy buffer (the same JSON
-    array of ints as its list); the stdlib for what orjson refuses (a lone surrogate in a text), which
-    escapes it."""
-    try:
-        return orjson.dumps(payload, default=_array_default, option=orjson.OPT_SERIALIZE_NUMPY)
-    except TypeError:
-        return json.dumps(payload, default=_array_default).encode()
-
-
-def _native(ids: Sequence[int] | npt.NDArray[Any]) -> Sequence[int] | npt.NDArray[Any]:
-    """An id array as orjson writes it directly: C-contiguous, native byte order (it refuses a
-    foreign-endian array with a TypeError, and the stdlib fallback spaces its JSON differently)."""
-    if isinstance(ids, np.ndarray) and not (ids.dtype.isnative and ids.flags.c_contiguous):
-        return np.ascontiguousarray(ids, dtype=ids.dtype.newbyteorder("="))
-    return ids
-
-
-def _same_ids(echoed: list[Any], sent: Sequence[int] | npt.NDArray[Any]) -> bool:
-    """Whether the server's echoed prompt ids are the ids sent (a list, or a numpy array compared
-    without building a list of it)."""
-    if not isinstance(sent, np.ndarray):
-        return echoed == list(sent)
-    if len(echoed) != len(sent):
-        return False
-    try:
-        got = np.asarray(echoed)
-    except (ValueError, TypeError):
-        return False
-    return got.dtype.kind in "iu" and bool(np.array_equal(got, sent))
-
-
-def _loads(raw: bytes) -> Any:
-    """JSON bytes decoded: orjson, or the stdlib for what only it accepts (``NaN``, integers beyond 64
-    bits). Raises :class:`ValueError` when ``raw`` is not JSON."""
-    try:
-        return orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        return json.loads(raw)
-
-
-@dataclass(frozen=True)
-class _Answer:
-    """An HTTP answer, read whole: no client object (which holds the request and its headers) kept."""
-
-    status: int
-    reason: str
-    retry_after: str | None
-    content: bytes
-
-
-@dataclass(frozen=True)
-class _Failure:
-    """A request that got no answer: ``timeout`` or ``unreachable``; ``name`` the failure's kind (httpx's
-    exception names: ``ConnectTimeout``, ``ReadTimeout``, ``ConnectError`` …), ``detail`` its text."""
-
-    kind: Literal["timeout", "unreachable"]
-    name: str
-    detail: str = ""
-
-
-def _environment_proxy(url: str) -> str | None:
-    """The proxy the environment names for ``url`` (``HTTPS_PROXY``, ``HTTP_PROXY`` or ``ALL_PROXY`` by its
-    scheme), unless ``NO_PROXY`` covers its host; ``None`` for none."""
-    parts = urlsplit(url)
-    if parts.hostname and urllib.request.proxy_bypass(parts.hostname):
-        return None
-    proxies = urllib.request.getproxies_environment()
-    return proxies.get(parts.scheme.lower()) or proxies.get("all") or None
-
-
-class _AiohttpSession:
-    """aiohttp: one pool of ``max_connections``; ``timeout_s`` bounds every read (and the wait for a
-    pooled connection, as httpx's pool timeout did), ``connect_timeout_s`` the TCP/TLS connect."""
-
-    def __init__(self, options: HTTPOptions, base_url: str) -> None:
-        self._proxy = _environment_proxy(base_url)
-        self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=options.max_connections, limit_per_host=0),
-            timeout=aiohttp.ClientTimeout(
-                total=None,
-                connect=max(options.timeout_s, options.connect_timeout_s),
-                sock_connect=options.connect_timeout_s,
-                sock_read=options.timeout_s,
-            ),
-            # Not trust_env: aiohttp would then look up the proxy variables and read ~/.netrc on every
-            # request; the proxy is looked up once per client instead (httpx read it once too).
-            trust_env=False,
-        )
-
-    async def send(
-        self, method: str, url: str, body: bytes | None, headers: Mapping[str, str]
-    ) -> _Answer | _Failure:
-        try:
-            async with self._session.request(
-                method, url, data=body, headers=headers, allow_redirects=False, proxy=self._proxy
-            ) as response:
-                content = await response.read()
-                return _Answer(
-                    response.status, response.reason or "", response.headers.get("Retry-After"), content
-                )
-        except aiohttp.ConnectionTimeoutError:
-            return _Failure("timeout", "ConnectTimeout")
-        except TimeoutError:  # aiohttp's SocketTimeoutError (sock_read) is one
-            return _Failure("timeout", "ReadTimeout")
-        except (aiohttp.ClientError, OSError) as exc:
-            return _Failure("unreachable", type(exc).__name__, str(exc))
-
-    async def aclose(self) -> None:
-        await self._session.close()
-
-
-class _HttpxSession:
-    """httpx, as before aiohttp (``HTTPOptions.client = "httpx"``, or a ``transport`` for tests)."""
-
-    def __init__(self, options: HTTPOptions) -> None:
-        import httpx
-
-        self._httpx = httpx
-        self._client = httpx.AsyncClient(
-            timeout=httpx.Timeout(options.timeout_s, connect=options.connect_timeout_s),
-            limits=httpx.Limits(
-                max_connections=options.max_connections, max_keepalive_connections=options.max_connections
-            ),
-            transport=options.transport,
-            follow_redirects=False,
-        )
-
-    async def send(
-        self, method: str, url: str, body: bytes | None, headers: Mapping[str, str]
-    ) -> _Answer | _Failure:
-        httpx = self._httpx
-        try:
-            response = await self._client.request(method, url, content=body, headers=headers)
-        except httpx.TimeoutException as exc:
-            return _Failure("timeout", type(exc).__name__)
-        except httpx.TransportError as exc:
-            return _Failure("unreachable", type(exc).__name__, str(exc))
-        return _Answer(
-            response.status_code,
-            response.reason_phrase,
-            response.headers.get("retry-after"),
-            response.content,
-        )
-
-    async def aclose(self) -> None:
-        await self._client.aclose()
-
-
-_Session = _AiohttpSession | _HttpxSession
-
-
-async def _closed_at_loop_end(session: _Session) -> AsyncGenerator[None, None]:
-    """Yields once; its ``finally`` closes ``session``. An event loop finalizes every unfinished async
-    generator when ``asyncio.run`` ends (PEP 525, ``loop.shutdown_asyncgens``), so a client is closed in
-    the loop it was opened in even when its backend is closed later from another loop (``depthgate run``
-    sends in one ``asyncio.run`` and closes the backends in others; aiohttp then reports an unclosed
-    session and leaves its sockets open)."""
-    try:
-        yield
-    finally:
-        await session.aclose()
-
-
 # --------------------------------------------------------------------------------------------------
 # shared HTTP machinery
 
 
-class _PerLoop(Generic[_T]):
+class PerLoop(Generic[_T]):
     """An asyncio primitive (lock, semaphore) for the running event loop, made anew when the loop changes:
     a backend outlives the ``asyncio.run`` it was first used in."""
 
@@ -448,8 +167,8 @@ class _PerLoop(Generic[_T]):
         return self._value
 
 
-class _Common(TypedDict, total=False):
-    """What every HTTP backend takes besides its model and URL (see :class:`_HTTPBackend`)."""
+class HTTPBackendArgs(TypedDict, total=False):
+    """What every HTTP backend takes besides its model and URL (see :class:`HTTPBackend`)."""
 
     api_key: Secret | None
     name: str | None
@@ -457,7 +176,7 @@ class _Common(TypedDict, total=False):
     options: HTTPOptions | None
 
 
-class _HTTPBackend:
+class HTTPBackend:
     """JSON-over-HTTP client shared by the backends below (one HTTP client per event loop).
 
     :meth:`generate` holds one of :attr:`HTTPOptions.concurrency` slots (when set) around the subclass's
@@ -484,7 +203,7 @@ class _HTTPBackend:
         name = name or model  # a backend is named after its model unless the arm names it
         self.model = model
         self.name = name
-        self.base_url = _normalize_base_url(base_url)
+        self.base_url = normalize_base_url(base_url)
         if api_key is not None and key_in_clear(self.base_url) and not options.allow_insecure_key:
             raise InputError(
                 f"refusing to send the API key from ${api_key.env_var} to {self.base_url}: plain http to a "
@@ -500,11 +219,11 @@ class _HTTPBackend:
         self.connect_timeout_s = options.connect_timeout_s
         self.count_tolerance = 0.0 if options.count_tolerance is None else options.count_tolerance
         self.concurrency = options.concurrency
-        self._http: _Session | None = None
+        self._http: Session | None = None
         self._http_loop: asyncio.AbstractEventLoop | None = None
         self._http_guard: AsyncGenerator[None, None] | None = None
         self._slots = (
-            None if self.concurrency is None else _PerLoop(partial(asyncio.Semaphore, self.concurrency))
+            None if self.concurrency is None else PerLoop(partial(asyncio.Semaphore, self.concurrency))
         )
 
     def __repr__(self) -> str:
@@ -536,15 +255,15 @@ class _HTTPBackend:
     def _redact(self, text: str) -> str:
         return self._api_key.redact(text) if self._api_key is not None else text
 
-    async def _session(self) -> _Session:
+    async def _session(self) -> Session:
         """This event loop's HTTP client (made on first use in each loop)."""
         loop = asyncio.get_running_loop()
         if self._http is None or self._http_loop is not loop:
             use_httpx = self.options.client == "httpx" or self.options.transport is not None
-            session: _Session = (
-                _HttpxSession(self.options) if use_httpx else _AiohttpSession(self.options, self.base_url)
+            session: Session = (
+                HttpxSession(self.options) if use_httpx else AiohttpSession(self.options, self.base_url)
             )
-            guard = _closed_at_loop_end(session)
+            guard = closed_at_loop_end(session)
             self._http, self._http_loop, self._http_guard = session, loop, guard
             await guard.__anext__()
         return self._http
@@ -557,9 +276,9 @@ class _HTTPBackend:
             await guard.aclose()  # its ``finally`` closes the client
 
     def _message(self, body: Any, raw: bytes) -> str:
-        fields = _error_fields(body) if body is not None else {}
+        fields = error_fields(body) if body is not None else {}
         message = str(fields.get("message") or raw.decode("utf-8", "replace") or "").strip()
-        return self._redact(message)[:_MAX_MESSAGE]
+        return self._redact(message)[:MAX_MESSAGE]
 
     async def _call(
         self, method: Literal["GET", "POST"], path: str, payload: Mapping[str, Any] | None = None
@@ -569,11 +288,11 @@ class _HTTPBackend:
         :class:`BackendRequestError` for a refusal."""
         url = f"{self.base_url}{path}"
         where = f"{method} {url}"
-        body = _dumps(payload) if payload is not None and method == "POST" else None
+        body = dumps(payload) if payload is not None and method == "POST" else None
         # The clients return failures instead of raising them, so that no exception raised here keeps a
         # client request (which holds the API key in its headers) as its ``__context__``.
         answer = await (await self._session()).send(method, url, body, self._headers())
-        if isinstance(answer, _Failure):
+        if isinstance(answer, Failure):
             if answer.kind == "timeout":
                 raise TransientBackendError(
                     f"{where} timed out ({answer.name}, limit {self.timeout_s:g} s read, "
@@ -588,7 +307,7 @@ class _HTTPBackend:
             )
         status, raw = answer.status, answer.content
         try:
-            decoded = _loads(raw) if raw else None
+            decoded = loads(raw) if raw else None
         except ValueError:
             decoded = None
         if 200 <= status < 300:
@@ -606,13 +325,13 @@ class _HTTPBackend:
                 summary=f"HTTP {status} over-length: {where}",
                 fix="shorten the layout or lower max_tokens (the served window may be smaller than assumed)",
             )
-        if status >= 500 and _VALIDATION_TEXT.search(message):
+        if status >= 500 and VALIDATION_TEXT.search(message):
             raise self._validation_refusal(status, where, message, payload)
-        if status in _RETRY_STATUS or status >= 500:
+        if status in RETRY_STATUS or status >= 500:
             raise TransientBackendError(
                 f"{where} answered HTTP {status} ({message or answer.reason})",
                 summary=f"HTTP {status}: {where}",
-                retry_after=_retry_after_seconds(answer.retry_after),
+                retry_after=retry_after_seconds(answer.retry_after),
                 status=status,
                 fix="the run records it as infra_error and re-runs it on resume",
             )
@@ -657,7 +376,7 @@ class _HTTPBackend:
         )
 
 
-class _OpenAIShaped(_HTTPBackend):
+class OpenAIShapedBackend(HTTPBackend):
     """What the OpenAI-shaped APIs share: a bearer key, answers with ``choices`` and ``usage``."""
 
     def _headers(self) -> dict[str, str]:
@@ -690,11 +409,11 @@ class _OpenAIShaped(_HTTPBackend):
         return Response(
             text=text,
             finish_reason=finish_reason,
-            prompt_tokens_server=_int_or_none(usage.get("prompt_tokens")),
-            completion_tokens=_int_or_none(usage.get("completion_tokens")),
+            prompt_tokens_server=int_or_none(usage.get("prompt_tokens")),
+            completion_tokens=int_or_none(usage.get("completion_tokens")),
             server_prompt_ids_match=server_prompt_ids_match,
             system_fingerprint=body.get("system_fingerprint"),
-            prefix_cache_hit_tokens=_cached_tokens(usage),
+            prefix_cache_hit_tokens=cached_tokens(usage),
             prompt_tokens_expected=prompt_tokens_expected,
             extra={"served_model": body.get("model"), **extra},
         )
@@ -704,7 +423,7 @@ class _OpenAIShaped(_HTTPBackend):
 # OpenAI-compatible /v1/completions
 
 
-class OpenAICompletionsBackend(_OpenAIShaped):
+class OpenAICompletionsBackend(OpenAIShapedBackend):
     """``/v1/completions`` of vLLM's server or any OpenAI-compatible server.
 
     ``prompt_format="token_ids"`` sends ``prompt: [ids]`` (vLLM, llama-server); ``"text"`` sends the
@@ -722,7 +441,7 @@ class OpenAICompletionsBackend(_OpenAIShaped):
         prompt_format: Literal["token_ids", "text"] = "token_ids",
         vllm: bool = False,
         check_served_model: bool = True,
-        **common: Unpack[_Common],
+        **common: Unpack[HTTPBackendArgs],
     ) -> None:
         super().__init__(model, base_url=base_url, **common)
         if prompt_format not in ("token_ids", "text"):
@@ -732,7 +451,7 @@ class OpenAICompletionsBackend(_OpenAIShaped):
         self.vllm = vllm
         self.check_served_model = check_served_model
         self._probed = False
-        self._probe_lock = _PerLoop(asyncio.Lock)
+        self._probe_lock = PerLoop(asyncio.Lock)
         self._served_window: int | None = None
         self.served_models: list[str] = []
 
@@ -772,7 +491,7 @@ class OpenAICompletionsBackend(_OpenAIShaped):
                 "llama-cpp-python --model_alias)",
             )
         if card is not None:
-            self._served_window = _int_or_none(card.get("max_model_len"))
+            self._served_window = int_or_none(card.get("max_model_len"))
         self._probed = True
         return dict(card or {})
 
@@ -825,10 +544,10 @@ class OpenAICompletionsBackend(_OpenAIShaped):
                     field="token_ids",
                     fix="send the layout ids",
                 )
-            # A list of ints or a numpy id array: sent as is (_dumps writes the array directly).
-            prompt: Sequence[int] | npt.NDArray[Any] | str = _native(request.token_ids)
+            # A list of ints or a numpy id array: sent as is (dumps writes the array directly).
+            prompt: Sequence[int] | npt.NDArray[Any] | str = native(request.token_ids)
         else:
-            prompt = _text_of(request, "this backend")
+            prompt = text_of(request, "this backend")
         n_local = len(request.token_ids) if request.token_ids is not None else None
         check_fits_window(
             n_local,
@@ -858,7 +577,7 @@ class OpenAICompletionsBackend(_OpenAIShaped):
         echoed = choice.get("prompt_token_ids", body.get("prompt_token_ids"))
         match: bool | None = None
         if isinstance(echoed, list) and request.token_ids is not None:
-            match = _same_ids(echoed, request.token_ids)
+            match = same_ids(echoed, request.token_ids)
         extra: dict[str, Any] = {}
         if choice.get("stop_reason") is not None:
             extra["stop_reason"] = choice.get("stop_reason")
@@ -871,216 +590,4 @@ class OpenAICompletionsBackend(_OpenAIShaped):
             finish_reason=choice.get("finish_reason"),
             extra=extra,
             server_prompt_ids_match=match,
-        )
-
-
-# --------------------------------------------------------------------------------------------------
-# OpenAI chat completions (text only)
-
-
-class OpenAIChatBackend(_OpenAIShaped):
-    """``/v1/chat/completions``: the layout text as one user message, ``seed`` (best effort), the
-    ``system_fingerprint`` and ``usage`` recorded. Text only.
-
-    The server's prompt count is the text's tokens plus a constant chat framing (role markers, the
-    assistant turn). Given ``local_count`` (the local tokenizer's count of a text, counted the way layouts
-    count their ids), the backend measures that framing once, before its first request, by sending
-    :data:`CALIBRATION_PROBE` (one completion token): ``overhead = usage.prompt_tokens(probe) −
-    local_count(probe)``. Every response then says the count the server must report,
-    ``len(token_ids) + overhead`` (:attr:`Response.prompt_tokens_expected`), and the runner allows no
-    other difference (unless ``count_tolerance`` is set). A provider whose tokenizer is not the local one
-    shows up as differences that grow with the prompt: recorded, and refused as ``server_count_mismatch``.
-    Without ``local_count`` nothing is calibrated and the server's count is compared with the local one.
-    """
-
-    accepts_token_ids = False
-
-    def __init__(
-        self,
-        model: str,
-        *,
-        base_url: str = OPENAI_URL,
-        max_tokens_field: Literal["max_tokens", "max_completion_tokens"] = "max_tokens",
-        local_count: Callable[[str], int] | None = None,
-        **common: Unpack[_Common],
-    ) -> None:
-        super().__init__(model, base_url=base_url, **common)
-        self.max_tokens_field = max_tokens_field
-        self.local_count = local_count
-        self._overhead: int | None = None
-        self._calibration_lock = _PerLoop(asyncio.Lock)
-
-    @property
-    def overhead(self) -> int | None:
-        """The measured chat framing overhead in tokens (``None`` before calibration or without
-        ``local_count``)."""
-        return self._overhead
-
-    def _payload(self, text: str, *, max_tokens: int, temperature: float, seed: int) -> dict[str, Any]:
-        return {
-            "model": self.model,
-            "messages": [{"role": "user", "content": text}],
-            self.max_tokens_field: max_tokens,
-            "temperature": temperature,
-            "seed": seed,
-            "stream": False,
-        }
-
-    async def calibrate(self) -> int:
-        """Send :data:`CALIBRATION_PROBE` once and return the chat framing overhead in tokens."""
-        if self.local_count is None:
-            raise BackendRequestError(
-                "the chat backend cannot calibrate without a local tokenizer",
-                field="local_count",
-                fix="pass local_count (make_backend builds it from the system's tokenizer)",
-            )
-        where = f"POST {self.base_url}/v1/chat/completions (calibration probe)"
-        body = await self._call(
-            "POST",
-            "/v1/chat/completions",
-            self._payload(CALIBRATION_PROBE, max_tokens=1, temperature=0.0, seed=0),
-        )
-        usage = body.get("usage") if isinstance(body, Mapping) else None
-        server = _int_or_none(usage.get("prompt_tokens")) if isinstance(usage, Mapping) else None
-        if server is None:
-            raise self._malformed(where, "usage.prompt_tokens")
-        self._overhead = server - self.local_count(CALIBRATION_PROBE)
-        log.info("%s: chat framing overhead %d tokens (probe)", self.name, self._overhead)
-        return self._overhead
-
-    async def _ensure_calibrated(self) -> int | None:
-        if self.local_count is None:
-            return None
-        if self._overhead is not None:
-            return self._overhead
-        async with self._calibration_lock.get():
-            if self._overhead is None:
-                await self.calibrate()
-        return self._overhead
-
-    async def _generate(self, request: Request) -> Response:
-        prompt = _text_of(request, "the chat backend")
-        overhead = await self._ensure_calibrated()
-        payload = self._payload(
-            prompt, max_tokens=request.max_tokens, temperature=request.temperature, seed=request.seed
-        )
-        if request.stop:
-            payload["stop"] = list(request.stop)[:4]
-        body = await self._call("POST", "/v1/chat/completions", payload)
-        choice, usage = self._first_choice(body, "/v1/chat/completions")
-        message: Mapping[str, Any] = choice["message"] if isinstance(choice.get("message"), Mapping) else {}
-        text, stopped = _apply_stops(str(message.get("content") or ""), request.stop[4:])
-        expected: int | None = None
-        extra: dict[str, Any] = {}
-        if overhead is not None and self.local_count is not None:
-            n_local = len(request.token_ids) if request.token_ids is not None else self.local_count(prompt)
-            expected = n_local + overhead
-            extra["prompt_overhead"] = overhead
-        return self._response(
-            body,
-            usage,
-            text=text,
-            finish_reason="stop" if stopped else choice.get("finish_reason"),
-            extra=extra,
-            prompt_tokens_expected=expected,
-        )
-
-
-# --------------------------------------------------------------------------------------------------
-# Anthropic Messages API (text only, no seed)
-
-
-_ANTHROPIC_FINISH = {"end_turn": "stop", "stop_sequence": "stop", "max_tokens": "length"}
-
-
-class AnthropicBackend(_HTTPBackend):
-    """``/v1/messages``. Before each request ``/v1/messages/count_tokens`` counts the prompt (a prompt
-    that cannot fit :attr:`window` is refused without sending it); after it, ``usage`` gives the prompt
-    count (``input_tokens + cache_creation_input_tokens + cache_read_input_tokens``), which must equal that
-    count exactly (:attr:`Response.prompt_tokens_expected`: same provider, same tokenizer, same message;
-    the runner records any difference and refuses it unless ``count_tolerance`` allows it). The API has no
-    seed: ``temperature`` is sent, the seed is not. Whitespace-only stop strings (refused by the API)
-    are applied to the output here."""
-
-    accepts_token_ids = False
-
-    def __init__(
-        self,
-        model: str,
-        *,
-        base_url: str = ANTHROPIC_URL,
-        anthropic_version: str = ANTHROPIC_VERSION,
-        **common: Unpack[_Common],
-    ) -> None:
-        super().__init__(model, base_url=base_url, **common)
-        self.anthropic_version = anthropic_version
-
-    def _headers(self) -> dict[str, str]:
-        headers = super()._headers()
-        headers["anthropic-version"] = self.anthropic_version
-        if self._api_key is not None:
-            headers["x-api-key"] = self._api_key.reveal()
-        return headers
-
-    async def count_tokens(self, text: str) -> int:
-        """The provider's prompt count of ``text`` as one user message."""
-        body = await self._call(
-            "POST",
-            "/v1/messages/count_tokens",
-            {"model": self.model, "messages": [{"role": "user", "content": text}]},
-        )
-        count = _int_or_none(body.get("input_tokens")) if isinstance(body, Mapping) else None
-        if count is None:
-            raise self._malformed(f"POST {self.base_url}/v1/messages/count_tokens", "input_tokens")
-        return count
-
-    async def _generate(self, request: Request) -> Response:
-        prompt = _text_of(request, "the Anthropic backend")
-        counted = await self.count_tokens(prompt)
-        check_fits_window(
-            counted,
-            request.max_tokens,
-            self.window,
-            said="Anthropic counts {n} prompt tokens; plus max_tokens {max_tokens} is over the window of "
-            "{window} tokens",
-            summary="count_tokens + max_tokens exceeds the window",
-        )
-        api_stops = [s for s in request.stop if s.strip()]
-        payload: dict[str, Any] = {
-            "model": self.model,
-            "max_tokens": request.max_tokens,
-            "messages": [{"role": "user", "content": prompt}],
-            "temperature": request.temperature,
-        }
-        if api_stops:
-            payload["stop_sequences"] = api_stops
-        body = await self._call("POST", "/v1/messages", payload)
-        where = f"POST {self.base_url}/v1/messages"
-        content = body.get("content") if isinstance(body, Mapping) else None
-        if not isinstance(content, list):
-            raise self._malformed(where, "content")
-        raw = "".join(
-            str(block.get("text") or "")
-            for block in content
-            if isinstance(block, Mapping) and block.get("type") == "text"
-        )
-        text, stopped = _apply_stops(raw, request.stop)
-        usage = body.get("usage") if isinstance(body.get("usage"), Mapping) else {}
-        parts = [
-            _int_or_none(usage.get(k))
-            for k in ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
-        ]
-        prompt_tokens = None if parts[0] is None else sum(p or 0 for p in parts)
-        stop_reason = body.get("stop_reason")
-        finish = "stop" if stopped else _ANTHROPIC_FINISH.get(str(stop_reason), stop_reason)
-        return Response(
-            text=text,
-            finish_reason=finish,
-            prompt_tokens_server=prompt_tokens,
-            completion_tokens=_int_or_none(usage.get("output_tokens")),
-            server_prompt_ids_match=None,
-            system_fingerprint=None,
-            prefix_cache_hit_tokens=parts[2],
-            prompt_tokens_expected=counted,
-            extra={"count_tokens": counted, "stop_reason": stop_reason, "served_model": body.get("model")},
         )

@@ -1,0 +1,271 @@
+"""A declarative run matrix (``matrices/*.toml``): suite reference × lengths × positions × spacings ×
+repeats, two systems and the analysis plan."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal, TypeAlias
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    Discriminator,
+    Field,
+    StrictBool,
+    Tag,
+    model_validator,
+)
+
+from depthgate.spec.base import Frozen, StrictInt, canonical_json, violation
+from depthgate.spec.cases import Language
+from depthgate.spec.limits import (
+    MAX_GENERATED_CASES,
+    MAX_LAYOUTS,
+    MAX_LENGTH,
+    MAX_POSITIONS,
+    MAX_SEEDS,
+    length_problem,
+)
+from depthgate.spec.models import AnalysisPlan
+from depthgate.spec.positions import Position, PositionLabel, Spacing, spacing_gap, spacing_label
+from depthgate.spec.system import DecodeParams, System
+from depthgate.spec.text_checks import check_id
+
+
+class BuiltinSuiteRef(Frozen):
+    """The built-in generated suite (:func:`depthgate.spec.suites.builtin_suite`)."""
+
+    kind: Literal["builtin"] = "builtin"
+    cases: StrictInt = Field(default=8, ge=1, le=MAX_GENERATED_CASES)
+    seed: StrictInt = Field(default=0, ge=0, lt=2**63)
+    language: Language = "en"
+    # With the `conflict` pattern (two unversioned sources disagree); the first 13 cases are the default
+    # suite's, conflict cases come after them. Left out of the matrix digest when false.
+    conflict: StrictBool = False
+
+
+class FileSuiteRef(Frozen):
+    """A suite file: ``format = "suite"`` (JSON of :class:`Suite`) or ``"incidents"`` (JSONL replay).
+    When ``format`` is omitted it follows the extension: ``.jsonl`` is incidents, anything else a suite.
+    Relative paths are relative to the matrix file."""
+
+    kind: Literal["file"] = "file"
+    path: str = Field(min_length=1)
+    format: Literal["suite", "incidents"] | None = None
+
+    @property
+    def resolved_format(self) -> Literal["suite", "incidents"]:
+        if self.format is not None:
+            return self.format
+        return "incidents" if self.path.endswith(".jsonl") else "suite"
+
+
+def _suite_ref_tag(value: Any) -> str:
+    if isinstance(value, BaseModel):
+        return str(getattr(value, "kind", "builtin"))
+    if isinstance(value, Mapping):
+        if "kind" in value:
+            return str(value["kind"])
+        return "file" if "path" in value else "builtin"
+    return "builtin"
+
+
+def _parse_suite_shorthand(value: Any) -> Any:
+    """``"builtin"``, ``"builtin:8"``, ``"builtin:8:0:en"`` (cases:seed:language) or a path."""
+    if isinstance(value, BaseModel | Mapping):
+        return value
+    if not isinstance(value, str):
+        raise violation(
+            f"{value!r} is not a suite reference",
+            fix="write a table (kind = 'builtin' with cases, seed, language; or kind = 'file' with path), "
+            "'builtin:<cases>:<seed>:<language>' or a path",
+        )
+    if value == "builtin" or value.startswith("builtin:"):
+        parts = value.split(":")[1:]
+        if len(parts) > 3 or any(not part for part in parts):
+            raise violation(
+                f"cannot parse {value!r}",
+                fix="write 'builtin:<cases>:<seed>:<language>', e.g. 'builtin:8:0:en', or a table",
+            )
+        ref: dict[str, Any] = {"kind": "builtin"}
+        for key, part in zip(("cases", "seed", "language"), parts, strict=False):
+            if key == "language":
+                ref[key] = part
+            elif part.isdigit():
+                ref[key] = int(part)
+            else:
+                raise violation(
+                    f"{key} {part!r} in {value!r} is not a number",
+                    fix="write 'builtin:<cases>:<seed>:<language>', e.g. 'builtin:8:0:en'",
+                )
+        return ref
+    return {"kind": "file", "path": value}
+
+
+SuiteRef: TypeAlias = Annotated[
+    Annotated[BuiltinSuiteRef, Tag("builtin")] | Annotated[FileSuiteRef, Tag("file")],
+    Discriminator(
+        _suite_ref_tag,
+        custom_error_type="depthgate_suite_ref",
+        custom_error_message="suite must be a builtin reference or a file reference",
+        custom_error_context={"fix": "use kind = 'builtin' (cases, seed, language) or kind = 'file' (path)"},
+    ),
+    BeforeValidator(_parse_suite_shorthand),
+]
+
+
+#: The most canaries per arm, length and kind a matrix may ask for (each is a full-length request).
+MAX_CANARIES = 8
+
+
+class Matrix(Frozen):
+    """A declarative run matrix (``matrices/*.toml``): suite × lengths × positions × repeats, two systems."""
+
+    name: str
+    suite: SuiteRef
+    lengths: list[StrictInt]
+    positions: list[Position]
+    # Evidence spacing of multi-evidence cases (issue #13 item 5); the default leaves every layout, id
+    # and digest as before (canonical_json leaves it out).
+    spacings: list[Spacing] = Field(default_factory=lambda: list[str | int](["adjacent"]))
+    repeats: StrictInt = Field(default=1, ge=1, le=MAX_SEEDS)
+    # The order requests are sent in: "shuffled" (pairs in a seeded random order) or "haystack" (the
+    # pairs of one haystack — case × length × seed — sent together, the haystacks and the pairs inside
+    # each shuffled): a server's prefix cache then reuses the shared haystack prefix (docs/nightly.md
+    # measures it on vLLM). Left out of the digest when "shuffled", so older run ids stay.
+    order: Literal["shuffled", "haystack"] = "shuffled"
+    # Full-length canaries (issue #21): per arm, length and kind (head, tail), this many requests whose
+    # answer is fixed text at the very start / end of a prompt of the tested length
+    # (depthgate.run.canary). 0 (the default) sends none and leaves digests and run ids as before.
+    canaries: StrictInt = Field(default=0, ge=0, le=MAX_CANARIES)
+    decode: DecodeParams = DecodeParams()
+    baseline: System
+    candidate: System
+    plan: AnalysisPlan = AnalysisPlan()
+
+    @model_validator(mode="after")
+    def _check_matrix(self) -> Matrix:
+        check_id(self.name, field="name")
+        if not self.lengths:
+            raise violation(
+                "must not be empty", field="lengths", fix="list total lengths in tokens, e.g. [1024]"
+            )
+        for index, length in enumerate(self.lengths):
+            if length < 16:
+                raise violation(
+                    f"length {length} is too small",
+                    field=f"lengths[{index}]",
+                    fix="give total prompt lengths in tokens (>= 16), e.g. 1024",
+                )
+            problem = length_problem(length)
+            if problem is not None:
+                raise violation(
+                    problem, field=f"lengths[{index}]", fix=f"give lengths of at most {MAX_LENGTH} tokens"
+                )
+        if len(self.positions) > MAX_POSITIONS:
+            raise violation(
+                f"lists {len(self.positions)} positions, over the limit of {MAX_POSITIONS}",
+                field="positions",
+                fix=f"list at most {MAX_POSITIONS} positions (split the study into several matrices)",
+            )
+        if len(set(self.lengths)) != len(self.lengths):
+            raise violation("contains a repeated length", field="lengths", fix="list each length once")
+        if not self.positions:
+            raise violation(
+                "must not be empty", field="positions", fix="list depths, e.g. [0.0, 0.25, 0.5, 0.75, 1.0]"
+            )
+        if len(set(self.positions)) != len(self.positions):
+            raise violation("contains a repeated position", field="positions", fix="list each position once")
+        longest = max(self.lengths)
+        for index, position in enumerate(self.positions):
+            offset = PositionLabel.of(position).offset
+            if offset is not None and offset >= longest:
+                raise violation(
+                    f"offset {position} is beyond the longest length {longest}",
+                    field=f"positions[{index}]",
+                    fix="use an offset smaller than the lengths, or a depth in [0, 1]",
+                )
+        if self.repeats != len(self.decode.seeds):
+            raise violation(
+                f"repeats = {self.repeats} but decode.seeds has {len(self.decode.seeds)} seed(s)",
+                field="repeats",
+                fix=f"list one seed per repeat, e.g. decode.seeds = {list(range(self.repeats))}",
+            )
+        if self.baseline.name == self.candidate.name:
+            raise violation(
+                f"baseline and candidate are both named {self.baseline.name!r}",
+                field="candidate.name",
+                fix="give the two systems different names (an A/A run may otherwise use identical settings)",
+            )
+        # The slice count is known here: refuse a bootstrap too small to confirm a regression before
+        # the plan is frozen and any request is sent.
+        self._check_spacings()
+        if isinstance(self.suite, BuiltinSuiteRef):
+            layouts = self.suite.cases * len(self.lengths) * len(self.position_values())
+            if layouts > MAX_LAYOUTS:
+                raise violation(
+                    f"{self.suite.cases} cases × {len(self.lengths)} lengths × {len(self.position_values())} "
+                    f"positions are {layouts} layouts per arm, over the limit of {MAX_LAYOUTS}",
+                    field="lengths",
+                    fix="build fewer cases, lengths or positions per matrix (split the study into several)",
+                )
+        self.plan.raise_violations(n_slices=len(self.lengths) * len(self.position_values()), prefix="plan.")
+        return self
+
+    def _check_spacings(self) -> None:
+        if not self.spacings:
+            raise violation(
+                "must not be empty", field="spacings", fix='list at least one spacing, e.g. ["adjacent"]'
+            )
+        labels = [spacing_label(s) for s in self.spacings]
+        if len(set(labels)) != len(labels):
+            raise violation("contains a repeated spacing", field="spacings", fix="list each spacing once")
+        shortest = min(self.lengths)
+        for index, spacing in enumerate(self.spacings):
+            gap = spacing_gap(spacing, shortest)
+            if gap > shortest // 2:
+                raise violation(
+                    f"a gap of {gap} tokens cannot fit the length {shortest} (at most half of it, "
+                    f"{shortest // 2} tokens)",
+                    field=f"spacings[{index}]",
+                    fix=f'use a gap of at most {shortest // 2} tokens, "far" (0.4 of the length), or longer '
+                    "lengths",
+                )
+        # An absolute offset puts the start of the evidence block there; the gap must still fit after it
+        # at every length (else every such layout would be refused at build, offset_outside_region).
+        for p_index, position in enumerate(self.positions):
+            offset = PositionLabel.of(position).offset
+            if offset is None:
+                continue
+            for index, spacing in enumerate(self.spacings):
+                for length in self.lengths:
+                    gap = spacing_gap(spacing, length)
+                    if gap and offset + gap >= length:
+                        raise violation(
+                            f"offset {position} plus the {spacing_label(spacing)} gap of {gap} tokens is "
+                            f"beyond the length {length}",
+                            field=f"spacings[{index}]",
+                            fix=f"move positions[{p_index}] to an offset below {length - gap}, use a "
+                            "smaller spacing, or longer lengths",
+                        )
+
+    def position_values(self) -> list[str]:
+        """The position list the run is built, frozen and gated on: every position at every spacing,
+        spacing-major; a non-adjacent spacing joins the position as ``"0.5~far"``. With the default
+        spacing this is exactly ``[str(p) for p in positions]``."""
+        return [str(PositionLabel.of(p, s)) for s in self.spacings for p in self.positions]
+
+    def canonical_json(self) -> str:
+        """As :meth:`Frozen.canonical_json`, without ``spacings``, ``order``, ``canaries`` and the
+        suite's ``conflict`` when they are the defaults, so matrices written before those fields keep
+        their digest (and run ids)."""
+        data = self.model_dump(mode="json")
+        if data.get("spacings") == ["adjacent"]:
+            del data["spacings"]
+        if data.get("order") == "shuffled":
+            del data["order"]
+        if data.get("canaries") == 0:
+            del data["canaries"]
+        if data["suite"].get("conflict") is False:
+            del data["suite"]["conflict"]
+        return canonical_json(data)
