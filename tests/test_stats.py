@@ -28,6 +28,7 @@ from statsmodels.stats.multitest import multipletests
 from statsmodels.stats.proportion import proportion_confint
 
 from depthgate.exceptions import InputError, SpecError
+from depthgate.judge.intervals import _wilson_interval
 from depthgate.judge.stats import (
     METHOD_COMBINED,
     METHOD_NEWCOMBE,
@@ -35,7 +36,6 @@ from depthgate.judge.stats import (
     Sizing,
     SliceStatus,
     Verdict,
-    _wilson_interval,
     bootstrap_t,
     clopper_pearson_upper,
     fisher_less,
