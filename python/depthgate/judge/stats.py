@@ -5,14 +5,21 @@ Spec: ``shared/research/stats_gate.md`` (section numbers below refer to it). The
 * The unit is the **case**. Repeats (seeds) are averaged within a case first, so per slice every case
   contributes ``d_i = mean_s(candidate) - mean_s(baseline)`` over its valid *paired* seeds.
 * Per slice, one-sided non-inferiority H0: delta <= -M. One seed per case: the Newcombe (1998) method-10
-  paired interval. Two or more: the smaller of a studentized case bootstrap bound and a Newcombe-10 bound
-  on design-effect-deflated run counts (section 2.2). The slice passes iff the lower bound is > -M.
+  paired interval. Two or more: the smaller of a case bootstrap bound and a Newcombe-10 bound on
+  design-effect-deflated run counts (section 2.2). The slice passes iff the lower bound is > -M. Both
+  bounds are monotone in added failures (issue #22, item 3): the bootstrap is the percentile bound on
+  resamples drawn from the seed alone (``judge/percentile.py``; the spec's studentized bootstrap-t,
+  ``judge/bootstrap.py``, could rise when a run failed), the Newcombe bound the envelope over the data's
+  completions (``judge/rs_envelope.py``).
 * Release needs every slice to pass (intersection-union test, no adjustment). BH q-values of the NI
   p-values are reported; confirmed regressions (H0: delta >= -M) use Benjamini-Yekutieli (section 2.3).
 * A slice with too few valid cases, too many missing cases or unpaired seeds is INCONCLUSIVE: it stays
   a row of its own, enters every p-value family with p = 1 and is never merged (section 2.4).
 * The absolute floor is a Wilson lower bound on the effective sample size n*R/DEFF (section 2.5).
 * Any forbidden claim sets the safety flag, whatever the statistics say (section 2.8).
+
+The parts live in their own modules (issue #23): records.py (schema, pairing), gate_plan.py,
+gate_results.py, intervals.py, slice_bounds.py, sizing.py; this module runs the gate and re-exports them.
 
 Bootstrap seeds come from sha256 of the plan seed and the slice key, so a verdict is identical in every
 process (Python's ``hash()`` of a string is salted per process; section 8, item 15). Only numpy, polars
@@ -252,20 +259,9 @@ def _status(draft: _Draft, q_reg: float, desc: Mapping[str, Any], plan: GatePlan
     return SliceStatus.PASS, reason
 
 
-def gate(records: pl.DataFrame, plan: GatePlan | None = None) -> GateResult:
-    """Run the release gate on scored records (one row per arm, case, length, position, seed).
-
-    Columns: see ``RECORD_SCHEMA``. ``outcome`` "pass" scores 1; "fail" and "system_fail" (overflow,
-    template error, truncation, timeout: caused by a system, so never missing) score 0; "missing"
-    (an unresolved infrastructure error) drops that seed from the pairing. The planned case set is
-    ``plan.planned_cases`` (else every case_id in the records): a case with no valid data in a slice
-    counts as missing there. A case needs ceil(R/2) valid paired seeds, R = ``len(plan.planned_seeds)``
-    (else the distinct seeds in the slice). Raises ``InputError`` on malformed records and on records of
-    a case or seed outside the planned sets.
-    """
-    plan = plan or GatePlan()
-    df = prepare_records(records)
-    paired = pair_runs(df)
+def _planned_cases(paired: pl.DataFrame, plan: GatePlan) -> list[str]:
+    """The planned case set (else every case in the records); refuses records of a case or seed outside
+    the frozen sets."""
     observed_cases = sorted(paired["case_id"].unique().to_list())
     if plan.planned_cases is None:
         planned_cases = observed_cases
@@ -287,6 +283,132 @@ def gate(records: pl.DataFrame, plan: GatePlan | None = None) -> GateResult:
                 field="seed",
                 fix="gate the records of the run the plan was frozen for (GatePlan.planned_seeds)",
             )
+    return planned_cases
+
+
+def _observed_draft(
+    length: int,
+    position: str,
+    runs: pl.DataFrame,
+    cases: Sequence[str],
+    hits: tuple[int, int],
+    plan: GatePlan,
+    preregistered: set[tuple[int, str]] | None,
+) -> _Draft:
+    """A slice with records: its data, the reasons it is INCONCLUSIVE, else its NI statistics."""
+    data = _slice_data(length, position, runs, cases, hits, plan.planned_seeds)
+    reasons: list[str] = []
+    if preregistered is not None and (length, position) not in preregistered:
+        reasons.append("not on the pre-registered slice list (exploratory only)")
+    if data.unpaired_cases:
+        reasons.append(f"unpaired seeds: {data.unpaired_cases} case(s) have a seed in one arm only")
+    if data.n_planned and data.n_missing / data.n_planned > plan.max_missing:
+        reasons.append(
+            f"{data.n_missing}/{data.n_planned} planned cases missing "
+            f"({data.n_missing / data.n_planned:.0%} > {plan.max_missing:.0%}; a case needs "
+            f">= {math.ceil(data.seeds / 2)} valid paired seeds)"
+        )
+    if len(data.case_ids) < plan.n_min:
+        reasons.append(f"{len(data.case_ids)} valid cases < n_min {plan.n_min}")
+    draft = _Draft(data, reasons)
+    if not reasons:
+        draft.seed = stable_seed(plan.bootstrap_seed, "slice", length, position)
+        draft.stats = slice_statistics(
+            data.baseline,
+            data.candidate,
+            plan.margin,
+            plan.look_alpha,
+            plan.bootstrap_reps,
+            draft.seed,
+            seeds_planned=data.seeds,
+        )
+    return draft
+
+
+def _p_and_q(
+    drafts: Sequence[_Draft], plan: GatePlan, preregistered: set[tuple[int, str]] | None
+) -> tuple[list[float], list[float], list[float], list[float]]:
+    """(p_NI, p_REG, q_NI, q_REG) of every slice: INCONCLUSIVE slices enter with p = 1."""
+    p_ni = [1.0 if d.stats is None else d.stats.p_ni for d in drafts]
+    p_reg = [1.0 if d.stats is None else d.stats.p_reg for d in drafts]
+    # The families are the pre-registered slices (spec §2.3): an unplanned slice is exploratory, reported
+    # with q = 1, and does not enlarge the BY/BH family of the planned ones (issue #22).
+    family = [
+        i
+        for i, d in enumerate(drafts)
+        if preregistered is None or (d.data.length, d.data.position) in preregistered
+    ]
+    q_ni, q_reg = [1.0] * len(drafts), [1.0] * len(drafts)
+    for qs, ps, method in (
+        (q_ni, p_ni, NI_METHODS[plan.fdr_method]),
+        (q_reg, p_reg, REGRESSION_METHODS[plan.regression_method]),
+    ):
+        for i, q in zip(family, _adjust([ps[i] for i in family], plan.look_alpha, method), strict=True):
+            qs[i] = q
+    return p_ni, p_reg, q_ni, q_reg
+
+
+def _slice_result(
+    draft: _Draft,
+    status: SliceStatus,
+    reason: str,
+    desc: Mapping[str, Any],
+    pq: tuple[float, float, float, float],
+    plan: GatePlan,
+    n_slices: int,
+) -> SliceResult:
+    """One row of the slice table."""
+    st = draft.stats
+    p_ni, q_ni, p_reg, q_reg = pq
+    return SliceResult(
+        length=draft.data.length,
+        position=draft.data.position,
+        status=status,
+        reason=reason,
+        n_planned=draft.data.n_planned,
+        n_cases=len(draft.data.case_ids),
+        n_missing=draft.data.n_missing,
+        seeds=draft.data.seeds,
+        acc_baseline=desc["acc_baseline"],
+        acc_candidate=desc["acc_candidate"],
+        delta=desc["delta"],
+        lower=None if st is None else st.lower,
+        upper=None if st is None else st.upper,
+        method=None if st is None else st.method,
+        p_ni=p_ni,
+        q_ni=q_ni,
+        p_reg=p_reg,
+        q_reg=q_reg,
+        deff=None if st is None else st.deff,
+        informative=None if st is None else st.informative,
+        sd_diff=None if st is None else st.sd_diff,
+        floor_lb=desc["floor_lb"],
+        floor_lb_baseline=desc["floor_lb_baseline"],
+        floor_lb_naive=desc["floor_lb_naive"],
+        floor_deff=desc["floor_deff"],
+        floor_n_eff=desc["floor_n_eff"],
+        replanned_n=None if st is None else _replanned_n(st, plan, n_slices),
+        safety_baseline=draft.data.safety_baseline,
+        safety_candidate=draft.data.safety_candidate,
+        bootstrap_seed=draft.seed,
+    )
+
+
+def gate(records: pl.DataFrame, plan: GatePlan | None = None) -> GateResult:
+    """Run the release gate on scored records (one row per arm, case, length, position, seed).
+
+    Columns: see ``RECORD_SCHEMA``. ``outcome`` "pass" scores 1; "fail" and "system_fail" (overflow,
+    template error, truncation, timeout: caused by a system, so never missing) score 0; "missing"
+    (an unresolved infrastructure error) drops that seed from the pairing. The planned case set is
+    ``plan.planned_cases`` (else every case_id in the records): a case with no valid data in a slice
+    counts as missing there. A case needs ceil(R/2) valid paired seeds, R = ``len(plan.planned_seeds)``
+    (else the distinct seeds in the slice). Raises ``InputError`` on malformed records and on records of
+    a case or seed outside the planned sets.
+    """
+    plan = plan or GatePlan()
+    df = prepare_records(records)
+    paired = pair_runs(df)
+    planned_cases = _planned_cases(paired, plan)
 
     safety_counts: dict[tuple[int, str, str], int] = {}
     for row in (
@@ -336,88 +458,17 @@ def gate(records: pl.DataFrame, plan: GatePlan | None = None) -> GateResult:
             )
             drafts.append(_Draft(data, ["no records for this pre-registered slice"]))
             continue
-        data = _slice_data(length, position, runs, cases_of(position), hits, plan.planned_seeds)
-        reasons: list[str] = []
-        if preregistered is not None and (length, position) not in preregistered:
-            reasons.append("not on the pre-registered slice list (exploratory only)")
-        if data.unpaired_cases:
-            reasons.append(f"unpaired seeds: {data.unpaired_cases} case(s) have a seed in one arm only")
-        if data.n_planned and data.n_missing / data.n_planned > plan.max_missing:
-            reasons.append(
-                f"{data.n_missing}/{data.n_planned} planned cases missing "
-                f"({data.n_missing / data.n_planned:.0%} > {plan.max_missing:.0%}; a case needs "
-                f">= {math.ceil(data.seeds / 2)} valid paired seeds)"
-            )
-        if len(data.case_ids) < plan.n_min:
-            reasons.append(f"{len(data.case_ids)} valid cases < n_min {plan.n_min}")
-        draft = _Draft(data, reasons)
-        if not reasons:
-            draft.seed = stable_seed(plan.bootstrap_seed, "slice", length, position)
-            draft.stats = slice_statistics(
-                data.baseline,
-                data.candidate,
-                plan.margin,
-                plan.look_alpha,
-                plan.bootstrap_reps,
-                draft.seed,
-                seeds_planned=data.seeds,
-            )
-        drafts.append(draft)
+        drafts.append(_observed_draft(length, position, runs, cases_of(position), hits, plan, preregistered))
 
-    p_ni = [1.0 if d.stats is None else d.stats.p_ni for d in drafts]
-    p_reg = [1.0 if d.stats is None else d.stats.p_reg for d in drafts]
-    # The families are the pre-registered slices (spec §2.3): an unplanned slice is exploratory, reported
-    # with q = 1, and does not enlarge the BY/BH family of the planned ones (issue #22).
-    family = [
-        i
-        for i, d in enumerate(drafts)
-        if preregistered is None or (d.data.length, d.data.position) in preregistered
-    ]
-    q_ni, q_reg = [1.0] * len(drafts), [1.0] * len(drafts)
-    for qs, ps, method in (
-        (q_ni, p_ni, NI_METHODS[plan.fdr_method]),
-        (q_reg, p_reg, REGRESSION_METHODS[plan.regression_method]),
-    ):
-        for i, q in zip(family, _adjust([ps[i] for i in family], plan.look_alpha, method), strict=True):
-            qs[i] = q
+    p_ni, p_reg, q_ni, q_reg = _p_and_q(drafts, plan, preregistered)
 
     slice_results: list[SliceResult] = []
     for i, draft in enumerate(drafts):
         desc = _describe(draft, plan)
         status, reason = _status(draft, q_reg[i], desc, plan)
-        st = draft.stats
         slice_results.append(
-            SliceResult(
-                length=draft.data.length,
-                position=draft.data.position,
-                status=status,
-                reason=reason,
-                n_planned=draft.data.n_planned,
-                n_cases=len(draft.data.case_ids),
-                n_missing=draft.data.n_missing,
-                seeds=draft.data.seeds,
-                acc_baseline=desc["acc_baseline"],
-                acc_candidate=desc["acc_candidate"],
-                delta=desc["delta"],
-                lower=None if st is None else st.lower,
-                upper=None if st is None else st.upper,
-                method=None if st is None else st.method,
-                p_ni=p_ni[i],
-                q_ni=q_ni[i],
-                p_reg=p_reg[i],
-                q_reg=q_reg[i],
-                deff=None if st is None else st.deff,
-                informative=None if st is None else st.informative,
-                sd_diff=None if st is None else st.sd_diff,
-                floor_lb=desc["floor_lb"],
-                floor_lb_baseline=desc["floor_lb_baseline"],
-                floor_lb_naive=desc["floor_lb_naive"],
-                floor_deff=desc["floor_deff"],
-                floor_n_eff=desc["floor_n_eff"],
-                replanned_n=None if st is None else _replanned_n(st, plan, len(drafts)),
-                safety_baseline=draft.data.safety_baseline,
-                safety_candidate=draft.data.safety_candidate,
-                bootstrap_seed=draft.seed,
+            _slice_result(
+                draft, status, reason, desc, (p_ni[i], q_ni[i], p_reg[i], q_reg[i]), plan, len(drafts)
             )
         )
 
