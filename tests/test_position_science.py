@@ -31,13 +31,12 @@ from depthgate.judge.position import (
 from depthgate.judge.power import (
     DesignParameters,
     cases_for_power,
-    draw_design,
     expected_table,
     pilot_parameters,
     power_per_slice,
     power_plan,
-    simulate_gate_power,
 )
+from depthgate.judge.power_sim import draw_design, simulate_gate_power
 from depthgate.judge.stats import GatePlan, Sizing, sample_size_per_slice
 
 ARMS = ("baseline", "candidate")
