@@ -300,6 +300,49 @@ def _claim_forms(claim: Claim, kind: EventKind) -> _ClaimForms:
     return _ClaimForms(claim.id, kind, display, tuple(forms), number, claim.unit, unit_family(claim.unit))
 
 
+def _status_score(status: str, system_fail_reason: str | None) -> Score | None:
+    """The score of a run whose output is not scored (a system failure, an infrastructure error), None
+    for an ok run; refuses an unknown status."""
+    if status == STATUS_SYSTEM_FAIL:
+        why = system_fail_reason or "unspecified"
+        return Score(
+            outcome="system_fail",
+            reason=f"system failure ({why}): the run counts as a fail, its output is not scored.",
+        )
+    if status in _MISSING_STATUSES:
+        why = f" ({system_fail_reason})" if system_fail_reason else ""
+        return Score(
+            outcome="missing",
+            reason=f"infrastructure error{why}: no usable output, the run is missing.",
+        )
+    if status != STATUS_OK:
+        raise InputError(
+            f"unknown record status {status!r}",
+            field="status",
+            fix=f"use {STATUS_OK!r}, {STATUS_SYSTEM_FAIL!r} or {STATUS_INFRA_ERROR!r}",
+        )
+    return None
+
+
+def _judge_abstention(head: _Event | None, abstained: bool, raw_line: str, problems: list[str]) -> str:
+    """An evidence-absent case: the note of a correct abstention, else the problem added to ``problems``."""
+    if abstained:
+        token = f" ({head.token!r})" if head is not None and head.kind == "abstain" else ""
+        return f"abstained{token} as required: the context does not state the answer"
+    elif head is not None and head.kind == "forbidden":
+        problems.append(
+            f"hallucinated: answered {head.token!r} (forbidden claim {head.claim_id!r}) although the "
+            "context does not state the answer"
+        )
+    elif head is not None and head.kind in ("other", "required"):
+        problems.append(
+            f"hallucinated: answered {head.token!r} although the context does not state the answer"
+        )
+    else:
+        problems.append(f"did not abstain: {describe_line(raw_line)} on an evidence-absent case")
+    return ""
+
+
 class CaseOracle:
     """The compiled oracle of one case: normalised surface forms, numeric values, abstention phrases.
 
@@ -387,24 +430,9 @@ class CaseOracle:
         status: str = STATUS_OK,
         system_fail_reason: str | None = None,
     ) -> Score:
-        if status == STATUS_SYSTEM_FAIL:
-            why = system_fail_reason or "unspecified"
-            return Score(
-                outcome="system_fail",
-                reason=f"system failure ({why}): the run counts as a fail, its output is not scored.",
-            )
-        if status in _MISSING_STATUSES:
-            why = f" ({system_fail_reason})" if system_fail_reason else ""
-            return Score(
-                outcome="missing",
-                reason=f"infrastructure error{why}: no usable output, the run is missing.",
-            )
-        if status != STATUS_OK:
-            raise InputError(
-                f"unknown record status {status!r}",
-                field="status",
-                fix=f"use {STATUS_OK!r}, {STATUS_SYSTEM_FAIL!r} or {STATUS_INFRA_ERROR!r}",
-            )
+        unscored = _status_score(status, system_fail_reason)
+        if unscored is not None:
+            return unscored
 
         text = output_text or ""
         structured = json_object(text)
@@ -430,57 +458,9 @@ class CaseOracle:
         if self.conflict:
             note, missing, forbidden = self._judge_conflict(line, events, abstained, raw_line, problems)
         elif self.expects_abstention:
-            if abstained:
-                token = f" ({head.token!r})" if head is not None and head.kind == "abstain" else ""
-                note = f"abstained{token} as required: the context does not state the answer"
-            elif head is not None and head.kind == "forbidden":
-                problems.append(
-                    f"hallucinated: answered {head.token!r} (forbidden claim {head.claim_id!r}) although the "
-                    "context does not state the answer"
-                )
-            elif head is not None and head.kind in ("other", "required"):
-                problems.append(
-                    f"hallucinated: answered {head.token!r} although the context does not state the answer"
-                )
-            else:
-                problems.append(f"did not abstain: {describe_line(raw_line)} on an evidence-absent case")
+            note = _judge_abstention(head, abstained, raw_line, problems)
         else:
-            matched = {e.claim_id for e in events if e.kind == "required"}
-            first_required = next((e.start for e in events if e.kind == "required"), None)
-            if len(self.required_ids) > 1 and first_required is not None:
-                for event in events:
-                    if event.start >= first_required:
-                        break
-                    if event.kind == "forbidden" and event.claim_id and event.claim_id not in forbidden:
-                        forbidden.append(event.claim_id)
-            if head is None or head.kind != "required":
-                missing = list(self.required_ids)
-            else:
-                missing = [claim_id for claim_id in self.required_ids if claim_id not in matched]
-            expected = self.expected_display
-            if head is None:
-                problems.append(f"no answer found: {describe_line(raw_line)}; expected {expected!r}")
-            elif head.kind == "abstain":
-                problems.append(
-                    f"abstained ({head.token!r}) although the evidence is in the context; "
-                    f"expected {expected!r}"
-                )
-            elif head.kind == "forbidden":
-                problems.append(
-                    f"answered {head.token!r}, the value of forbidden claim {head.claim_id!r}, instead of "
-                    f"{expected!r}"
-                )
-            elif head.kind == "other":
-                detail = f" ({head.note})" if head.note else ""
-                problems.append(
-                    f"answered {head.token!r}{detail}, which matches no claim; expected {expected!r}"
-                )
-            elif missing:
-                problems.append(f"the answer lacks required claim(s) {missing}")
-            elif forbidden:
-                problems.append(f"gave forbidden claim(s) {forbidden} before the required answer")
-            else:
-                note = f"answered {head.token!r}, the required claim, first"
+            note, missing = self._judge_required(events, head, raw_line, problems, forbidden)
 
         wrong = self.wrong_citations(text, evidence_ids_in_layout)
         if wrong:
@@ -503,6 +483,51 @@ class CaseOracle:
             reason=join_sentence(problems),
             answer=decided,
         )
+
+    def _judge_required(
+        self,
+        events: Sequence[_Event],
+        head: _Event | None,
+        raw_line: str,
+        problems: list[str],
+        forbidden: list[str],
+    ) -> tuple[str, list[str]]:
+        """An evidence-present case: (note, missing required claims); problems go to ``problems`` and
+        forbidden claims before the first required one to ``forbidden``."""
+        matched = {e.claim_id for e in events if e.kind == "required"}
+        first_required = next((e.start for e in events if e.kind == "required"), None)
+        if len(self.required_ids) > 1 and first_required is not None:
+            for event in events:
+                if event.start >= first_required:
+                    break
+                if event.kind == "forbidden" and event.claim_id and event.claim_id not in forbidden:
+                    forbidden.append(event.claim_id)
+        if head is None or head.kind != "required":
+            missing = list(self.required_ids)
+        else:
+            missing = [claim_id for claim_id in self.required_ids if claim_id not in matched]
+        expected = self.expected_display
+        if head is None:
+            problems.append(f"no answer found: {describe_line(raw_line)}; expected {expected!r}")
+        elif head.kind == "abstain":
+            problems.append(
+                f"abstained ({head.token!r}) although the evidence is in the context; expected {expected!r}"
+            )
+        elif head.kind == "forbidden":
+            problems.append(
+                f"answered {head.token!r}, the value of forbidden claim {head.claim_id!r}, instead of "
+                f"{expected!r}"
+            )
+        elif head.kind == "other":
+            detail = f" ({head.note})" if head.note else ""
+            problems.append(f"answered {head.token!r}{detail}, which matches no claim; expected {expected!r}")
+        elif missing:
+            problems.append(f"the answer lacks required claim(s) {missing}")
+        elif forbidden:
+            problems.append(f"gave forbidden claim(s) {forbidden} before the required answer")
+        else:
+            return f"answered {head.token!r}, the required claim, first", missing
+        return "", missing
 
     def _judge_conflict(
         self,
