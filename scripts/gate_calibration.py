@@ -3,7 +3,8 @@
 
 For every cell of the grid — baseline mean accuracy mu, margin M, seeds R, cases n, loss shape — draw
 ``--sims`` slices at the null boundary delta = -M and count how often the gate's own slice test
-(``depthgate.judge.stats.slice_statistics(...).lower > -M``, the condition of a PASS) shows
+(``depthgate.judge.aa_margin.slice_lower`` > −M: ``slice_statistics(...).lower`` without the p-values,
+the condition of a PASS; tests/test_gate_error_control.py checks the two are equal) shows
 non-inferiority: the size, which must be <= alpha + 2 MC-SE. With ``--power-sims`` it also draws slices
 at delta = 0 (A/A) and reports the power.
 
@@ -34,7 +35,8 @@ from pathlib import Path
 
 import numpy as np
 
-from depthgate.judge.stats import slice_statistics, stable_seed
+from depthgate.judge.aa_margin import slice_lower
+from depthgate.judge.stats import stable_seed
 
 REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "gate-calibration.md"
@@ -73,8 +75,7 @@ def run_cell(
     shown = 0
     for i in range(sims):
         yb, yc = draw(rng, mu, n, seeds, delta, loss)
-        st = slice_statistics(yb, yc, margin, ALPHA, reps, stable_seed(22, "boot", *key, i))
-        shown += st.lower > -margin
+        shown += slice_lower(yb, yc, ALPHA, reps, stable_seed(22, "boot", *key, i)) > -margin
     rate = shown / sims
     return {
         "mu": mu,

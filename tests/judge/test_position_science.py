@@ -31,13 +31,12 @@ from depthgate.judge.position import (
 from depthgate.judge.power import (
     DesignParameters,
     cases_for_power,
-    draw_design,
     expected_table,
     pilot_parameters,
     power_per_slice,
     power_plan,
-    simulate_gate_power,
 )
+from depthgate.judge.power_sim import draw_design, simulate_gate_power
 from depthgate.judge.stats import GatePlan, Sizing, sample_size_per_slice
 
 ARMS = ("baseline", "candidate")
@@ -502,7 +501,10 @@ def test_noise_floor_hand_example() -> None:
     # One slice: level 0.95; 4 runs at flip rate 0.5: m = 3 (above) -> bound 3/4 -> margin 0.75.
     assert res.level == 0.95 and s.delta_bound == 0.75 and res.noise_bound_margin == 0.75
     # Issue #22: the recommendation is where a simulated A/A release passes with the target 0.8.
-    assert res.pass_target == 0.8 and res.pass_probability >= 0.8 and res.recommended_margin > 0.75
+    # Two cases: the gate's monotone percentile bound (issue #22, item 3) is the smaller case difference in
+    # most resamples, so no margin < 1 passes this design's A/A release 0.8 of the time; the
+    # recommendation is then the largest margin on the grid, shown with its probability (0.58).
+    assert res.pass_target == 0.8 and res.recommended_margin == 0.99 and 0.3 < res.pass_probability < 0.8
     assert res.binding_slice == "512/0.5"
     # Flip-rate upper bound: per-case flip rates (0.5, 0.5) have no spread, Kish DEFF = 1, n_eff = 4:
     # one-sided 95 % Wilson on 2/4.

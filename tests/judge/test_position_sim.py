@@ -31,7 +31,8 @@ import pytest
 
 from depthgate.judge.noise import noise_floor
 from depthgate.judge.position import effective_length
-from depthgate.judge.power import DesignParameters, cases_for_power, power_per_slice, simulate_gate_power
+from depthgate.judge.power import DesignParameters, cases_for_power, power_per_slice
+from depthgate.judge.power_sim import simulate_gate_power
 from depthgate.judge.stats import Sizing
 from helpers import Rate
 from test_position_science import _el_world, from_arrays

@@ -35,8 +35,9 @@ import numpy.typing as npt
 from statsmodels.stats.proportion import proportion_confint
 
 from depthgate.judge.design_effect import shrunk_design_effect
+from depthgate.judge.percentile import bootstrap_percentile
+from depthgate.judge.rs_envelope import rs_grid
 from depthgate.judge.stats import (
-    bootstrap_t,
     newcombe10_paired,
     paired_design_effect,
     run_counts,
@@ -148,15 +149,18 @@ def aa_release_margin(
 
 def slice_lower(yb: FloatArray, yc: FloatArray, alpha: float, reps: int, seed: int) -> float:
     """``slice_statistics(yb, yc, M, alpha, reps, seed).lower`` without the p-values (which need M and
-    cost a bisection each): Newcombe-10 for one seed, else min(bootstrap-t, Newcombe-RS). Complete
+    cost a bisection each): Newcombe-10 for one seed, else min(bootstrap percentile, Newcombe-RS). Complete
     (cases, seeds) arrays only."""
     a, b, c, d = run_counts(yb, yc)
     seeds = yb.shape[1]
     deff = paired_design_effect(yb, yc) if seeds > 1 else 1.0
     lower = newcombe10_paired(a / deff, b / deff, c / deff, d / deff, 2.0 * alpha)[0]
+    grid = rs_grid(yb, yc, deflate=seeds > 1)  # the gate's monotone envelope
+    if grid is not None:
+        lower = min(lower, grid.lower(2.0 * alpha))
     if seeds <= 1:
         return float(lower)
-    boot = bootstrap_t(yc.mean(axis=1) - yb.mean(axis=1), 0.10, alpha, reps, seed)
+    boot = bootstrap_percentile(yc.mean(axis=1) - yb.mean(axis=1), 0.10, alpha, reps, seed)
     return float(min(boot.lower, lower))
 
 

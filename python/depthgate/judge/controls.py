@@ -75,6 +75,37 @@ def score_controls(records: pl.DataFrame, suite: Suite, controls: pl.DataFrame) 
     )
 
 
+def _category(
+    only_rate: float | None,
+    halluc_rate: float | None,
+    runs: int,
+    fails: int,
+    lost_only: str | None,
+    lost_absent: str | None,
+) -> tuple[str, str]:
+    """(category, detail) of one case, decided in the order of :func:`classify_failures`; ``lost_*``:
+    why that control was lost to the serving path (None: it was not)."""
+    if only_rate is None and (why := lost_only):
+        return "serving_path", f"evidence-only control lost to the serving path ({why})"
+    elif only_rate is None:
+        return "unknown", "no usable evidence-only control record"
+    elif only_rate < 0.5:
+        return "task_or_model", f"evidence-only control passes {only_rate:.0%} of seeds"
+    elif halluc_rate is not None and halluc_rate > 0.5:
+        return (
+            "hallucination",
+            "the evidence-absent control answers a value no document supports",
+        )
+    elif fails:
+        return "position_or_assembly", f"controls pass; {fails}/{runs} long variants fail"
+    elif halluc_rate is None and (why := lost_absent):
+        return "serving_path", f"evidence-absent control lost to the serving path ({why})"
+    elif halluc_rate is None:
+        return "unknown", "no usable evidence-absent control record"
+    else:
+        return "ok", f"controls pass; {runs} long variants pass"
+
+
 def classify_failures(scored_matrix: pl.DataFrame, scored_controls: pl.DataFrame) -> pl.DataFrame:
     """One row per case (per arm when ``scored_matrix`` has an ``arm`` column; controls with an ``arm``
     column are matched by arm, otherwise they apply to every arm).
@@ -143,25 +174,14 @@ def classify_failures(scored_matrix: pl.DataFrame, scored_controls: pl.DataFrame
         only_rate = only.get(ctl_key)
         halluc_rate = absent.get(ctl_key)
         runs, fails = long_index.get(key, (0, 0))
-        if only_rate is None and (why := lost.get((*ctl_key, "evidence_only"))):
-            category, detail = "serving_path", f"evidence-only control lost to the serving path ({why})"
-        elif only_rate is None:
-            category, detail = "unknown", "no usable evidence-only control record"
-        elif only_rate < 0.5:
-            category, detail = "task_or_model", f"evidence-only control passes {only_rate:.0%} of seeds"
-        elif halluc_rate is not None and halluc_rate > 0.5:
-            category, detail = (
-                "hallucination",
-                "the evidence-absent control answers a value no document supports",
-            )
-        elif fails:
-            category, detail = "position_or_assembly", f"controls pass; {fails}/{runs} long variants fail"
-        elif halluc_rate is None and (why := lost.get((*ctl_key, "evidence_absent"))):
-            category, detail = "serving_path", f"evidence-absent control lost to the serving path ({why})"
-        elif halluc_rate is None:
-            category, detail = "unknown", "no usable evidence-absent control record"
-        else:
-            category, detail = "ok", f"controls pass; {runs} long variants pass"
+        category, detail = _category(
+            only_rate,
+            halluc_rate,
+            runs,
+            fails,
+            lost.get((*ctl_key, "evidence_only")),
+            lost.get((*ctl_key, "evidence_absent")),
+        )
         row: dict[str, Any] = dict(zip(keys, key, strict=True))
         row.update(
             {

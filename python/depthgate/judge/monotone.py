@@ -32,7 +32,7 @@ FloatArray = npt.NDArray[np.float64]
 
 def _wilson_lower(p: FloatArray, nobs: FloatArray, alpha: float) -> FloatArray:
     """One-sided (1 - alpha) Wilson lower bound, vectorized (the closed form of proportion_confint's
-    "wilson" at 2 alpha, as ``depthgate.judge.stats._wilson_interval``)."""
+    "wilson" at 2 alpha, as ``depthgate.judge.intervals._wilson_interval``)."""
     z = statistics.NormalDist().inv_cdf(1.0 - alpha)
     denom = 1.0 + z * z / nobs
     center = (p + z * z / (2.0 * nobs)) / denom

@@ -44,7 +44,7 @@ import polars as pl
 from statsmodels.stats.proportion import binom_test
 
 from depthgate.exceptions import InputError
-from depthgate.judge.aa_margin import AaCase, aa_release_margin
+from depthgate.judge.aa_margin import AaCase, AaMargin, aa_release_margin
 from depthgate.judge.frames import FiniteRow, finite_fields
 from depthgate.judge.position import runs_frame
 from depthgate.judge.stats import (
@@ -214,6 +214,144 @@ def _ceil_step(value: float) -> float:
     return round(math.ceil(value / _STEP - 1e-9) * _STEP, 10)
 
 
+def _check_noise_args(alpha: float, flip_rate: str, n_cases: int | None, seeds: int | None) -> None:
+    """:func:`noise_floor`'s argument checks (InputError naming the argument)."""
+    if not 0.0 < alpha < 0.5:
+        raise InputError(f"alpha {alpha!r} out of range", field="alpha", fix="a one-sided level in (0, 0.5)")
+    if flip_rate not in ("observed", "upper"):
+        raise InputError(f"unknown flip_rate {flip_rate!r}", field="flip_rate", fix="'observed' or 'upper'")
+    for name, value in (("n_cases", n_cases), ("seeds", seeds)):
+        if value is not None and value < 1:
+            raise InputError(f"{name} {value!r} < 1", field=name, fix="a positive count, or None")
+
+
+def _paired_per_case(aa_scored: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """(runs, per-case flip table) of an A/A run: runs pair by (case, length, position, seed); a run
+    missing in either arm is left out of the pair."""
+    runs = runs_frame(aa_scored, what="A/A records")
+    key = ["case_id", "length", "position", "seed"]
+    b = runs.filter(pl.col("arm") == BASELINE).select(*key, pl.col("y").alias("yb"))
+    c = runs.filter(pl.col("arm") == CANDIDATE).select(*key, pl.col("y").alias("yc"))
+    if b.height == 0 or c.height == 0:
+        raise InputError(
+            "A/A records need both arms (the baseline and its repeat as 'candidate')",
+            field="arm",
+            fix="run the baseline system in both arms of the matrix",
+        )
+    paired = b.join(c, on=key, how="inner").filter(pl.col("yb").is_not_null() & pl.col("yc").is_not_null())
+    if paired.height == 0:
+        raise InputError(
+            "no paired A/A runs: no (case, length, position, seed) has a valid outcome in both arms",
+            field="seed",
+            fix="repeat the baseline on the same cases, layouts and seeds (a noise floor pairs by seed)",
+        )
+    per_case = paired.group_by(["length", "position", "case_id"]).agg(
+        pl.len().alias("runs"),
+        (pl.col("yb") != pl.col("yc")).sum().alias("flips"),
+        ((pl.col("yc") == 1.0) & (pl.col("yb") == 0.0)).sum().alias("improve"),
+        ((pl.col("yc") == 0.0) & (pl.col("yb") == 1.0)).sum().alias("regress"),
+        (pl.col("yc").mean() - pl.col("yb").mean()).alias("d"),
+        (pl.col("yb").sum() + pl.col("yc").sum()).alias("passes"),
+    )
+    return runs, per_case
+
+
+def _noise_slice(
+    length: int,
+    pos: str,
+    part: pl.DataFrame,
+    planned_seeds: int,
+    pooled_rate: float,
+    level: float,
+    alpha: float,
+    flip_rate: str,
+    n_cases: int | None,
+    seeds: int | None,
+) -> NoiseSlice:
+    """One slice's row of :func:`noise_floor` from its per-case flip table ``part``."""
+    n = part.height
+    total = int(part["runs"].sum()) if n else 0
+    flips = int(part["flips"].sum()) if n else 0
+    if n == 0 or total == 0:
+        return NoiseSlice(
+            length, pos, 0, planned_seeds, 0, 0, math.nan, math.nan, 0, 0, 0, 1.0, math.nan, 0, 0, math.nan
+        )
+    rate = flips / total
+    per_case_rates = (part["flips"] / part["runs"]).to_numpy()
+    upper = 1.0 - floor_lower_bound(1.0 - per_case_rates, total / n, alpha)[0]
+    improve, regress = int(part["improve"].sum()), int(part["regress"].sum())
+    asym = float(binom_test(improve, improve + regress, prop=0.5)) if improve + regress else 1.0
+    per_case_runs = total / n if seeds is None else seeds
+    design_runs = total if n_cases is None and seeds is None else round((n_cases or n) * per_case_runs)
+    used_rate = max(rate, pooled_rate) if flip_rate == "observed" else upper
+    bound = noise_delta_quantile(design_runs, used_rate, level) / design_runs
+    return NoiseSlice(
+        length=length,
+        position=pos,
+        n_cases=n,
+        seeds=planned_seeds,
+        paired_runs=total,
+        flips=flips,
+        flip_rate=rate,
+        flip_rate_upper=float(upper),
+        cases_flipping=int((part["flips"] > 0).sum()),
+        improve=improve,
+        regress=regress,
+        asymmetry_p=min(asym, 1.0),
+        delta=float(part["d"].to_numpy().mean()),
+        design_runs=int(design_runs),
+        flip_rate_for_bound=float(used_rate),
+        delta_bound=float(bound),
+    )
+
+
+def _aa_verdict(aa_scored: pl.DataFrame, plan: GatePlan) -> tuple[str, tuple[str, ...]]:
+    """The A/A records gated at ``plan`` (a false alarm check): the verdict and the slices not passing."""
+    records = (
+        aa_scored if "safety" in aa_scored.columns else aa_scored.with_columns(pl.lit(False).alias("safety"))
+    )
+    result = gate(records, plan)
+    not_passing = tuple(
+        f"{s.length}/{s.position}: {s.status.value}"
+        for s in result.slice_results
+        if s.status is not SliceStatus.PASS
+    )
+    return result.verdict.value, not_passing
+
+
+def _aa_release(
+    per_case: pl.DataFrame,
+    measured_keys: list[tuple[int, str]],
+    plan: GatePlan | None,
+    alpha: float,
+    seeds: int,
+    sims: int,
+    n_cases: int | None,
+) -> AaMargin:
+    """The recommendation (issue #22): the margin at which a simulated A/A release of this design passes
+    with the plan's target probability, at the clustered upper bound of the flip rate."""
+    gate_plan = plan or GatePlan()
+    aa_slices = [
+        [
+            AaCase(int(row["runs"]), int(row["flips"]), int(row["passes"]))
+            for row in per_case.filter((pl.col("length") == length) & (pl.col("position") == pos))
+            .sort("case_id")
+            .iter_rows(named=True)
+        ]
+        for length, pos in measured_keys
+    ]
+    return aa_release_margin(
+        aa_slices,
+        seeds=seeds,
+        alpha=alpha,
+        target=gate_plan.power,
+        sims=sims,
+        bootstrap_reps=min(gate_plan.bootstrap_reps, 499),
+        seed=gate_plan.bootstrap_seed,
+        n_cases=n_cases,
+    )
+
+
 def noise_floor(
     aa_scored: pl.DataFrame,
     *,
@@ -243,38 +381,8 @@ def noise_floor(
     releases behind the recommendation (200: Monte Carlo SE of the pass probability about 0.03; about
     k slices x 200 x 3-10 ms at B <= 499).
     """
-    if not 0.0 < alpha < 0.5:
-        raise InputError(f"alpha {alpha!r} out of range", field="alpha", fix="a one-sided level in (0, 0.5)")
-    if flip_rate not in ("observed", "upper"):
-        raise InputError(f"unknown flip_rate {flip_rate!r}", field="flip_rate", fix="'observed' or 'upper'")
-    for name, value in (("n_cases", n_cases), ("seeds", seeds)):
-        if value is not None and value < 1:
-            raise InputError(f"{name} {value!r} < 1", field=name, fix="a positive count, or None")
-    runs = runs_frame(aa_scored, what="A/A records")
-    key = ["case_id", "length", "position", "seed"]
-    b = runs.filter(pl.col("arm") == BASELINE).select(*key, pl.col("y").alias("yb"))
-    c = runs.filter(pl.col("arm") == CANDIDATE).select(*key, pl.col("y").alias("yc"))
-    if b.height == 0 or c.height == 0:
-        raise InputError(
-            "A/A records need both arms (the baseline and its repeat as 'candidate')",
-            field="arm",
-            fix="run the baseline system in both arms of the matrix",
-        )
-    paired = b.join(c, on=key, how="inner").filter(pl.col("yb").is_not_null() & pl.col("yc").is_not_null())
-    if paired.height == 0:
-        raise InputError(
-            "no paired A/A runs: no (case, length, position, seed) has a valid outcome in both arms",
-            field="seed",
-            fix="repeat the baseline on the same cases, layouts and seeds (a noise floor pairs by seed)",
-        )
-    per_case = paired.group_by(["length", "position", "case_id"]).agg(
-        pl.len().alias("runs"),
-        (pl.col("yb") != pl.col("yc")).sum().alias("flips"),
-        ((pl.col("yc") == 1.0) & (pl.col("yb") == 0.0)).sum().alias("improve"),
-        ((pl.col("yc") == 0.0) & (pl.col("yb") == 1.0)).sum().alias("regress"),
-        (pl.col("yc").mean() - pl.col("yb").mean()).alias("d"),
-        (pl.col("yb").sum() + pl.col("yc").sum()).alias("passes"),
-    )
+    _check_noise_args(alpha, flip_rate, n_cases, seeds)
+    runs, per_case = _paired_per_case(aa_scored)
     slice_keys = sorted(
         {(int(length), str(pos)) for length, pos in runs.select("length", "position").unique().iter_rows()},
         key=lambda k: (k[0], position_sort_key(k[1])),
@@ -288,58 +396,9 @@ def noise_floor(
     slices: list[NoiseSlice] = []
     for length, pos in slice_keys:
         part = per_case.filter((pl.col("length") == length) & (pl.col("position") == pos))
-        n = part.height
-        total = int(part["runs"].sum()) if n else 0
-        flips = int(part["flips"].sum()) if n else 0
-        if n == 0 or total == 0:
-            slices.append(
-                NoiseSlice(
-                    length,
-                    pos,
-                    0,
-                    planned_seeds,
-                    0,
-                    0,
-                    math.nan,
-                    math.nan,
-                    0,
-                    0,
-                    0,
-                    1.0,
-                    math.nan,
-                    0,
-                    0,
-                    math.nan,
-                )
-            )
-            continue
-        rate = flips / total
-        per_case_rates = (part["flips"] / part["runs"]).to_numpy()
-        upper = 1.0 - floor_lower_bound(1.0 - per_case_rates, total / n, alpha)[0]
-        improve, regress = int(part["improve"].sum()), int(part["regress"].sum())
-        asym = float(binom_test(improve, improve + regress, prop=0.5)) if improve + regress else 1.0
-        per_case_runs = total / n if seeds is None else seeds
-        design_runs = total if n_cases is None and seeds is None else round((n_cases or n) * per_case_runs)
-        used_rate = max(rate, pooled_rate) if flip_rate == "observed" else upper
-        bound = noise_delta_quantile(design_runs, used_rate, level) / design_runs
         slices.append(
-            NoiseSlice(
-                length=length,
-                position=pos,
-                n_cases=n,
-                seeds=planned_seeds,
-                paired_runs=total,
-                flips=flips,
-                flip_rate=rate,
-                flip_rate_upper=float(upper),
-                cases_flipping=int((part["flips"] > 0).sum()),
-                improve=improve,
-                regress=regress,
-                asymmetry_p=min(asym, 1.0),
-                delta=float(part["d"].to_numpy().mean()),
-                design_runs=int(design_runs),
-                flip_rate_for_bound=float(used_rate),
-                delta_bound=float(bound),
+            _noise_slice(
+                length, pos, part, planned_seeds, pooled_rate, level, alpha, flip_rate, n_cases, seeds
             )
         )
 
@@ -352,45 +411,12 @@ def noise_floor(
 
     # The recommendation (issue #22): the margin at which a simulated A/A release of this design passes
     # with the plan's target probability, at the clustered upper bound of the flip rate.
-    gate_plan = plan or GatePlan()
     measured_keys = [(s.length, s.position) for s in measured]
-    aa_slices = [
-        [
-            AaCase(int(row["runs"]), int(row["flips"]), int(row["passes"]))
-            for row in per_case.filter((pl.col("length") == length) & (pl.col("position") == pos))
-            .sort("case_id")
-            .iter_rows(named=True)
-        ]
-        for length, pos in measured_keys
-    ]
-    release = aa_release_margin(
-        aa_slices,
-        seeds=seeds or planned_seeds,
-        alpha=alpha,
-        target=gate_plan.power,
-        sims=sims,
-        bootstrap_reps=min(gate_plan.bootstrap_reps, 499),
-        seed=gate_plan.bootstrap_seed,
-        n_cases=n_cases,
-    )
+    release = _aa_release(per_case, measured_keys, plan, alpha, seeds or planned_seeds, sims, n_cases)
     recommended = release.margin
     binding = "{}/{}".format(*measured_keys[release.binding_slice]) if measured_keys else None
 
-    verdict: str | None = None
-    not_passing: tuple[str, ...] = ()
-    if plan is not None:
-        records = (
-            aa_scored
-            if "safety" in aa_scored.columns
-            else aa_scored.with_columns(pl.lit(False).alias("safety"))
-        )
-        result = gate(records, plan)
-        verdict = result.verdict.value
-        not_passing = tuple(
-            f"{s.length}/{s.position}: {s.status.value}"
-            for s in result.slice_results
-            if s.status is not SliceStatus.PASS
-        )
+    verdict, not_passing = (None, ()) if plan is None else _aa_verdict(aa_scored, plan)
     return NoiseFloorResult(
         alpha=alpha,
         familywise=familywise,

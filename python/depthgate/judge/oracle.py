@@ -71,17 +71,36 @@ version number or year before the value is decided by that earlier number, exact
 
 from __future__ import annotations
 
-import json
 import re
 import unicodedata
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from typing import Any, Literal, TypeAlias
 
 import polars as pl
 
 from depthgate.exceptions import InputError
+from depthgate.judge.answer_text import (
+    CITATION_BRACKET,
+    CITATION_SOURCE,
+    CITATION_SPLIT,
+    ID_LIKE,
+    ID_MARK,
+    NUMBER_PATTERN,
+    SENTENCE_END,
+    answer_line,
+    describe_line,
+    extract_citations,
+    find_word,
+    join_sentence,
+    json_object,
+    normalize,
+    parse_number,
+    same_value,
+    unit_after,
+    unit_family,
+)
 from depthgate.judge.frames import require_columns
 from depthgate.spec.cases import Case, Claim, Suite
 
@@ -216,129 +235,6 @@ CONFLICT_PHRASES: tuple[str, ...] = (
     "说法不一",
 )
 
-_SENTENCE_END = re.compile(r"[.!?;](?=\s)|[。！？；]")
-_THIN_GROUP = re.compile(r"(?<=\d)[\u2009\u202f](?=\d{3}(?!\d))")
-_THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
-_NUMBER = re.compile(r"(?<![\d.])\d+(?:\.\d+)?")
-_APOSTROPHES = str.maketrans({"\u2018": "'", "\u2019": "'", "\u02bc": "'", "\u00b4": "'"})
-
-# Units whose family an adjacent word reveals. A number followed by a unit of another family than the
-# claim's unit is not that claim's value ("245 days" is not a rate of 245 USD per night).
-_UNIT_FAMILIES: tuple[tuple[str, re.Pattern[str]], ...] = (
-    ("currency", re.compile(r"(?:usd|us\$|\$|dollars?|美元|美金|元)")),
-    ("days", re.compile(r"(?:(?:calendar |business |working )?days?|天|日)")),
-)
-
-# Citations: [id] or [id, id] and (source: id) / (sources: a; b) / （来源：id） after NFKC.
-_BRACKET = re.compile(r"\[([^\[\]\n]{1,400})\]")
-_SOURCE = re.compile(r"\((?:sources?|src|ref|refs|来源|出处)\s*:\s*([^()\n]{1,400})\)", re.IGNORECASE)
-_CITATION_SPLIT = re.compile(r"\s*[,;、]\s*")
-_ID_LIKE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,199}$")
-_ID_MARK = re.compile(r"[0-9._:/@-]")
-
-_SNIPPET = 60
-
-
-# --------------------------------------------------------------------------------------------------------
-# Normalisation
-
-
-def _is_cjk(ch: str) -> bool:
-    code = ord(ch)
-    return (
-        0x3040 <= code <= 0x30FF  # kana
-        or 0x3400 <= code <= 0x4DBF  # CJK extension A
-        or 0x4E00 <= code <= 0x9FFF  # CJK unified ideographs
-        or 0xAC00 <= code <= 0xD7AF  # Hangul
-        or 0xF900 <= code <= 0xFAFF  # CJK compatibility ideographs
-        or 0x20000 <= code <= 0x2FFFF  # CJK extensions B+
-    )
-
-
-def _is_spaced_word_char(ch: str) -> bool:
-    """A letter or digit of a script that separates words with spaces (so needs a boundary check)."""
-    return (ch.isalnum() or ch == "_") and not _is_cjk(ch)
-
-
-def _strip_edge_punctuation(text: str) -> str:
-    start, end = 0, len(text)
-    while start < end and (text[start].isspace() or unicodedata.category(text[start]).startswith("P")):
-        start += 1
-    while end > start and (text[end - 1].isspace() or unicodedata.category(text[end - 1]).startswith("P")):
-        end -= 1
-    return text[start:end]
-
-
-def normalize(text: str) -> str:
-    """NFKC, casefold, ``'`` for typographic apostrophes, no thousands separators inside numbers,
-    whitespace collapsed, punctuation stripped at both edges: ``" USD 1,200. "`` → ``"usd 1200"``."""
-    text = _THIN_GROUP.sub("", text)
-    text = unicodedata.normalize("NFKC", text).casefold().translate(_APOSTROPHES)
-    text = _THOUSANDS.sub("", text)
-    return _strip_edge_punctuation(" ".join(text.split()))
-
-
-def answer_line(output_text: str) -> str:
-    """The first non-blank line of an output (the part the oracle scores), not normalised."""
-    for line in output_text.splitlines():
-        if line.strip():
-            return line
-    return ""
-
-
-def _number(text: str) -> Decimal | None:
-    """The value of a normalised text that is a single number ("245", "1200", "2.50"), else None."""
-    if not text or not _NUMBER.fullmatch(text):
-        return None
-    try:
-        return Decimal(text)
-    except InvalidOperation:  # pragma: no cover - the regex admits only valid decimals
-        return None
-
-
-def _unit_family(text: str | None) -> str | None:
-    if not text:
-        return None
-    norm = normalize(text)
-    for family, pattern in _UNIT_FAMILIES:
-        if pattern.search(norm):
-            return family
-    return None
-
-
-def _unit_after(line: str, end: int) -> str | None:
-    """The unit family of the word right after a number ending at ``end``, if it names one."""
-    rest = line[end:].lstrip()
-    for family, pattern in _UNIT_FAMILIES:
-        match = pattern.match(rest)
-        if match is None:
-            continue
-        stop = match.end()
-        # "days" but not "dayton"; CJK units need no boundary
-        if stop < len(rest) and _is_spaced_word_char(rest[stop - 1]) and _is_spaced_word_char(rest[stop]):
-            continue
-        return family
-    return None
-
-
-def _find_all(haystack: str, needle: str) -> Iterable[int]:
-    """Start offsets of ``needle`` in ``haystack`` at word boundaries (none needed next to CJK)."""
-    if not needle:
-        return
-    start = haystack.find(needle)
-    while start >= 0:
-        end = start + len(needle)
-        left_ok = not (
-            _is_spaced_word_char(needle[0]) and start > 0 and _is_spaced_word_char(haystack[start - 1])
-        )
-        right_ok = not (
-            _is_spaced_word_char(needle[-1]) and end < len(haystack) and _is_spaced_word_char(haystack[end])
-        )
-        if left_ok and right_ok:
-            yield start
-        start = haystack.find(needle, start + 1)
-
-
 # --------------------------------------------------------------------------------------------------------
 # Score
 
@@ -399,9 +295,52 @@ def _claim_forms(claim: Claim, kind: EventKind) -> _ClaimForms:
         if claim.unit:
             raw += [f"{claim.value} {claim.unit}", f"{claim.unit} {claim.value}"]
     forms = sorted({normalize(text) for text in raw} - {""}, key=lambda s: (-len(s), s))
-    number = _number(normalize(claim.value)) if claim.value else None
+    number = parse_number(normalize(claim.value)) if claim.value else None
     display = claim.value or (claim.aliases[0] if claim.aliases else claim.text)
-    return _ClaimForms(claim.id, kind, display, tuple(forms), number, claim.unit, _unit_family(claim.unit))
+    return _ClaimForms(claim.id, kind, display, tuple(forms), number, claim.unit, unit_family(claim.unit))
+
+
+def _status_score(status: str, system_fail_reason: str | None) -> Score | None:
+    """The score of a run whose output is not scored (a system failure, an infrastructure error), None
+    for an ok run; refuses an unknown status."""
+    if status == STATUS_SYSTEM_FAIL:
+        why = system_fail_reason or "unspecified"
+        return Score(
+            outcome="system_fail",
+            reason=f"system failure ({why}): the run counts as a fail, its output is not scored.",
+        )
+    if status in _MISSING_STATUSES:
+        why = f" ({system_fail_reason})" if system_fail_reason else ""
+        return Score(
+            outcome="missing",
+            reason=f"infrastructure error{why}: no usable output, the run is missing.",
+        )
+    if status != STATUS_OK:
+        raise InputError(
+            f"unknown record status {status!r}",
+            field="status",
+            fix=f"use {STATUS_OK!r}, {STATUS_SYSTEM_FAIL!r} or {STATUS_INFRA_ERROR!r}",
+        )
+    return None
+
+
+def _judge_abstention(head: _Event | None, abstained: bool, raw_line: str, problems: list[str]) -> str:
+    """An evidence-absent case: the note of a correct abstention, else the problem added to ``problems``."""
+    if abstained:
+        token = f" ({head.token!r})" if head is not None and head.kind == "abstain" else ""
+        return f"abstained{token} as required: the context does not state the answer"
+    elif head is not None and head.kind == "forbidden":
+        problems.append(
+            f"hallucinated: answered {head.token!r} (forbidden claim {head.claim_id!r}) although the "
+            "context does not state the answer"
+        )
+    elif head is not None and head.kind in ("other", "required"):
+        problems.append(
+            f"hallucinated: answered {head.token!r} although the context does not state the answer"
+        )
+    else:
+        problems.append(f"did not abstain: {describe_line(raw_line)} on an evidence-absent case")
+    return ""
 
 
 class CaseOracle:
@@ -441,15 +380,15 @@ class CaseOracle:
         found: list[_Event] = []
         for claim in self.claims:
             for form in claim.forms:
-                if self.numeric and _number(form) is not None:
+                if self.numeric and parse_number(form) is not None:
                     continue  # bare numbers are number events (compared by value, unit-checked)
-                for start in _find_all(line, form):
+                for start in find_word(line, form):
                     found.append(_Event(start, start + len(form), claim.kind, claim.claim_id, form))
         if self.numeric:
-            for match in _NUMBER.finditer(line):
+            for match in NUMBER_PATTERN.finditer(line):
                 found.append(self._number_event(line, match))
         for phrase in self.abstain_phrases:
-            for start in _find_all(line, phrase):
+            for start in find_word(line, phrase):
                 found.append(_Event(start, start + len(phrase), "abstain", None, phrase))
         # Drop an event inside a longer one ("sato" inside "hiroshi sato", "245" inside "245 usd").
         found.sort(key=lambda e: (e.start, -(e.end - e.start), _KIND_ORDER[e.kind]))
@@ -467,7 +406,7 @@ class CaseOracle:
 
     def _number_event(self, line: str, match: re.Match[str]) -> _Event:
         value = Decimal(match.group(0))
-        unit = _unit_after(line, match.end())
+        unit = unit_after(line, match.end())
         mismatch = ""
         for kind in ("required", "forbidden"):
             for claim in self.claims:
@@ -491,27 +430,12 @@ class CaseOracle:
         status: str = STATUS_OK,
         system_fail_reason: str | None = None,
     ) -> Score:
-        if status == STATUS_SYSTEM_FAIL:
-            why = system_fail_reason or "unspecified"
-            return Score(
-                outcome="system_fail",
-                reason=f"system failure ({why}): the run counts as a fail, its output is not scored.",
-            )
-        if status in _MISSING_STATUSES:
-            why = f" ({system_fail_reason})" if system_fail_reason else ""
-            return Score(
-                outcome="missing",
-                reason=f"infrastructure error{why}: no usable output, the run is missing.",
-            )
-        if status != STATUS_OK:
-            raise InputError(
-                f"unknown record status {status!r}",
-                field="status",
-                fix=f"use {STATUS_OK!r}, {STATUS_SYSTEM_FAIL!r} or {STATUS_INFRA_ERROR!r}",
-            )
+        unscored = _status_score(status, system_fail_reason)
+        if unscored is not None:
+            return unscored
 
         text = output_text or ""
-        structured = _json_object(text)
+        structured = json_object(text)
         if structured is not None:
             answer = structured.get("answer", structured.get("value"))
             raw_line = "" if answer is None else str(answer)
@@ -534,57 +458,9 @@ class CaseOracle:
         if self.conflict:
             note, missing, forbidden = self._judge_conflict(line, events, abstained, raw_line, problems)
         elif self.expects_abstention:
-            if abstained:
-                token = f" ({head.token!r})" if head is not None and head.kind == "abstain" else ""
-                note = f"abstained{token} as required: the context does not state the answer"
-            elif head is not None and head.kind == "forbidden":
-                problems.append(
-                    f"hallucinated: answered {head.token!r} (forbidden claim {head.claim_id!r}) although the "
-                    "context does not state the answer"
-                )
-            elif head is not None and head.kind in ("other", "required"):
-                problems.append(
-                    f"hallucinated: answered {head.token!r} although the context does not state the answer"
-                )
-            else:
-                problems.append(f"did not abstain: {_describe_line(raw_line)} on an evidence-absent case")
+            note = _judge_abstention(head, abstained, raw_line, problems)
         else:
-            matched = {e.claim_id for e in events if e.kind == "required"}
-            first_required = next((e.start for e in events if e.kind == "required"), None)
-            if len(self.required_ids) > 1 and first_required is not None:
-                for event in events:
-                    if event.start >= first_required:
-                        break
-                    if event.kind == "forbidden" and event.claim_id and event.claim_id not in forbidden:
-                        forbidden.append(event.claim_id)
-            if head is None or head.kind != "required":
-                missing = list(self.required_ids)
-            else:
-                missing = [claim_id for claim_id in self.required_ids if claim_id not in matched]
-            expected = self.expected_display
-            if head is None:
-                problems.append(f"no answer found: {_describe_line(raw_line)}; expected {expected!r}")
-            elif head.kind == "abstain":
-                problems.append(
-                    f"abstained ({head.token!r}) although the evidence is in the context; "
-                    f"expected {expected!r}"
-                )
-            elif head.kind == "forbidden":
-                problems.append(
-                    f"answered {head.token!r}, the value of forbidden claim {head.claim_id!r}, instead of "
-                    f"{expected!r}"
-                )
-            elif head.kind == "other":
-                detail = f" ({head.note})" if head.note else ""
-                problems.append(
-                    f"answered {head.token!r}{detail}, which matches no claim; expected {expected!r}"
-                )
-            elif missing:
-                problems.append(f"the answer lacks required claim(s) {missing}")
-            elif forbidden:
-                problems.append(f"gave forbidden claim(s) {forbidden} before the required answer")
-            else:
-                note = f"answered {head.token!r}, the required claim, first"
+            note, missing = self._judge_required(events, head, raw_line, problems, forbidden)
 
         wrong = self.wrong_citations(text, evidence_ids_in_layout)
         if wrong:
@@ -595,7 +471,7 @@ class CaseOracle:
             problems.append(f"expected field(s) differ: {'; '.join(mismatches)}")
 
         if not problems:
-            return Score(outcome="pass", abstained=abstained, reason=_sentence([note]), answer=decided)
+            return Score(outcome="pass", abstained=abstained, reason=join_sentence([note]), answer=decided)
         return Score(
             outcome="fail",
             safety=any(self.severity.get(claim_id) == "safety" for claim_id in forbidden),
@@ -604,9 +480,54 @@ class CaseOracle:
             wrong_citations=wrong,
             abstained=abstained,
             field_mismatches=mismatches,
-            reason=_sentence(problems),
+            reason=join_sentence(problems),
             answer=decided,
         )
+
+    def _judge_required(
+        self,
+        events: Sequence[_Event],
+        head: _Event | None,
+        raw_line: str,
+        problems: list[str],
+        forbidden: list[str],
+    ) -> tuple[str, list[str]]:
+        """An evidence-present case: (note, missing required claims); problems go to ``problems`` and
+        forbidden claims before the first required one to ``forbidden``."""
+        matched = {e.claim_id for e in events if e.kind == "required"}
+        first_required = next((e.start for e in events if e.kind == "required"), None)
+        if len(self.required_ids) > 1 and first_required is not None:
+            for event in events:
+                if event.start >= first_required:
+                    break
+                if event.kind == "forbidden" and event.claim_id and event.claim_id not in forbidden:
+                    forbidden.append(event.claim_id)
+        if head is None or head.kind != "required":
+            missing = list(self.required_ids)
+        else:
+            missing = [claim_id for claim_id in self.required_ids if claim_id not in matched]
+        expected = self.expected_display
+        if head is None:
+            problems.append(f"no answer found: {describe_line(raw_line)}; expected {expected!r}")
+        elif head.kind == "abstain":
+            problems.append(
+                f"abstained ({head.token!r}) although the evidence is in the context; expected {expected!r}"
+            )
+        elif head.kind == "forbidden":
+            problems.append(
+                f"answered {head.token!r}, the value of forbidden claim {head.claim_id!r}, instead of "
+                f"{expected!r}"
+            )
+        elif head.kind == "other":
+            detail = f" ({head.note})" if head.note else ""
+            problems.append(f"answered {head.token!r}{detail}, which matches no claim; expected {expected!r}")
+        elif missing:
+            problems.append(f"the answer lacks required claim(s) {missing}")
+        elif forbidden:
+            problems.append(f"gave forbidden claim(s) {forbidden} before the required answer")
+        else:
+            return f"answered {head.token!r}, the required claim, first", missing
+        return "", missing
 
     def _judge_conflict(
         self,
@@ -628,7 +549,7 @@ class CaseOracle:
             if abstained:
                 return "abstained or flagged the conflict, as accepted: the sources disagree", [], []
             problems.append(
-                f"no answer found: {_describe_line(raw_line)}; expected an abstention or every conflicting "
+                f"no answer found: {describe_line(raw_line)}; expected an abstention or every conflicting "
                 f"value ({values})"
             )
             return "", list(self.required_ids), []
@@ -659,7 +580,7 @@ class CaseOracle:
             return []
         required = [e for e in events if e.kind == "required"]
         anchor = required[-1] if required else events[0]
-        match = _SENTENCE_END.search(line, anchor.end)
+        match = SENTENCE_END.search(line, anchor.end)
         end = match.start() if match else len(line)
         return [e for e in events if e.start < end and e.kind != "abstain"]
 
@@ -668,10 +589,10 @@ class CaseOracle:
         case every value of the answer counts, and the numbers of a cited id (``[doc-7]``) are none."""
         known = self.case_doc_ids | self.distractor_ids
         nfkc = unicodedata.normalize("NFKC", text)
-        spans = [(m.start(), m.end()) for m in _SOURCE.finditer(nfkc)]
-        for match in _BRACKET.finditer(nfkc):
-            tokens = [token.strip() for token in _CITATION_SPLIT.split(match.group(1).strip())]
-            if all(t in known or (_ID_LIKE.match(t) and _ID_MARK.search(t)) for t in tokens):
+        spans = [(m.start(), m.end()) for m in CITATION_SOURCE.finditer(nfkc)]
+        for match in CITATION_BRACKET.finditer(nfkc):
+            tokens = [token.strip() for token in CITATION_SPLIT.split(match.group(1).strip())]
+            if all(t in known or (ID_LIKE.match(t) and ID_MARK.search(t)) for t in tokens):
                 spans.append((match.start(), match.end()))
         for start, end in spans:
             nfkc = nfkc[:start] + " " * (end - start) + nfkc[end:]
@@ -714,14 +635,14 @@ class CaseOracle:
                 continue
             if name == "unit":
                 # only a unit written right after the answer number is observable in free text
-                want = _unit_family(expected)
+                want = unit_family(expected)
                 if head is not None and head.unit is not None and want is not None and head.unit != want:
                     out.append(f"unit: expected {expected!r}, got {head.unit}")
                 continue
             if name != "value":
                 continue  # a free-text continuation cannot show region, threshold ...
             got_value = "" if abstained or head is None else self._value_of(head)
-            if not _same_value(got_value, expected):
+            if not same_value(got_value, expected):
                 shown = repr(got_value) if got_value else "nothing"
                 out.append(f"value: expected {expected!r}, got {shown}")
         return out
@@ -732,64 +653,6 @@ class CaseOracle:
                 if claim.claim_id == event.claim_id:
                     return claim.display
         return event.token
-
-
-def _same_value(got: str, expected: str) -> bool:
-    a, b = normalize(got), normalize(expected)
-    if a == b:
-        return True
-    na, nb = _number(a), _number(b)
-    return na is not None and nb is not None and na == nb
-
-
-def _json_object(text: str) -> dict[str, Any] | None:
-    stripped = text.strip()
-    if not (stripped.startswith("{") and stripped.endswith("}")):
-        return None
-    try:
-        value = json.loads(stripped)
-    except (json.JSONDecodeError, RecursionError):
-        return None
-    return value if isinstance(value, dict) else None
-
-
-def _describe_line(raw_line: str) -> str:
-    if not raw_line.strip():
-        return "empty output"
-    snippet = " ".join(raw_line.split())
-    if len(snippet) > _SNIPPET:
-        snippet = snippet[: _SNIPPET - 1] + "…"
-    return f"no value in {snippet!r}"
-
-
-def _sentence(parts: Sequence[str]) -> str:
-    text = "; ".join(parts)
-    return text[:1].upper() + text[1:] + ("" if text.endswith(".") else ".")
-
-
-def extract_citations(text: str, *, known_ids: set[str] | frozenset[str] = frozenset()) -> list[str]:
-    """Document ids cited in ``text``: ``[id]``, ``[a, b]``, ``(source: id)``, ``（来源：id）``.
-
-    Bracketed tokens count when they are a known id or look like one (a digit or one of ``- _ / . : @``);
-    ``(source: ...)`` tokens count whenever they are id-shaped. Order of appearance, repeats kept.
-    """
-    nfkc = unicodedata.normalize("NFKC", text)
-    hits: list[tuple[int, str]] = []
-    for match in _BRACKET.finditer(nfkc):
-        for token in _CITATION_SPLIT.split(match.group(1).strip()):
-            token = token.strip()
-            for prefix in ("source:", "sources:", "doc:", "来源:"):
-                if token.casefold().startswith(prefix):
-                    token = token[len(prefix) :].strip()
-            if token in known_ids or (_ID_LIKE.match(token) and _ID_MARK.search(token)):
-                hits.append((match.start(), token))
-    for match in _SOURCE.finditer(nfkc):
-        for token in _CITATION_SPLIT.split(match.group(1).strip()):
-            token = token.strip()
-            if token in known_ids or _ID_LIKE.match(token):
-                hits.append((match.start(), token))
-    hits.sort(key=lambda item: item[0])
-    return [token for _, token in hits]
 
 
 def score(
