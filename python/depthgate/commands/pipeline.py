@@ -592,6 +592,8 @@ def gate_run(
     """Score, gate and report a run folder (its records, layouts and manifest)."""
     from depthgate.judge.health import infra_summary
     from depthgate.judge.oracle import score_records
+    from depthgate.report.analyses import collect_sections
+    from depthgate.report.document import AnalysisContext
     from depthgate.report.report import write_reports
     from depthgate.run.runner import read_records
     from depthgate.spec.suites import resolve_suite
@@ -711,6 +713,25 @@ def gate_run(
         gated, gate_plan(plan, lengths, labels, cases=placed, seeds=frozen.seeds, spaced_cases=spaced)
     )
     infra = infra_summary(records, _planned_jobs(run, frozen.seeds), endpoints=run_endpoint_counts(run))
+    # The analyses beside the gate (controls, position science, noise floor …) contribute sections to
+    # the same report document: one render, one write per file, one swap of the set.
+    controls_path = run / "scored_controls.parquet"
+    context = AnalysisContext(
+        run=run,
+        plan=plan,
+        seeds=frozen.seeds,
+        scored=scored,
+        scored_controls=scored_controls,
+        position_controls=(
+            pl.read_parquet(controls_path)
+            if (run / CONTROLS_DIR).is_dir() and controls_path.is_file()
+            else None
+        ),
+        eligibility=eligibility,
+        noise_plan=gate_plan(plan, lengths, labels),
+        aa=(run / AA_FILE).is_file(),
+    )
+    sections = collect_sections(context)
     # The run's own layouts, for the length in characters, wherever the report goes (--report-dir).
     arm_layouts = {arm: run / arm / "layouts.parquet" for arm in ARMS}
     paths = write_reports(
@@ -721,12 +742,11 @@ def gate_run(
         infra=infra,
         layouts=arm_layouts if all(p.is_file() for p in arm_layouts.values()) else None,
         checks=check_reports(run),
+        sections=sections,
     )
-    if scored_controls is not None:
-        _add_controls(run, scored, scored_controls, paths.verdict_json, paths.summary_md, eligibility)
-    _add_position(run, plan, frozen.seeds, scored, paths.out_dir)
-    if (run / AA_FILE).is_file():
-        _add_noise_floor(scored, gate_plan(plan, lengths, labels), paths.out_dir)
+    for section in sections:
+        for line in section.console:
+            print(line, file=sys.stderr)
     return result, paths.exit_code, paths.report_html
 
 
@@ -745,47 +765,6 @@ def _mark_aa(out: Path, matrix: Matrix) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps({"baseline": matrix.baseline.name}), encoding="utf-8")
     os.replace(tmp, path)
-
-
-def _add_position(
-    run: Path, plan: AnalysisPlan, seeds: Sequence[int], scored: pl.DataFrame, report_dir: Path
-) -> None:
-    """Effective length, control-normalised accuracy and pass^k (depthgate.report.position) into
-    verdict.json (``position``), summary.md and report.html; never changes the verdict."""
-    from depthgate.report.position import add_position_section, position_science, spacing_layouts
-
-    controls_path = run / "scored_controls.parquet"
-    scored_controls = (
-        pl.read_parquet(controls_path) if (run / CONTROLS_DIR).is_dir() and controls_path.is_file() else None
-    )
-    try:
-        science = position_science(
-            scored, plan, seeds=seeds, scored_controls=scored_controls, layouts=spacing_layouts(run)
-        )
-    except InputError as exc:
-        print(f"depthgate: position science not computed: {exc}", file=sys.stderr)
-        return
-    add_position_section(science, report_dir)
-
-
-def _add_noise_floor(scored: pl.DataFrame, plan: GatePlan, report_dir: Path) -> None:
-    """The A/A noise floor (depthgate.judge.noise) into verdict.json (``noise_floor``) and summary.md."""
-    from depthgate.judge.noise import noise_floor
-    from depthgate.report.position import add_noise_floor_section
-
-    try:
-        result = noise_floor(scored, alpha=plan.look_alpha, plan=plan)
-    except InputError as exc:
-        print(f"depthgate: noise floor not computed: {exc}", file=sys.stderr)
-        return
-    add_noise_floor_section(result, report_dir)
-    state = "above" if result.plan_margin_ok else "BELOW"
-    print(
-        f"noise floor: recommended margin {result.recommended_margin:g} (an A/A release passes there with "
-        f"probability {result.pass_probability:.2f}; plan margin {plan.margin:g} is {state} it); flip rate "
-        f"{result.flip_rate:.3f}",
-        file=sys.stderr,
-    )
 
 
 def _planned_jobs(run: Path, seeds: Sequence[int]) -> pl.DataFrame:
@@ -856,66 +835,3 @@ def _baseline_eligible(
         "n_placed": len(placed),
         "excluded": [c for c in placed if c not in eligible],
     }
-
-
-def _add_controls(
-    run: Path,
-    scored: pl.DataFrame,
-    scored_controls: pl.DataFrame,
-    verdict_path: Path,
-    summary_path: Path,
-    eligibility: dict[str, Any] | None = None,
-) -> None:
-    """Classify each case's failures from the controls run beside the matrix: task or model
-    (evidence-only short input fails), position or assembly (only long variants fail), hallucination
-    (evidence-absent answered with a value). Added to verdict.json and summary.md; never changes the
-    verdict itself (``eligibility``: the cases the primary metric control_normalised kept, reported)."""
-    from depthgate.judge.controls import classify_failures
-    from depthgate.report.report import load_verdict
-
-    classes = classify_failures(scored, scored_controls)
-    counts = {
-        f"{arm}:{cls}": n
-        for arm, cls, n in classes.group_by("arm", "category").len().sort("arm", "category").iter_rows()
-    }
-    only = scored_controls.filter(pl.col("control") == "evidence_only")
-    only_rate = only["outcome"].eq("pass").sum() / only.height if only.height else None
-    section = {
-        "counts": counts,
-        "cases": classes.to_dicts(),
-        "hallucinated_runs": int(scored_controls["hallucinated"].sum()),
-        "evidence_only_pass_rate": only_rate,
-    }
-    if eligibility is not None:
-        section["primary_metric"] = {k: v for k, v in eligibility.items() if k != "eligible"}
-    verdict = json.loads(verdict_path.read_text(encoding="utf-8"))
-    verdict["controls"] = json.loads(json.dumps(section, default=str))
-    tmp = verdict_path.with_name(verdict_path.name + ".tmp")
-    tmp.write_text(json.dumps(verdict, indent=2, sort_keys=True), encoding="utf-8")
-    os.replace(tmp, verdict_path)
-    load_verdict(verdict_path)  # still a valid verdict document
-    lines = [
-        "",
-        "",
-        "### Controls (beside the matrix; they never change the verdict)",
-        "",
-        "| arm | class | cases |",
-        "|---|---|---:|",
-    ]
-    lines += [f"| {k.split(':')[0]} | {k.split(':')[1]} | {v} |" for k, v in sorted(counts.items())]
-    lines += [
-        "",
-        "task_or_model: the evidence-only short input already fails; position_or_assembly: only "
-        "long variants fail; hallucination: a value was given with the evidence removed; serving_path: "
-        "a control was lost to the arm's serving path (system failures).",
-        "",
-    ]
-    if eligibility is not None:
-        lines += [
-            f"Primary metric control_normalised (pre-registered): the gate counted the "
-            f"{eligibility['n_eligible']} of {eligibility['n_placed']} cases whose baseline evidence-only "
-            "control passed.",
-            "",
-        ]
-    with summary_path.open("a", encoding="utf-8") as fh:
-        fh.write("\n".join(lines))

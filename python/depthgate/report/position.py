@@ -4,9 +4,9 @@ pass^k and the A/A noise floor, added beside the verdict (they never change it).
 :func:`position_science` computes the numbers from a run's scored records (``RUN/scored.parquet``) and,
 when the controls ran, its scored controls (``RUN/scored_controls.parquet``), with the frozen plan's
 ``effective_length_rule``/``effective_length_threshold``, ``bootstrap_seed`` and one-sided look alpha.
-:func:`add_position_section` writes them into an existing report folder: ``verdict.json`` key
-``position``, a section of ``summary.md``, and a section of ``report.html`` (accuracy-by-length charts per
-depth as embedded PNGs and the tables) at the template's ``<!-- depthgate:sections -->`` marker.
+:func:`position_section` is the report's section of them: ``verdict.json`` key ``position``, a section of
+``summary.md``, a section of ``report.html`` (accuracy-by-length charts per depth as embedded PNGs and the
+tables) and the effective length in ``junit.xml``.
 
 NoLiMa without controls: the base score is taken as 1.0 for both arms (the threshold then is an absolute
 accuracy, as under RULER) and a note says so.
@@ -15,11 +15,12 @@ accuracy, as under RULER) and a note says so.
 from __future__ import annotations
 
 import base64
+import functools
 import html
 import io
-import json
 import math
-import os
+import sys
+import xml.etree.ElementTree as ET
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,7 +31,6 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from depthgate.exceptions import InputError
-from depthgate.judge.noise import NoiseFloorResult
 from depthgate.judge.position import (
     EffectiveLengthResult,
     base_scores_from_controls,
@@ -40,20 +40,18 @@ from depthgate.judge.position import (
     spacing_accuracy,
 )
 from depthgate.judge.stats import ARMS, position_sort_key
+from depthgate.report.document import AnalysisContext, Section
 from depthgate.spec.models import AnalysisPlan, look_alpha
 
 __all__ = [
-    "SECTIONS_MARKER",
     "PositionScience",
-    "add_noise_floor_section",
-    "add_position_section",
+    "add_junit_effective_length",
     "position_science",
+    "position_section",
     "render_curve_png",
     "spacing_layouts",
 ]
 
-#: Where extra sections go in report.html (report.html.j2 holds this comment once).
-SECTIONS_MARKER = "<!-- depthgate:sections -->"
 _DPI = 110
 _COLORS = {"baseline": "#1f6feb", "candidate": "#cf222e"}
 
@@ -443,85 +441,109 @@ def render_position_html(ps: PositionScience) -> str:
 
 
 # --------------------------------------------------------------------------------------------------
-# Writing into a report folder
+# junit.xml
 
 
-def _replace_text(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+def _effective_text(row: Mapping[str, Any]) -> str:
+    estimate = row.get("estimate")
+    if row.get("at_grid_top"):
+        return f"≥{estimate}"
+    return "below grid" if estimate == 0 else str(estimate)
 
 
-def _add_to_verdict(verdict_path: Path, key: str, value: dict[str, Any]) -> None:
-    from depthgate.report.report import load_verdict
-
-    verdict = json.loads(verdict_path.read_text(encoding="utf-8"))
-    verdict[key] = value
-    _replace_text(verdict_path, json.dumps(verdict, indent=2, sort_keys=True))
-    load_verdict(verdict_path)  # still a valid verdict document
+def _property(parent: ET.Element, name: str, value: object) -> None:
+    ET.SubElement(parent, "property", name=name, value=str(value))
 
 
-def _add_to_html(html_path: Path, section: str) -> None:
-    if not html_path.is_file():
-        return
-    page = html_path.read_text(encoding="utf-8")
-    anchor = SECTIONS_MARKER if SECTIONS_MARKER in page else "</body>"
-    _replace_text(html_path, page.replace(anchor, section + anchor, 1))
+def _properties_of(element: ET.Element) -> ET.Element:
+    """``element``'s ``properties`` (created first when missing), without effective-length entries."""
+    found = element.find("properties")
+    if found is None:
+        found = ET.Element("properties")
+        element.insert(0, found)
+    for old in [p for p in found if p.get("name", "").startswith("effective_length.")]:
+        found.remove(old)
+    return found
 
 
-def add_position_section(ps: PositionScience, report_dir: Path) -> None:
-    """``position`` in verdict.json, a section in summary.md and in report.html, and the effective
-    length in junit.xml (where CI dashboards read a nightly job)."""
-    from depthgate.report.report import add_junit_effective_length
-
-    _add_to_verdict(report_dir / "verdict.json", "position", ps.to_dict())
-    with (report_dir / "summary.md").open("a", encoding="utf-8") as fh:
-        fh.write(render_position_markdown(ps))
-    _add_to_html(report_dir / "report.html", render_position_html(ps))
-    if (report_dir / "junit.xml").is_file():
-        add_junit_effective_length(report_dir)
-
-
-def render_noise_markdown(nf: NoiseFloorResult) -> str:
-    ok = {True: "yes", False: "NO", None: "–"}[nf.plan_margin_ok]
+def add_junit_effective_length(root: ET.Element, position: Mapping[str, Any]) -> bool:
+    """Add the effective length (``position["effective_length"]``, the verdict.json ``position`` value)
+    to the junit.xml tree ``root``: suite ``depthgate.slices`` gets ``effective_length.<arm>.<position>``
+    properties and the console's effective-length lines in its ``system-out``, every slice testcase
+    ``effective_length.<arm>`` of its depth. Idempotent. False (nothing changed) without an effective
+    length."""
+    section = position.get("effective_length") or {}
+    rows = [row for row in section.get("rows") or [] if row.get("arm") in ARMS]
+    if not rows:
+        return False
+    text: dict[tuple[str, str], str] = {(str(r["arm"]), str(r["position"])): _effective_text(r) for r in rows}
+    rule = str(rows[0].get("rule", ""))
+    suite = root.find("testsuite[@name='depthgate.slices']")
+    if suite is None:
+        raise InputError(
+            "junit.xml has no testsuite 'depthgate.slices'",
+            fix="regenerate the reports with `depthgate gate RUN`",
+        )
+    suite_properties = _properties_of(suite)
+    for (arm, pos), value in sorted(
+        text.items(), key=lambda item: (item[0][0], position_sort_key(item[0][1]))
+    ):
+        _property(suite_properties, f"effective_length.{arm}.{pos}", f"{value} ({rule})")
+    for case in suite.findall("testcase"):
+        depth = next(
+            (p.get("value") for p in case.iterfind("properties/property") if p.get("name") == "position"),
+            None,
+        )
+        if depth is None:
+            continue
+        props = _properties_of(case)
+        for arm in ARMS:
+            if (arm, depth) in text:
+                _property(props, f"effective_length.{arm}", f"{text[(arm, depth)]} ({rule})")
     lines = [
-        "",
-        "",
-        "### Noise floor (A/A: the baseline against itself)",
-        "",
-        f"Recommended margin {nf.recommended_margin:g}: a simulated A/A release passes there with "
-        f"probability {nf.pass_probability:.2f} (target {nf.pass_target:g}; flip rate upper bound "
-        f"{nf.flip_rate_upper_clustered:.3f}; binding slice {nf.binding_slice}); the |Δ| noise bound alone "
-        f"gives {nf.noise_bound_margin:g}; plan margin "
-        f"{nf.plan_margin}; plan margin above the noise floor: {ok}. Flip rate overall "
-        f"{nf.flip_rate:.3f} ({nf.flips} of {nf.paired_runs} paired runs); A/A gate verdict {nf.aa_verdict}.",
-        "",
-        *_md_table(
-            ["slice", "paired runs", "flips", "flip rate", "Δ", "noise bound on |Δ|"],
-            [
-                [
-                    f"{s.length}/{s.position}",
-                    str(s.paired_runs),
-                    str(s.flips),
-                    f"{s.flip_rate:.3f}",
-                    f"{s.delta:+.3f}",
-                    f"{s.delta_bound:.3f}",
-                ]
-                for s in nf.slices
-            ],
-        ),
-        "",
+        f"effective length ({rule}), {arm}: "
+        + ", ".join(
+            f"{p}: {v}"
+            for (a, p), v in sorted(text.items(), key=lambda i: position_sort_key(i[0][1]))
+            if a == arm
+        )
+        for arm in ARMS
+        if any(a == arm for a, _ in text)
     ]
-    return "\n".join(lines)
+    system_out = suite.find("system-out")
+    if system_out is None:
+        system_out = ET.SubElement(suite, "system-out")
+    kept = [
+        line for line in (system_out.text or "").splitlines() if not line.startswith("effective length (")
+    ]
+    system_out.text = "\n".join([*kept, *lines])
+    return True
 
 
-def add_noise_floor_section(nf: NoiseFloorResult, report_dir: Path) -> None:
-    """``noise_floor`` in verdict.json and a section in summary.md (and report.html)."""
-    _add_to_verdict(report_dir / "verdict.json", "noise_floor", nf.to_dict())
-    text = render_noise_markdown(nf)
-    with (report_dir / "summary.md").open("a", encoding="utf-8") as fh:
-        fh.write(text)
-    body = (
-        f'<h2 id="noise-floor">Noise floor (A/A)</h2>\n<pre class="small">{html.escape(text.strip())}</pre>\n'
+# --------------------------------------------------------------------------------------------------
+# The section
+
+
+def position_section(ctx: AnalysisContext) -> Section | None:
+    """Effective length, control-normalised accuracy and pass^k of the run: verdict.json ``position``,
+    a section of summary.md and report.html, the effective length in junit.xml (where CI dashboards read
+    a nightly job). None (a note on stderr) when the numbers cannot be computed."""
+    try:
+        science = position_science(
+            ctx.scored,
+            ctx.plan,
+            seeds=ctx.seeds,
+            scored_controls=ctx.position_controls,
+            layouts=spacing_layouts(ctx.run),
+        )
+    except InputError as exc:
+        print(f"depthgate: position science not computed: {exc}", file=sys.stderr)
+        return None
+    data = science.to_dict()
+    return Section(
+        key="position",
+        data=data,
+        markdown=render_position_markdown(science),
+        html=render_position_html(science),
+        junit=functools.partial(add_junit_effective_length, position=data),
     )
-    _add_to_html(report_dir / "report.html", body)

@@ -14,11 +14,13 @@
   tables, and the missing-claim, wrong-citation and system-failure lists. The PNGs are also written next
   to it (``heatmap_delta.png``, ``heatmap_accuracy.png``).
 
-Every file is first written into a staging directory inside ``out_dir`` and then moved into place with
-``os.replace``; ``verdict.json`` is removed first and moved last, so it is the commit marker: when it
-exists, the other files beside it belong to the same run. A failure while rendering leaves ``out_dir``
-as it was. Raw prompts never enter a report; model outputs appear only through the oracle's one-sentence
-reasons, and the manifest contributes only its digests and short scalar fields without secret-like names.
+The gate's part and every analysis beside it (:class:`~depthgate.report.document.Section`, listed in
+:mod:`depthgate.report.analyses`) make one document, rendered in memory once
+(:func:`render_report_files`) and written as a set (:func:`depthgate.report.writer.write_report_set`: a
+staging folder beside ``out_dir`` swapped in whole), one write per file; no file is re-read to be patched.
+A failure while rendering or writing leaves ``out_dir`` as it was. Raw prompts never enter a report; model
+outputs appear only through the oracle's one-sentence reasons, and the manifest contributes only its
+digests and short scalar fields without secret-like names.
 """
 
 from __future__ import annotations
@@ -28,10 +30,7 @@ import dataclasses
 import io
 import json
 import math
-import os
 import re
-import shutil
-import tempfile
 import typing
 import xml.etree.ElementTree as ET
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -65,6 +64,8 @@ from depthgate.judge.stats import (
     position_sort_key,
 )
 from depthgate.judge.wording import with_system_wording
+from depthgate.report.document import SECTIONS_MARKER, Section
+from depthgate.report.writer import write_report_set
 from depthgate.spec.models import split_position_label
 
 SCHEMA_VERSION = "depthgate.verdict/1"
@@ -959,7 +960,20 @@ def _property(parent: ET.Element, name: str, value: object) -> None:
     ET.SubElement(parent, "property", name=name, value=str(value))
 
 
-def render_junit(result: GateResult, health: RunHealth | None = None) -> bytes:
+def render_junit(
+    result: GateResult, health: RunHealth | None = None, sections: Sequence[Section] = ()
+) -> bytes:
+    """JUnit XML of :func:`junit_tree`, with every section's additions (``Section.junit``)."""
+    root = junit_tree(result, health)
+    for section in sections:
+        if section.junit is not None:
+            section.junit(root)
+    ET.indent(root)
+    data: bytes = ET.tostring(root, encoding="utf-8", xml_declaration=True)
+    return data + b"\n"
+
+
+def junit_tree(result: GateResult, health: RunHealth | None = None) -> ET.Element:
     """JUnit XML: suite ``depthgate.slices`` with one testcase per slice, suite ``depthgate.safety``,
     suite ``depthgate.run`` (an error when runs were lost; a failure naming system-driven slices).
 
@@ -967,8 +981,8 @@ def render_junit(result: GateResult, health: RunHealth | None = None) -> bytes:
     length (the depth with the lowest Δ lower bound) and the console's worst-position lines in its
     ``system-out``; every slice testcase has the properties ``length``, ``position``, ``lower_bound``,
     ``worst_position`` ("true" for the worst depth of its length) and ``worst_position_at_length``.
-    :func:`add_junit_effective_length` adds the effective length once the position science is in
-    verdict.json."""
+    The position-science section adds the effective length
+    (:func:`depthgate.report.position.add_junit_effective_length`)."""
     plan = result.plan
     root = ET.Element("testsuites", name="depthgate")
     suite = ET.SubElement(root, "testsuite", name="depthgate.slices")
@@ -1063,9 +1077,7 @@ def render_junit(result: GateResult, health: RunHealth | None = None) -> bytes:
     root.set("failures", str(failures + (1 if result.safety_flag else 0) + n_run_failures))
     root.set("errors", str(n_errors))
     root.set("skipped", str(skipped))
-    ET.indent(root)
-    data: bytes = ET.tostring(root, encoding="utf-8", xml_declaration=True)
-    return data + b"\n"
+    return root
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -1459,101 +1471,8 @@ def render_html(inputs: ReportInputs, *, delta_png: bytes, accuracy_png: bytes) 
     )
 
 
-def _effective_text(row: Mapping[str, Any]) -> str:
-    estimate = row.get("estimate")
-    if row.get("at_grid_top"):
-        return f"≥{estimate}"
-    return "below grid" if estimate == 0 else str(estimate)
-
-
-def add_junit_effective_length(report_dir: str | Path) -> bool:
-    """Add the effective length (verdict.json ``position.effective_length``, written by
-    :func:`depthgate.report.position.add_position_section`) to ``junit.xml`` of ``report_dir``: suite
-    ``depthgate.slices`` gets ``effective_length.<arm>.<position>`` properties and the console's
-    effective-length lines in its ``system-out``, every slice testcase ``effective_length.<arm>`` of its
-    depth. Idempotent. Returns False (nothing written) when verdict.json has no effective length."""
-    out = Path(report_dir)
-    doc = json.loads((out / VERDICT_JSON).read_text(encoding="utf-8"))
-    section = (doc.get("position") or {}).get("effective_length") or {}
-    rows = [row for row in section.get("rows") or [] if row.get("arm") in ARMS]
-    if not rows:
-        return False
-    text: dict[tuple[str, str], str] = {(str(r["arm"]), str(r["position"])): _effective_text(r) for r in rows}
-    rule = str(rows[0].get("rule", ""))
-    tree = ET.parse(out / JUNIT_XML)
-    suite = tree.getroot().find("testsuite[@name='depthgate.slices']")
-    if suite is None:
-        raise InputError(
-            "junit.xml has no testsuite 'depthgate.slices'",
-            file=str(out / JUNIT_XML),
-            fix="regenerate the reports with `depthgate gate RUN`",
-        )
-
-    def properties_of(element: ET.Element) -> ET.Element:
-        found = element.find("properties")
-        if found is None:
-            found = ET.Element("properties")
-            element.insert(0, found)
-        for old in [p for p in found if p.get("name", "").startswith("effective_length.")]:
-            found.remove(old)
-        return found
-
-    suite_properties = properties_of(suite)
-    for (arm, position), value in sorted(
-        text.items(), key=lambda item: (item[0][0], position_sort_key(item[0][1]))
-    ):
-        _property(suite_properties, f"effective_length.{arm}.{position}", f"{value} ({rule})")
-    for case in suite.findall("testcase"):
-        depth = next(
-            (p.get("value") for p in case.iterfind("properties/property") if p.get("name") == "position"),
-            None,
-        )
-        if depth is None:
-            continue
-        props = properties_of(case)
-        for arm in ARMS:
-            if (arm, depth) in text:
-                _property(props, f"effective_length.{arm}", f"{text[(arm, depth)]} ({rule})")
-    lines = [
-        f"effective length ({rule}), {arm}: "
-        + ", ".join(
-            f"{p}: {v}"
-            for (a, p), v in sorted(text.items(), key=lambda i: position_sort_key(i[0][1]))
-            if a == arm
-        )
-        for arm in ARMS
-        if any(a == arm for a, _ in text)
-    ]
-    system_out = suite.find("system-out")
-    if system_out is None:
-        system_out = ET.SubElement(suite, "system-out")
-    kept = [
-        line for line in (system_out.text or "").splitlines() if not line.startswith("effective length (")
-    ]
-    system_out.text = "\n".join([*kept, *lines])
-    ET.indent(tree)
-    data = ET.tostring(tree.getroot(), encoding="utf-8", xml_declaration=True) + b"\n"
-    _write_bytes(out / JUNIT_XML, data)
-    return True
-
-
 # --------------------------------------------------------------------------------------------------------
 # Writing
-
-
-def _write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` via a temporary sibling and os.replace (fsynced)."""
-    descriptor, temp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(descriptor, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(temp, 0o644)  # mkstemp creates 0600; reports are meant to be read by CI and people
-        os.replace(temp, path)
-    except BaseException:
-        Path(temp).unlink(missing_ok=True)
-        raise
 
 
 def _verdict_data(verdict: VerdictDocument) -> dict[str, Any]:
@@ -1564,30 +1483,46 @@ def _verdict_data(verdict: VerdictDocument) -> dict[str, Any]:
     return data
 
 
-def _render_all(
-    result: GateResult,
-    scored: pl.DataFrame,
-    manifest: Mapping[str, Any],
-    health: RunHealth,
-    chars: Sequence[LengthChars] | None = None,
-    checks: Mapping[str, Any] | None = None,
-) -> dict[str, bytes]:
-    """Every report file, rendered in memory; ``verdict.json`` is rendered last."""
-    inputs = ReportInputs(result, scored, oracle_counts(scored), manifest, health, chars, checks)
+def render_verdict_json(inputs: ReportInputs, sections: Sequence[Section] = ()) -> bytes:
+    """verdict.json: the gate's document with every section's ``data`` under its key, validated whole.
+
+    Two layouts, kept so that every shipped verdict re-gates to its very bytes: the gate alone is written
+    in field order (UTF-8, a final newline); with sections it is written with sorted keys and ASCII
+    escapes, no final newline (how the pipeline's analyses used to rewrite the file)."""
+    data = _verdict_data(build_verdict(inputs))
+    if not sections:
+        text = json.dumps(data, indent=2, ensure_ascii=False, allow_nan=False) + "\n"
+        return text.encode("utf-8")
+    for section in sections:
+        data[section.key] = section.data
+    VerdictDocument.model_validate(data)  # still a valid verdict document, sections included
+    return json.dumps(data, indent=2, sort_keys=True).encode("utf-8")
+
+
+def _with_sections_html(page: str, sections: Sequence[Section]) -> str:
+    """The sections' HTML at the template's :data:`SECTIONS_MARKER` (before ``</body>`` without one)."""
+    extra = "".join(section.html for section in sections)
+    if not extra:
+        return page
+    anchor = SECTIONS_MARKER if SECTIONS_MARKER in page else "</body>"
+    return page.replace(anchor, extra + anchor, 1)
+
+
+def render_report_files(inputs: ReportInputs, sections: Sequence[Section] = ()) -> dict[str, bytes]:
+    """Every report file of the document (the gate's part and every section), rendered in memory."""
+    result, health = inputs.result, inputs.health
     delta_png = render_delta_heatmap(result)
     accuracy_png = render_accuracy_heatmap(result)
-    files: dict[str, bytes] = {
+    summary = render_summary(inputs) + "".join(section.markdown for section in sections)
+    page = render_html(inputs, delta_png=delta_png, accuracy_png=accuracy_png)
+    return {
         HEATMAP_DELTA: delta_png,
         HEATMAP_ACCURACY: accuracy_png,
-        SUMMARY_MD: render_summary(inputs).encode("utf-8"),
-        JUNIT_XML: render_junit(result, health),
-        REPORT_HTML: render_html(inputs, delta_png=delta_png, accuracy_png=accuracy_png).encode("utf-8"),
+        SUMMARY_MD: summary.encode("utf-8"),
+        JUNIT_XML: render_junit(result, health, sections),
+        REPORT_HTML: _with_sections_html(page, sections).encode("utf-8"),
+        VERDICT_JSON: render_verdict_json(inputs, sections),
     }
-    verdict = build_verdict(inputs)
-    files[VERDICT_JSON] = (
-        json.dumps(_verdict_data(verdict), indent=2, ensure_ascii=False, allow_nan=False) + "\n"
-    ).encode("utf-8")
-    return files
 
 
 def write_reports(
@@ -1599,6 +1534,7 @@ def write_reports(
     infra: InfraSummary | None = None,
     layouts: Mapping[str, str | Path] | None = None,
     checks: Mapping[str, SystemCheckReport] | None = None,
+    sections: Sequence[Section] = (),
 ) -> ReportPaths:
     """Write verdict.json, summary.md, junit.xml, report.html and the heatmap PNGs into ``out_dir``.
 
@@ -1613,34 +1549,25 @@ def write_reports(
     file but junit.xml; without it, the run folder's own layouts when ``out_dir`` is its ``report``
     folder (:func:`run_layouts`), else the section is left out.
 
+    ``sections``: what the analyses beside the gate add (:mod:`depthgate.report.analyses`), rendered into
+    the same files in the same single write.
+
     ``scored`` is the frame of :func:`depthgate.judge.oracle.score_records` (per-run oracle columns);
-    ``manifest`` the run manifest (only its digests and short scalar fields are copied). All files are
-    staged in a temporary directory inside ``out_dir`` and moved in with ``os.replace``; the previous
-    ``verdict.json`` is removed before and the new one moved after every other file, so a verdict on
-    disk always comes with its complete report. On any error ``out_dir`` keeps its previous content
-    (or, if the error hits between the moves, has no verdict.json) and no staging files remain.
+    ``manifest`` the run manifest (only its digests and short scalar fields are copied). The whole set is
+    rendered in memory, then written once per file and swapped in as a set
+    (:func:`depthgate.report.writer.write_report_set`): on any error ``out_dir`` keeps its previous set.
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".depthgate-report-", dir=out))
-    try:
-        findings = [f for report in (checks or {}).values() for f in report.findings]
-        health = assess(result, scored, infra, findings)
-        result = with_system_wording(result, health)
-        if layouts is None:
-            layouts = run_layouts(out, manifest)
-        chars = None if layouts is None else length_chars(layouts)
-        sections = None if not checks else {name: report.to_dict() for name, report in checks.items()}
-        files = _render_all(result, scored, manifest, health, chars, sections)
-        for name, data in files.items():
-            _write_bytes(staging / name, data)
-        (out / VERDICT_JSON).unlink(missing_ok=True)
-        for name in files:
-            if name != VERDICT_JSON:
-                os.replace(staging / name, out / name)
-        os.replace(staging / VERDICT_JSON, out / VERDICT_JSON)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+    findings = [f for report in (checks or {}).values() for f in report.findings]
+    health = assess(result, scored, infra, findings)
+    result = with_system_wording(result, health)
+    if layouts is None:
+        layouts = run_layouts(out, manifest)
+    chars = None if layouts is None else length_chars(layouts)
+    checked = None if not checks else {name: report.to_dict() for name, report in checks.items()}
+    inputs = ReportInputs(result, scored, oracle_counts(scored), manifest, health, chars, checked)
+    write_report_set(render_report_files(inputs, sections), out, commit=VERDICT_JSON)
     return ReportPaths(
         exit_code=exit_code_for(result, health),
         out_dir=out,
@@ -1667,7 +1594,6 @@ __all__ = [
     "ReportPaths",
     "VerdictDocument",
     "VerdictSlice",
-    "add_junit_effective_length",
     "build_verdict",
     "depth_label",
     "exit_code_for",
@@ -1680,7 +1606,9 @@ __all__ = [
     "render_delta_heatmap",
     "render_html",
     "render_junit",
+    "render_report_files",
     "render_summary",
+    "render_verdict_json",
     "run_layouts",
     "slice_key",
     "verdict_name",
