@@ -582,23 +582,13 @@ def _run_file_failures(name: str) -> ReadFailures:
     )
 
 
-def gate_run(
-    run_dir: str | Path,
-    *,
-    matrix: Matrix | None = None,
-    suite: Suite | None = None,
-    report_dir: str | Path | None = None,
-) -> tuple[GateResult, ExitCode, Path]:
-    """Score, gate and report a run folder (its records, layouts and manifest)."""
-    from depthgate.judge.health import infra_summary
-    from depthgate.judge.oracle import score_records
-    from depthgate.report.analyses import collect_sections
-    from depthgate.report.document import AnalysisContext
-    from depthgate.report.report import write_reports
-    from depthgate.run.runner import read_records
+def _frozen_run(
+    run: Path, matrix: Matrix | None, suite: Suite | None
+) -> tuple[dict[str, Any], RunManifest, AnalysisPlan, Suite]:
+    """The run folder's frozen manifest (as read, and parsed), its analysis plan and case set, each
+    checked against its digest; a matrix that disagrees with the frozen plan is refused."""
     from depthgate.spec.suites import resolve_suite
 
-    run = Path(run_dir)
     manifest_path = run / MANIFEST
     if (run / SHARD_FILE).is_file():
         spec = read_json(run / SHARD_FILE, _run_file_failures("shard.json"))
@@ -663,6 +653,14 @@ def gate_run(
             field="suite",
             fix="gate with the original suite",
         )
+    return manifest, frozen, plan, suite
+
+
+def _run_records(run: Path, manifest: Mapping[str, Any]) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """The run's records (one manifest's, each belonging to the folder's layouts) and the layouts'
+    ids and evidence spans."""
+    from depthgate.run.runner import read_records
+
     records = read_records(run)
     if records.height == 0:
         raise InputError("the run folder has no records", file=str(run), fix="run `depthgate run` first")
@@ -687,7 +685,27 @@ def gate_run(
         fix="gate a folder holding only its own run's records (restore records.parquet, or rerun into a new "
         "folder)",
     )
-    layouts = pl.concat(list(by_arm.values()))
+    return records, pl.concat(list(by_arm.values()))
+
+
+def gate_run(
+    run_dir: str | Path,
+    *,
+    matrix: Matrix | None = None,
+    suite: Suite | None = None,
+    report_dir: str | Path | None = None,
+) -> tuple[GateResult, ExitCode, Path]:
+    """Score, gate and report a run folder (its records, layouts and manifest)."""
+    from depthgate.judge.health import infra_summary
+    from depthgate.judge.oracle import score_records
+    from depthgate.report.analyses import collect_sections
+    from depthgate.report.document import AnalysisContext
+    from depthgate.report.report import write_reports
+
+    run = Path(run_dir)
+    manifest, frozen, plan, suite = _frozen_run(run, matrix, suite)
+    lengths, positions = list(frozen.lengths), list(frozen.positions)
+    records, layouts = _run_records(run, manifest)
     scored = score_records(records, suite, layouts)
     scored.write_parquet(run / "scored.parquet")
     scored_controls = _score_controls(run, suite)

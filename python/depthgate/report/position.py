@@ -41,6 +41,7 @@ from depthgate.judge.position import (
 )
 from depthgate.judge.stats import ARMS, position_sort_key
 from depthgate.report.document import AnalysisContext, Section
+from depthgate.report.formatting import depth_label
 from depthgate.spec.models import AnalysisPlan, look_alpha
 
 __all__ = [
@@ -395,7 +396,6 @@ def render_curve_png(ps: PositionScience, position: str) -> bytes:
     ax.set_ylim(-0.02, 1.02)
     ax.set_xlabel("length (tokens)")
     ax.set_ylabel("accuracy")
-    from depthgate.report.report import depth_label
 
     ax.set_title(
         f"depth {depth_label(position)}: accuracy by length (threshold dotted, EL dashed)", fontsize=9
