@@ -46,7 +46,8 @@ from depthgate.report.verdict import (
 _LIST_LIMIT = 200  # rows of the missing-claim / wrong-citation lists in the HTML page
 
 
-def _html_rows(result: GateResult) -> list[dict[str, Any]]:
+def slice_rows(result: GateResult) -> list[dict[str, Any]]:
+    """The slice table of the page, in report order, with the regression and non-inferiority marks."""
     plan = result.plan
     rows = []
     for s in ordered_slices(result.slice_results):
@@ -255,7 +256,7 @@ def render_html(inputs: ReportInputs, *, delta_png: bytes, accuracy_png: bytes) 
         accuracy_png=base64.b64encode(accuracy_png).decode("ascii"),
         delta_file=HEATMAP_DELTA,
         accuracy_file=HEATMAP_ACCURACY,
-        slices=_html_rows(result),
+        slices=slice_rows(result),
         worst=_worst_rows(result),
         shares=shares,
         share_positions=share_positions,
