@@ -9,8 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
-import depthgate.report.report as report
 import depthgate.report.page as page
+import depthgate.report.report as report
 from depthgate.judge.stats import GatePlan, GateResult, SliceStatus, gate, non_inferiority_shown
 from test_stats import draw_pairs, records_from_arrays
 

@@ -140,6 +140,7 @@ _ORACLE_COLUMNS = (
     "missing_claims",
     "wrong_citations",
     "safety_hits",
+    "wrong_hits",
     "abstained",
     "system_fail",
     "missing",

@@ -32,6 +32,7 @@ from matplotlib.figure import Figure
 
 from depthgate.exceptions import InputError
 from depthgate.judge.position import (
+    EffectiveLength,
     EffectiveLengthResult,
     base_scores_from_controls,
     control_normalised_accuracy,
@@ -39,7 +40,7 @@ from depthgate.judge.position import (
     pass_hat_k,
     spacing_accuracy,
 )
-from depthgate.judge.stats import ARMS, position_sort_key
+from depthgate.judge.stats import ARMS, BASELINE, CANDIDATE, position_sort_key
 from depthgate.report.document import AnalysisContext, Section
 from depthgate.report.formatting import depth_label
 from depthgate.spec.models import AnalysisPlan, look_alpha
@@ -241,11 +242,45 @@ def _el_rows(ps: PositionScience) -> list[list[str]]:
             )
         try:
             d = el.delta(pos)
-            cells.append(f"{d.estimate:+d} [{d.lower:+d}, {d.upper:+d}] ({d.estimate_steps:+d} steps)")
+            censored = censored_delta(el.row(BASELINE, pos), el.row(CANDIDATE, pos))
         except KeyError:
             cells.append("–")
+        else:
+            if censored is None:
+                cells.append(f"{d.estimate:+d} [{d.lower:+d}, {d.upper:+d}] ({d.estimate_steps:+d} steps)")
+            else:
+                cells.append(censored)
         rows.append(cells)
     return rows
+
+
+def _steps(value: int) -> str:
+    word = "step" if abs(value) == 1 else "steps"
+    return f"{value:+d} {word}".replace("-", "−")
+
+
+def censored_delta(baseline: EffectiveLength, candidate: EffectiveLength) -> str | None:
+    """The Δ (candidate − baseline) of two effective lengths when either is censored, in grid steps, as
+    a bound: below the grid (step 0) means "at most step 0", ``at_grid_top`` (step K) "at least step K".
+    Candidate at the top and baseline at step 1 of 2: "≥ +1 step"; both censored the same way: "not
+    measured". None when both are measured (the Δ is then a number)."""
+
+    def bounds(row: EffectiveLength) -> tuple[float, float]:
+        if row.at_grid_top:
+            return float(row.steps), math.inf
+        if row.steps == 0:
+            return -math.inf, 0.0
+        return float(row.steps), float(row.steps)
+
+    (b_lo, b_hi), (c_lo, c_hi) = bounds(baseline), bounds(candidate)
+    if math.isfinite(b_lo) and math.isfinite(b_hi) and math.isfinite(c_lo) and math.isfinite(c_hi):
+        return None
+    low, high = c_lo - b_hi, c_hi - b_lo
+    if math.isfinite(low):
+        return f"≥ {_steps(int(low))} (censored)"
+    if math.isfinite(high):
+        return f"≤ {_steps(int(high))} (censored)"
+    return "not measured (both censored)"
 
 
 def _cna_rows(ps: PositionScience) -> list[list[str]]:
@@ -335,6 +370,12 @@ def _md_table(head: list[str], rows: list[list[str]]) -> list[str]:
     return lines
 
 
+def _base_scores_text(scores: Mapping[str, float]) -> str:
+    """``baseline 0.92, candidate 0.08``: each arm's base score, in arm order."""
+    named = [f"{arm} {scores[arm]:.2f}" for arm in ARMS if arm in scores]
+    return ", ".join(named + [f"{k} {v:.2f}" for k, v in sorted(scores.items()) if k not in ARMS])
+
+
 def render_position_markdown(ps: PositionScience) -> str:
     """The summary.md section."""
     lines = ["", "", "### Position science (beside the gate; it never changes the verdict)", ""]
@@ -342,7 +383,7 @@ def render_position_markdown(ps: PositionScience) -> str:
     if el is not None:
         lines += [
             f"Effective length per depth ({el.rule}, threshold {el.threshold:g}"
-            + (f" of the base score {el.base_scores}" if el.base_scores else "")
+            + (f" of the base score ({_base_scores_text(el.base_scores)})" if el.base_scores else "")
             + f"; {100 * (1 - el.alpha):g}% case-bootstrap intervals, B = {el.reps}):",
             "",
             *_md_table(_EL_HEAD, _el_rows(ps)),
@@ -360,15 +401,17 @@ def render_position_markdown(ps: PositionScience) -> str:
     return "\n".join(lines) + "\n"
 
 
-def render_curve_png(ps: PositionScience, position: str) -> bytes:
-    """Accuracy vs length at one depth: a line per arm with its case-bootstrap band, the arm's threshold
-    (dotted) and its effective length (dashed vertical)."""
+def curve_figure(ps: PositionScience, position: str) -> Figure:
+    """Accuracy vs length at one depth: a line per arm, its Wilson interval as the shaded band (it keeps
+    its width at accuracy 0 and 1, where the case bootstrap collapses to a point), the case-bootstrap
+    interval as error bars, the arm's threshold (dotted) and its effective length (dashed vertical)."""
     assert ps.effective is not None
     el = ps.effective
     fig = Figure(figsize=(5.6, 3.4))
     FigureCanvasAgg(fig)
     ax = fig.add_subplot(1, 1, 1)
     lengths: set[int] = set()
+    nan = float("nan")
     for arm in ARMS:
         pts = sorted((p for p in el.curve if p.arm == arm and p.position == position), key=lambda p: p.length)
         if not pts:
@@ -376,11 +419,14 @@ def render_curve_png(ps: PositionScience, position: str) -> bytes:
         color = _COLORS[arm]
         xs = [p.length for p in pts]
         lengths.update(xs)
-        ys = [float("nan") if p.accuracy is None else p.accuracy for p in pts]
-        lo = [float("nan") if p.lower is None else p.lower for p in pts]
-        hi = [float("nan") if p.upper is None else p.upper for p in pts]
+        ys = [nan if p.accuracy is None else p.accuracy for p in pts]
+        below = [0.0 if p.lower is None or p.accuracy is None else p.accuracy - p.lower for p in pts]
+        above = [0.0 if p.upper is None or p.accuracy is None else p.upper - p.accuracy for p in pts]
+        w_lo = [nan if p.wilson_lower is None else p.wilson_lower for p in pts]
+        w_hi = [nan if p.wilson_upper is None else p.wilson_upper for p in pts]
         ax.plot(xs, ys, marker="o", color=color, label=arm)
-        ax.fill_between(xs, lo, hi, color=color, alpha=0.15, linewidth=0)
+        ax.fill_between(xs, w_lo, w_hi, color=color, alpha=0.15, linewidth=0, label=f"{arm} Wilson")
+        ax.errorbar(xs, ys, yerr=[below, above], fmt="none", ecolor=color, elinewidth=1, capsize=3)
         ax.axhline(pts[0].threshold_abs, color=color, linestyle=":", linewidth=1)
         try:
             row = el.row(arm, position)
@@ -396,12 +442,19 @@ def render_curve_png(ps: PositionScience, position: str) -> bytes:
     ax.set_ylim(-0.02, 1.02)
     ax.set_xlabel("length (tokens)")
     ax.set_ylabel("accuracy")
-
     ax.set_title(
-        f"depth {depth_label(position)}: accuracy by length (threshold dotted, EL dashed)", fontsize=9
+        f"depth {depth_label(position)}: accuracy by length (band Wilson, bars case bootstrap; "
+        "threshold dotted, EL dashed)",
+        fontsize=8,
     )
     ax.legend(fontsize=7, loc="lower left")
     fig.tight_layout()
+    return fig
+
+
+def render_curve_png(ps: PositionScience, position: str) -> bytes:
+    """:func:`curve_figure` as PNG bytes."""
+    fig = curve_figure(ps, position)
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=_DPI, metadata={"Software": None})
     return buffer.getvalue()

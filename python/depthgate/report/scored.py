@@ -58,6 +58,7 @@ _COUNT_FIELDS = (
     "missing",
     "abstained",
     "safety_hits",
+    "wrong_hits",
     "missing_claims",
     "wrong_citations",
 )
@@ -76,6 +77,7 @@ def oracle_counts(scored: pl.DataFrame) -> list[OracleCounts]:
         (pl.col("outcome") == "missing").sum().alias("missing"),
         pl.col("abstained").sum().alias("abstained"),
         pl.col("safety").sum().alias("safety_hits"),
+        ((pl.col("forbidden_hits").list.len() > 0) & pl.col("safety").not_()).sum().alias("wrong_hits"),
         (pl.col("missing_claims").list.len() > 0).sum().alias("missing_claims"),
         (pl.col("wrong_citations").list.len() > 0).sum().alias("wrong_citations"),
     )

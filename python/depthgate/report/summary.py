@@ -203,18 +203,25 @@ def _oracle_lines(oracle: Sequence[OracleCounts], ordered: Sequence[SliceResult]
         key
         for key in sorted(by_slice, key=lambda k: order.get(k, len(order)))
         if any(
-            o.missing_claims or o.wrong_citations or o.system_fail or o.safety_hits or o.missing
+            o.missing_claims
+            or o.wrong_citations
+            or o.system_fail
+            or o.safety_hits
+            or o.wrong_hits
+            or o.missing
             for o in by_slice[key].values()
         )
     ]
     if not noisy:
         return [*lines, "No missing claims, wrong citations, forbidden answers or system failures."]
     lines += [
-        "Runs with missing claims, wrong citations, forbidden answers, system failures (by reason: "
+        "Runs with missing claims, wrong citations, forbidden answers by severity (safety: a prohibited "
+        "claim; wrong: a superseded, overridden or ruled-out value), system failures (by reason: "
         "truncation, refusal, overflow …) and missing runs, candidate / baseline:",
         "",
-        "| slice | missing claims | wrong citations | forbidden answers | system failures | missing |",
-        "|---|---:|---:|---:|---|---:|",
+        "| slice | missing claims | wrong citations | forbidden: safety | forbidden: wrong / superseded | "
+        "system failures | missing |",
+        "|---|---:|---:|---:|---:|---|---:|",
     ]
     for key in noisy:
         c, b = by_slice[key].get(CANDIDATE), by_slice[key].get(BASELINE)
@@ -225,6 +232,7 @@ def _oracle_lines(oracle: Sequence[OracleCounts], ordered: Sequence[SliceResult]
         reasons = ", ".join(f"{k} {v}" for k, v in (c.system_fail_reasons if c else {}).items()) or "–"
         lines.append(
             f"| `{key}` | {pair('missing_claims')} | {pair('wrong_citations')} | {pair('safety_hits')} | "
+            f"{pair('wrong_hits')} | "
             f"{pair('system_fail')} ({md_cell(reasons)}) | {pair('missing')} |"
         )
     return lines

@@ -94,7 +94,8 @@ else:
 
 
 class OracleCounts(StrictModel):
-    """Oracle counts of one (slice, arm): runs by outcome and the runs with each kind of problem."""
+    """Oracle counts of one (slice, arm): runs by outcome and the runs with each kind of problem
+    (forbidden answers per severity: ``safety_hits``, ``wrong_hits``)."""
 
     slice: str
     length: int
@@ -110,6 +111,9 @@ class OracleCounts(StrictModel):
     missing_claims: int
     wrong_citations: int
     system_fail_reasons: dict[str, int]
+    #: Runs that gave a forbidden claim of severity "wrong" only (a superseded, overridden or ruled-out
+    #: value) and none of severity "safety" (those are ``safety_hits``). 0 in verdicts written before.
+    wrong_hits: int = 0
 
 
 class LengthChars(StrictModel):
