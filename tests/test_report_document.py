@@ -226,3 +226,15 @@ def test_a_folder_holding_other_files_keeps_them(tmp_path: Path) -> None:
     assert (tmp_path / "notes.txt").read_text() == "mine"
     assert {p.name for p in tmp_path.iterdir()} >= REPORT_FILES
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def test_a_symlinked_report_folder_stays_a_link(tmp_path: Path) -> None:
+    scored = synthetic_scored()
+    target = tmp_path / "reports" / "today"
+    target.mkdir(parents=True)
+    link = tmp_path / "report"
+    link.symlink_to(target)
+    write_reports(gate(scored, PLAN), scored, link, manifest=MANIFEST)
+    assert link.is_symlink() and link.resolve() == target.resolve()
+    assert {p.name for p in target.iterdir()} == REPORT_FILES
+    assert sorted(p.name for p in target.parent.iterdir()) == ["today"]

@@ -65,6 +65,7 @@ from depthgate.spec.models import (
 )
 
 if TYPE_CHECKING:
+    from depthgate.run.runner import RunOptions
     from depthgate.run.store import LayoutStore
 
 ARMS = ("baseline", "candidate")
@@ -258,6 +259,151 @@ def _freeze_suite(out: Path, suite: Suite) -> None:
     os.replace(tmp, path)
 
 
+@dataclass
+class _Sending:
+    """What a run sends, gathered arm by arm: the backends, the jobs of the matrix, its controls and
+    canaries, and the layout stores the runner reads ids and text from."""
+
+    backends: dict[str, Any] = field(default_factory=dict)
+    jobs: list[tuple[str, Mapping[str, Any]]] = field(default_factory=list)
+    control_jobs: list[tuple[str, Mapping[str, Any]]] = field(default_factory=list)
+    canaries: list[tuple[str, Mapping[str, Any]]] = field(default_factory=list)
+    sources: dict[str, LayoutStore] = field(default_factory=dict)
+    control_sources: dict[str, LayoutStore] = field(default_factory=dict)
+    canary_sources: dict[str, LayoutStore] = field(default_factory=dict)
+
+
+def _prepare_arm(
+    a: ArmSetup,
+    sent: _Sending,
+    *,
+    matrix: Matrix,
+    matrix_path: Path,
+    suite: Suite,
+    out: Path,
+    verification: str,
+    engine: str,
+    controls: bool,
+    shard: tuple[int, int] | None,
+    concurrency: int,
+) -> None:
+    """One arm, before anything is sent: its layouts built, its backend started and probed, the server's
+    tokenizer checked, every layout through the pre-send gate, its controls and canaries; the jobs and
+    stores go to ``sent``."""
+    from depthgate.layout.presend import guard_layouts
+    from depthgate.run.backends import make_backend, probe_backend
+    from depthgate.run.controls import build_controls, read_controls
+    from depthgate.run.parity import summary_lines, verify_arm
+
+    layout_path = out / a.arm / "layouts.parquet"
+    if not layout_path.is_file():
+        build_layouts(suite, a.tokenizer, a.build_options(matrix, verification), layout_path)
+    # The arm's runtime block configures the backend; its relative paths are the matrix file's.
+    if engine == "ray":  # no engine in the driver: the actors hold them
+        from depthgate.run.ray_engine import driver_backend
+
+        backend = driver_backend(a.system, base_dir=matrix_path.parent)
+    else:
+        backend = make_backend(a.system, tokenizer=None, base_dir=matrix_path.parent)
+    sent.backends[a.arm] = backend
+    # Every endpoint probed before the first request (served model, window; replicas that
+    # disagree are refused, exit 20), so the pre-send gate below checks the served window.
+    asyncio.run(probe_backend(backend))
+    # The server's own tokenizer on built prompts, before anything is sent (exit 22 on a
+    # difference): a sample for id arms, every prompt for text arms.
+    for line in summary_lines(verify_arm(a.arm, backend, layout_path, out / a.arm, a.tokenizer)):
+        print(line, file=sys.stderr)
+    note_endpoints(a.arm, backend, concurrency)
+    # The pre-send gate: built under this system's tokenizer, Rust pre-send checks against
+    # the *served* window and the system's template, and a full re-encode of every layout —
+    # in bounded batches; the jobs keep only small columns, ids and text are read from the
+    # arm's layout store when each request is sent (memory O(batch + in flight)).
+    guard = functools.partial(
+        guard_layouts,
+        tokenizer=a.tokenizer,
+        template=a.template,
+        preamble=a.system.preamble,
+        assembler=a.system.assembler,
+        window=backend.window,
+        max_output_tokens=matrix.decode.max_tokens,
+    )
+    guard_cases = functools.partial(guard, cases={c.id: c for c in suite.cases})
+    sent.jobs.extend((a.arm, row) for row in _guarded_rows(layout_path, guard_cases))
+    sent.sources[a.arm] = _store(layout_path, out / a.arm / "store")
+    if controls:
+        # Controls beside the matrix: evidence-only short input and evidence-absent haystack.
+        control_path = out / a.arm / CONTROLS_FILE
+        if not control_path.is_file():
+            build_controls(suite, a.tokenizer, a.build_options(matrix, verification), control_path)
+        # A controls file, or a named error; only small columns (not every control's ids).
+        read_controls(control_path, columns=["layout_id", "control"])
+        sent.control_sources[a.arm] = _store(control_path, out / a.arm / "controls-store")
+        # Controls differ in token count between arms (a preamble, a template, another
+        # tokenizer): they pair by case, control kind and *nominal* length (the matrix length
+        # an evidence-absent control was cut from; 0 for evidence-only).
+        sent.control_jobs.extend(
+            (a.arm, {**row, "target_tokens": row["nominal_tokens"]})
+            for row in _guarded_rows(control_path, guard, controls=True)
+        )
+    if matrix.canaries and shard is None:
+        # Full-length canaries (commands/checks.py): did the whole prompt reach the model?
+        # (Not in a shard: `merge` joins the matrix's records only.)
+        arm_canaries, sent.canary_sources[a.arm] = canary_jobs(
+            a.arm,
+            matrix.canaries,
+            a.tokenizer,
+            a.build_options(matrix, verification),
+            out / a.arm,
+            guard,
+            _guarded_rows,
+            _store,
+        )
+        sent.canaries.extend(arm_canaries)
+
+
+def _matrix_and_suite(matrix_path: Path, *, aa: bool, controls: bool) -> tuple[Matrix, Suite]:
+    """The matrix (its A/A form with ``aa``) and its suite; a plan whose primary metric needs the
+    controls is refused when they are skipped."""
+    from depthgate.spec.suites import resolve_suite
+
+    matrix = load_matrix(matrix_path)
+    if aa:
+        from depthgate.commands.plan import aa_matrix
+
+        matrix = aa_matrix(matrix)
+    suite = resolve_suite(matrix.suite, base_dir=matrix_path.parent)
+    if matrix.plan.primary_metric == "control_normalised" and not controls:
+        raise InputError(
+            "the plan's primary metric control_normalised needs the evidence-only controls, and "
+            "--no-controls skips them",
+            file=str(matrix_path),
+            field="plan.primary_metric",
+            fix='drop --no-controls, or pre-register primary_metric = "pass"',
+        )
+    return matrix, suite
+
+
+def _send(sent: _Sending, run_jobs: Callable[..., Any], out: Path, options: RunOptions) -> None:
+    """The matrix's jobs, then its controls and canaries (each into its own records folder); when the
+    circuit opens (an endpoint is down) nothing more is sent: the report says INFRA, a rerun resumes."""
+    summary = run_jobs(sent.jobs, sent.backends, out, options, sent.sources)
+    if summary.circuit_open is not None:
+        print(
+            f"depthgate: circuit open on arm {summary.circuit_open!r} after "
+            f"{options.retry.breaker_after} consecutive transient failures; stopped sending "
+            f"({summary.written} records written, the rest are re-sent by a rerun of the same folder)",
+            file=sys.stderr,
+        )
+        sent.control_jobs.clear()
+        sent.canaries.clear()
+    if sent.control_jobs:
+        controls_options = dataclasses.replace(options, run_id=options.run_id + "-controls")
+        run_jobs(sent.control_jobs, sent.backends, out / CONTROLS_DIR, controls_options, sent.control_sources)
+    if sent.canaries:
+        canary_options = dataclasses.replace(options, run_id=options.run_id + "-canaries")
+        run_jobs(sent.canaries, sent.backends, out / CANARIES_DIR, canary_options, sent.canary_sources)
+
+
 def run_matrix(
     matrix_path: str | Path,
     out_dir: str | Path,
@@ -281,28 +427,10 @@ def run_matrix(
     ``engine = "ray"``: the requests run on Ray Data (:mod:`depthgate.run.ray_engine`), same jobs, same
     record sink; ``ray_actors`` sizes its actor pool.
     """
-    from depthgate.layout.presend import guard_layouts
-    from depthgate.run.backends import make_backend, probe_backend
-    from depthgate.run.controls import build_controls, read_controls
-    from depthgate.run.parity import summary_lines, verify_arm
     from depthgate.run.runner import RunOptions, compact
-    from depthgate.spec.suites import resolve_suite
 
     matrix_path = Path(matrix_path)
-    matrix = load_matrix(matrix_path)
-    if aa:
-        from depthgate.commands.plan import aa_matrix
-
-        matrix = aa_matrix(matrix)
-    suite = resolve_suite(matrix.suite, base_dir=matrix_path.parent)
-    if matrix.plan.primary_metric == "control_normalised" and not controls:
-        raise InputError(
-            "the plan's primary metric control_normalised needs the evidence-only controls, and "
-            "--no-controls skips them",
-            file=str(matrix_path),
-            field="plan.primary_metric",
-            fix='drop --no-controls, or pre-register primary_metric = "pass"',
-        )
+    matrix, suite = _matrix_and_suite(matrix_path, aa=aa, controls=controls)
     run_jobs = _engine(engine, matrix, matrix_path.parent, ray_actors)  # refused before anything is built
     out = Path(out_dir)
     arms = [
@@ -314,90 +442,29 @@ def run_matrix(
     # nothing was recorded, so nothing is frozen, and the fixed matrix then runs into the same folder.
     fresh = None if (out / MANIFEST).is_file() else CreatedPaths(out)
     sending = False
-
-    def options_for(a: ArmSetup) -> BuildOptions:
-        return a.build_options(matrix, verification)
-
-    backends = {}
-    jobs: list[tuple[str, Mapping[str, Any]]] = []
-    control_jobs: list[tuple[str, Mapping[str, Any]]] = []
-    canaries: list[tuple[str, Mapping[str, Any]]] = []
-    sources: dict[str, LayoutStore] = {}
-    control_sources: dict[str, LayoutStore] = {}
-    canary_sources: dict[str, LayoutStore] = {}
+    sent = _Sending()
     try:
         manifest = _freeze_manifest(out, _manifest(matrix, matrix_path, suite, arms))
         _freeze_suite(out, suite)
         for a in arms:
-            layout_path = out / a.arm / "layouts.parquet"
-            if not layout_path.is_file():
-                build_layouts(suite, a.tokenizer, options_for(a), layout_path)
-            # The arm's runtime block configures the backend; its relative paths are the matrix file's.
-            if engine == "ray":  # no engine in the driver: the actors hold them
-                from depthgate.run.ray_engine import driver_backend
-
-                backend = driver_backend(a.system, base_dir=matrix_path.parent)
-            else:
-                backend = make_backend(a.system, tokenizer=None, base_dir=matrix_path.parent)
-            backends[a.arm] = backend
-            # Every endpoint probed before the first request (served model, window; replicas that
-            # disagree are refused, exit 20), so the pre-send gate below checks the served window.
-            asyncio.run(probe_backend(backend))
-            # The server's own tokenizer on built prompts, before anything is sent (exit 22 on a
-            # difference): a sample for id arms, every prompt for text arms.
-            for line in summary_lines(verify_arm(a.arm, backend, layout_path, out / a.arm, a.tokenizer)):
-                print(line, file=sys.stderr)
-            note_endpoints(a.arm, backend, concurrency)
-            # The pre-send gate: built under this system's tokenizer, Rust pre-send checks against
-            # the *served* window and the system's template, and a full re-encode of every layout —
-            # in bounded batches; the jobs keep only small columns, ids and text are read from the
-            # arm's layout store when each request is sent (memory O(batch + in flight)).
-            guard = functools.partial(
-                guard_layouts,
-                tokenizer=a.tokenizer,
-                template=a.template,
-                preamble=a.system.preamble,
-                assembler=a.system.assembler,
-                window=backend.window,
-                max_output_tokens=matrix.decode.max_tokens,
+            _prepare_arm(
+                a,
+                sent,
+                matrix=matrix,
+                matrix_path=matrix_path,
+                suite=suite,
+                out=out,
+                verification=verification,
+                engine=engine,
+                controls=controls,
+                shard=shard,
+                concurrency=concurrency,
             )
-            guard_cases = functools.partial(guard, cases={c.id: c for c in suite.cases})
-            jobs.extend((a.arm, row) for row in _guarded_rows(layout_path, guard_cases))
-            sources[a.arm] = _store(layout_path, out / a.arm / "store")
-            if controls:
-                # Controls beside the matrix: evidence-only short input and evidence-absent haystack.
-                control_path = out / a.arm / CONTROLS_FILE
-                if not control_path.is_file():
-                    build_controls(suite, a.tokenizer, options_for(a), control_path)
-                # A controls file, or a named error; only small columns (not every control's ids).
-                read_controls(control_path, columns=["layout_id", "control"])
-                control_sources[a.arm] = _store(control_path, out / a.arm / "controls-store")
-                # Controls differ in token count between arms (a preamble, a template, another
-                # tokenizer): they pair by case, control kind and *nominal* length (the matrix length
-                # an evidence-absent control was cut from; 0 for evidence-only).
-                control_jobs.extend(
-                    (a.arm, {**row, "target_tokens": row["nominal_tokens"]})
-                    for row in _guarded_rows(control_path, guard, controls=True)
-                )
-            if matrix.canaries and shard is None:
-                # Full-length canaries (commands/checks.py): did the whole prompt reach the model?
-                # (Not in a shard: `merge` joins the matrix's records only.)
-                arm_canaries, canary_sources[a.arm] = canary_jobs(
-                    a.arm,
-                    matrix.canaries,
-                    a.tokenizer,
-                    options_for(a),
-                    out / a.arm,
-                    guard,
-                    _guarded_rows,
-                    _store,
-                )
-                canaries.extend(arm_canaries)
         _warn_power(matrix, suite)
         if aa:
             _mark_aa(out, matrix)
         print(
-            f"depthgate: {manifest['run_id']}: {len(jobs)} layouts × {len(matrix.decode.seeds)} seed(s) "
+            f"depthgate: {manifest['run_id']}: {len(sent.jobs)} layouts × {len(matrix.decode.seeds)} seed(s) "
             f"on 2 arms → {out}",
             file=sys.stderr,
         )
@@ -414,54 +481,37 @@ def run_matrix(
         if shard is not None:
             _freeze_shard(out, shard)
         sending = True
-        summary = run_jobs(jobs, backends, out, options, sources)
-        if summary.circuit_open is not None:
-            # The endpoint is down: stop here, report INFRA with what was recorded; a rerun resumes.
-            print(
-                f"depthgate: circuit open on arm {summary.circuit_open!r} after "
-                f"{options.retry.breaker_after} consecutive transient failures; stopped sending "
-                f"({summary.written} records written, the rest are re-sent by a rerun of the same folder)",
-                file=sys.stderr,
-            )
-            control_jobs = canaries = []
-        if control_jobs:
-            controls_options = dataclasses.replace(options, run_id=manifest["run_id"] + "-controls")
-            run_jobs(control_jobs, backends, out / CONTROLS_DIR, controls_options, control_sources)
-        if canaries:
-            canary_options = dataclasses.replace(options, run_id=manifest["run_id"] + "-canaries")
-            run_jobs(canaries, backends, out / CANARIES_DIR, canary_options, canary_sources)
-        print_endpoint_counts(out, backends)
+        _send(sent, run_jobs, out, options)
+        print_endpoint_counts(out, sent.backends)
         for a in arms:
             if a.system.runtime.cache_control:
-                _cache_control(
-                    a,
-                    read_layouts(out / a.arm / "layouts.parquet"),
-                    out / a.arm,
-                    matrix.decode.max_tokens,
-                    matrix_path.parent,
-                )
+                _cache_control(a, out, matrix.decode.max_tokens, matrix_path.parent)
     except BaseException:
         if fresh is not None and not sending:
             fresh.undo()
         raise
     finally:
-        for backend in backends.values():
+        for backend in sent.backends.values():
             # Closing must not hide the run's own error.
             with contextlib.suppress(Exception):
                 asyncio.run(backend.aclose())
     compact(out)
-    if control_jobs:
+    if sent.control_jobs:
         compact(out / CONTROLS_DIR)
-    if canaries:
+    if sent.canaries:
         compact(out / CANARIES_DIR)
     if shard is not None:
-        from depthgate.judge.health import infra_summary
-        from depthgate.run.runner import read_records
-
-        planned = shard_jobs(_planned_jobs(out, matrix.decode.seeds), shard)
-        lost = infra_summary(read_records(out), planned).lost
-        return None, ExitCode.INFRA if lost else ExitCode.PASS, out
+        return None, _shard_exit(out, matrix, shard), out
     return gate_run(out, matrix=matrix, suite=suite)
+
+
+def _shard_exit(out: Path, matrix: Matrix, shard: tuple[int, int]) -> ExitCode:
+    """A shard has no verdict: INFRA when any of its planned runs is lost, else PASS."""
+    from depthgate.judge.health import infra_summary
+    from depthgate.run.runner import read_records
+
+    planned = shard_jobs(_planned_jobs(out, matrix.decode.seeds), shard)
+    return ExitCode.INFRA if infra_summary(read_records(out), planned).lost else ExitCode.PASS
 
 
 SHARD_FILE = "shard.json"
@@ -545,15 +595,17 @@ def shard_jobs(planned: pl.DataFrame, shard: tuple[int, int]) -> pl.DataFrame:
     return planned.filter(pl.Series(keep, dtype=pl.Boolean))
 
 
-def _cache_control(a: ArmSetup, layouts: pl.DataFrame, arm_dir: Path, max_tokens: int, base: Path) -> None:
+def _cache_control(a: ArmSetup, out: Path, max_tokens: int, base: Path) -> None:
     """The warm/cold prefix-cache control (:mod:`depthgate.run.cache`) on an arm's layouts, when its
     runtime block asks for it (``cache_control = true``): ``<arm>/cache_control.json`` (summary, incident,
     per-layout rows), once per run folder. It never changes the verdict."""
     from depthgate.run.backends import make_cache_control_backends
     from depthgate.run.cache import run_cache_control
 
+    arm_dir = out / a.arm
     path = arm_dir / "cache_control.json"
     if not path.is_file():
+        layouts = read_layouts(arm_dir / "layouts.parquet")
         cold, warm = make_cache_control_backends(a.system, base_dir=base)
         with cold, warm:
             report = run_cache_control(layouts, cold=cold, warm=warm, max_tokens=max_tokens)

@@ -443,11 +443,11 @@ def curve_figure(ps: PositionScience, position: str) -> Figure:
     ax.set_xlabel("length (tokens)")
     ax.set_ylabel("accuracy")
     ax.set_title(
-        f"depth {depth_label(position)}: accuracy by length (band Wilson, bars case bootstrap; "
-        "threshold dotted, EL dashed)",
+        f"depth {depth_label(position)}: accuracy by length\n"
+        "band: Wilson interval · bars: case bootstrap · dotted: threshold · dashed: EL",
         fontsize=8,
     )
-    ax.legend(fontsize=7, loc="lower left")
+    ax.legend(fontsize=6, loc="lower left", ncol=2)
     fig.tight_layout()
     return fig
 

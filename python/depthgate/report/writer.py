@@ -105,6 +105,8 @@ def write_report_set(files: Mapping[str, bytes], out_dir: str | Path, *, commit:
     verdict) is moved last. On an error before the swap ``out_dir`` keeps its previous content and no
     staging folder remains."""
     out = Path(out_dir)
+    if out.is_symlink():  # swap the folder it points to, never the link itself
+        out = out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     if not _only_reports(out, files):
         _move_each(files, out, commit)
