@@ -17,6 +17,7 @@ from pydantic import ValidationError
 import depthgate.report.report as report
 from depthgate.exceptions import ExitCode, InputError
 from depthgate.judge.stats import GatePlan, GateResult, SliceStatus, Verdict, gate
+from depthgate.report import writer
 from depthgate.report.report import (
     HEATMAP_ACCURACY,
     HEATMAP_DELTA,
@@ -271,7 +272,11 @@ def test_failure_while_rendering_leaves_the_directory_unchanged(
 def test_failure_while_moving_never_leaves_a_verdict(
     tmp_path: Path, result: GateResult, scored: pl.DataFrame, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # A folder holding other files is not swapped whole: its files are moved in one by one, the
+    # verdict last (tests/test_report_document.py checks the swap of a report-only folder).
     out = tmp_path / "out"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
     write_reports(result, scored, out, manifest=MANIFEST)
     real_replace = os.replace
 
@@ -280,7 +285,7 @@ def test_failure_while_moving_never_leaves_a_verdict(
             raise OSError("device full")
         real_replace(src, dst)
 
-    monkeypatch.setattr(report.os, "replace", flaky)
+    monkeypatch.setattr(writer.os, "replace", flaky)
     with pytest.raises(OSError, match="device full"):
         write_reports(result, scored, out, manifest=MANIFEST)
     monkeypatch.undo()

@@ -1,6 +1,6 @@
 """The position section of junit.xml (issue #13): the worst position per length (suite properties and
-system-out, per-slice properties) written with the reports, and the effective length added from
-verdict.json's position science by :func:`add_junit_effective_length`."""
+system-out, per-slice properties) written with the reports, and the effective length added from the
+position-science section by :func:`add_junit_effective_length` (in the same single write)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ import polars as pl
 import pytest
 
 from depthgate.judge.stats import GatePlan, GateResult, gate
-from depthgate.report.report import add_junit_effective_length, load_verdict, write_reports
+from depthgate.report.position import add_junit_effective_length
+from depthgate.report.report import load_verdict, write_reports
 from test_report_chars import LENGTHS, run_tokenizer_upgrade
 
 PLANTED = (2048, "0.5")
@@ -113,8 +114,10 @@ def test_junit_names_the_worst_position_per_length(
         assert case[0].tag == "properties"
     assert flagged == sorted((length, w["slice_worst_position"]) for length, w in worst.items())
     assert PLANTED in flagged
-    # no position science in verdict.json yet: nothing to add
-    assert add_junit_effective_length(paths.out_dir) is False
+    # no position science: nothing to add
+    root = ET.parse(paths.junit_xml).getroot()
+    assert add_junit_effective_length(root, {}) is False
+    assert add_junit_effective_length(root, {"effective_length": None}) is False
 
 
 def test_effective_length_is_added_from_a_real_runs_verdict(
@@ -126,11 +129,14 @@ def test_effective_length_is_added_from_a_real_runs_verdict(
     doc = json.loads((report / "verdict.json").read_text())
     rows = doc["position"]["effective_length"]["rows"]
     assert rows and {r["arm"] for r in rows} == {"baseline", "candidate"}
-    # `depthgate run` already wrote the effective length into junit.xml; adding it again changes nothing
+    # `depthgate run` wrote the effective length into junit.xml; adding it again changes nothing
     once = (report / "junit.xml").read_bytes()
     assert b"effective_length." in once
-    assert add_junit_effective_length(report) is True
-    assert (report / "junit.xml").read_bytes() == once  # idempotent
+    root = ET.parse(report / "junit.xml").getroot()
+    assert add_junit_effective_length(root, doc["position"]) is True
+    ET.indent(root)
+    again = ET.tostring(root, encoding="utf-8", xml_declaration=True) + b"\n"
+    assert again == once  # idempotent
     suite = slices_suite(report / "junit.xml")
     rule = rows[0]["rule"]
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
+import depthgate.report.page as page
 import depthgate.report.report as report
 from depthgate.judge.stats import GatePlan, GateResult, SliceStatus, gate, non_inferiority_shown
 from test_stats import draw_pairs, records_from_arrays
@@ -33,7 +34,7 @@ def test_ni_mark_follows_the_status_not_q() -> None:
     crafted = dataclasses.replace(result, slice_results=(passing_large_q, not_shown_small_q, floor_only))
     shown = {s.position: non_inferiority_shown(s, margin) for s in crafted.slice_results}
     assert shown == {"0.0": True, "0.5": False, "1.0": True}
-    marks = {row["depth"]: row["marks"] for row in report._html_rows(crafted)}
+    marks = {row["depth"]: row["marks"] for row in page.slice_rows(crafted)}
     by_position = {report.depth_label(s.position): s.position for s in crafted.slice_results}
     for depth, mark in marks.items():
         assert (report.MARK_NI in mark) == shown[by_position[depth]], (depth, mark)

@@ -18,12 +18,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import datetime as _dt
 import functools
-import hashlib
 import json
 import os
-import platform
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -36,223 +33,188 @@ from depthgate.commands.belonging import check_records_belong
 from depthgate.commands.checks import canary_jobs, check_reports
 from depthgate.commands.console import note_endpoints
 from depthgate.commands.endpoints import print_endpoint_counts, run_endpoint_counts
+from depthgate.commands.freeze import (
+    MANIFEST,
+    SUITE_FILE,
+    ArmSetup,
+    arm_setup,
+    build_manifest,
+    freeze_manifest,
+    freeze_suite,
+    gate_plan,
+    plan_digest,
+)
 from depthgate.commands.outputs import CreatedPaths
 from depthgate.commands.planned import planned_jobs, shard_jobs
 from depthgate.exceptions import ExitCode, InputError, PlanChangedError
-from depthgate.judge.stats import GatePlan, GateResult, gate
+from depthgate.judge.stats import GateResult, gate
 from depthgate.layout.layouts import (
-    ASSEMBLER_VERSION,
-    BuildOptions,
-    Tokenizer,
     build_layouts,
-    load_tokenizer,
     parse_positions,
     read_layouts,
 )
-from depthgate.layout.model_files import is_model_reference, load_template, resolve_model_files
-from depthgate.layout.templates import ChatTemplate
-from depthgate.spec.base import canonical_json
+from depthgate.spec.files import ReadFailures, read_json
 from depthgate.spec.cases import Suite
-from depthgate.spec.files import ReadFailures, dist_version, read_json
 from depthgate.spec.loading import load_matrix, parse_spec
 from depthgate.spec.manifest import RunManifest
 from depthgate.spec.matrix import Matrix
 from depthgate.spec.models import AnalysisPlan
 from depthgate.spec.positions import SPACING_SEP, split_position_label
-from depthgate.spec.system import System
 
 if TYPE_CHECKING:
+    from depthgate.run.options import RunOptions
     from depthgate.run.store import LayoutStore
 
 ARMS = ("baseline", "candidate")
-MANIFEST = "manifest.json"
-SUITE_FILE = "suite.json"
 CONTROLS_FILE = "controls.parquet"
 CONTROLS_DIR = "controls"
 CANARIES_DIR = "canaries"  # depthgate.run.canary.CANARIES_DIR
 AA_FILE = "aa.json"  # marks an A/A run (depthgate run --aa); the gate adds the noise floor
 
 
-def _versions() -> dict[str, str]:
-    out = {"python": platform.python_version(), "depthgate_assembler": ASSEMBLER_VERSION}
-    for dist in (
-        "depthgate",
-        "tokenizers",
-        "polars",
-        "numpy",
-        "statsmodels",
-        "pydantic",
-        "llama_cpp_python",
-        "jinja2",
-    ):
-        version = dist_version(dist.replace("_", "-"))
-        if version is not None:
-            out[dist] = version
-    return out
+@dataclass
+class _Sending:
+    """What a run sends, gathered arm by arm: the backends, the jobs of the matrix, its controls and
+    canaries, and the layout stores the runner reads ids and text from."""
+
+    backends: dict[str, Any] = field(default_factory=dict)
+    jobs: list[tuple[str, Mapping[str, Any]]] = field(default_factory=list)
+    control_jobs: list[tuple[str, Mapping[str, Any]]] = field(default_factory=list)
+    canaries: list[tuple[str, Mapping[str, Any]]] = field(default_factory=list)
+    sources: dict[str, LayoutStore] = field(default_factory=dict)
+    control_sources: dict[str, LayoutStore] = field(default_factory=dict)
+    canary_sources: dict[str, LayoutStore] = field(default_factory=dict)
 
 
-def gate_plan(
-    plan: AnalysisPlan,
-    lengths: list[int],
-    positions: list[str],
+def _prepare_arm(
+    a: ArmSetup,
+    sent: _Sending,
     *,
-    cases: Sequence[str] | None = None,
-    seeds: Sequence[int] | None = None,
-    spaced_cases: Sequence[str] | None = None,
-) -> GatePlan:
-    """The statistical gate's parameters from the frozen analysis plan; the planned slices are the
-    matrix's full length × position grid, so a slice that produced no data is INCONCLUSIVE, not absent.
+    matrix: Matrix,
+    matrix_path: Path,
+    suite: Suite,
+    out: Path,
+    verification: str,
+    engine: str,
+    controls: bool,
+    shard: tuple[int, int] | None,
+    concurrency: int,
+) -> None:
+    """One arm, before anything is sent: its layouts built, its backend started and probed, the server's
+    tokenizer checked, every layout through the pre-send gate, its controls and canaries; the jobs and
+    stores go to ``sent``."""
+    from depthgate.layout.presend import guard_layouts
+    from depthgate.run.backends import make_backend, probe_backend
+    from depthgate.run.controls import build_controls, read_controls
+    from depthgate.run.parity import summary_lines, verify_arm
 
-    ``cases`` (the frozen suite's placeable case ids: ``[c.id for c in suite.cases if c.decisive]``, the
-    cases ``build_layouts`` places) and ``seeds`` (the manifest's seed set) make the gate count missing
-    data against the plan instead of the records. The stop rule is passed on: under "one_extension"
-    every look tests at alpha / 2. The plan was validated by ``AnalysisPlan``/``Matrix`` with the same
-    rules ``GatePlan`` applies (``depthgate.spec.models.plan_violations``), so this never refuses a plan
-    after the requests were sent.
-    """
-    return GatePlan(
-        margin=plan.margin,
-        alpha=plan.alpha,
-        n_min=plan.n_min,
-        floor=plan.floor,
-        fdr_method=plan.fdr_method,
-        max_missing=plan.max_missing,
-        bootstrap_reps=plan.bootstrap_resamples,
-        bootstrap_seed=plan.bootstrap_seed,
-        planned_slices=tuple((length, pos) for length in lengths for pos in positions),
-        stop_rule=plan.stop_rule,
-        planned_cases=None if cases is None else tuple(cases),
-        planned_seeds=None if seeds is None else tuple(int(s) for s in seeds),
-        spaced_cases=tuple(spaced_cases) if spaced_cases else None,
+    layout_path = out / a.arm / "layouts.parquet"
+    if not layout_path.is_file():
+        build_layouts(suite, a.tokenizer, a.build_options(matrix, verification), layout_path)
+    # The arm's runtime block configures the backend; its relative paths are the matrix file's.
+    if engine == "ray":  # no engine in the driver: the actors hold them
+        from depthgate.run.ray_engine import driver_backend
+
+        backend = driver_backend(a.system, base_dir=matrix_path.parent)
+    else:
+        backend = make_backend(a.system, tokenizer=None, base_dir=matrix_path.parent)
+    sent.backends[a.arm] = backend
+    # Every endpoint probed before the first request (served model, window; replicas that
+    # disagree are refused, exit 20), so the pre-send gate below checks the served window.
+    asyncio.run(probe_backend(backend))
+    # The server's own tokenizer on built prompts, before anything is sent (exit 22 on a
+    # difference): a sample for id arms, every prompt for text arms.
+    for line in summary_lines(verify_arm(a.arm, backend, layout_path, out / a.arm, a.tokenizer)):
+        print(line, file=sys.stderr)
+    note_endpoints(a.arm, backend, concurrency)
+    # The pre-send gate: built under this system's tokenizer, Rust pre-send checks against
+    # the *served* window and the system's template, and a full re-encode of every layout —
+    # in bounded batches; the jobs keep only small columns, ids and text are read from the
+    # arm's layout store when each request is sent (memory O(batch + in flight)).
+    guard = functools.partial(
+        guard_layouts,
+        tokenizer=a.tokenizer,
+        template=a.template,
+        preamble=a.system.preamble,
+        assembler=a.system.assembler,
+        window=backend.window,
+        max_output_tokens=matrix.decode.max_tokens,
     )
-
-
-@dataclass(frozen=True)
-class ArmSetup:
-    arm: str
-    system: System
-    tokenizer: Tokenizer
-    template: ChatTemplate | None
-    snapshots: dict[str, Any] = field(default_factory=dict)
-
-    def build_options(self, matrix: Matrix, verification: str) -> BuildOptions:
-        """How this arm's layouts are built from the matrix (``depthgate run`` and ``build --matrix``
-        alike): the same options give the same layout ids."""
-        return BuildOptions(
-            lengths=matrix.lengths,
-            positions=parse_positions(matrix.position_values()),
-            template=self.template,
-            preamble=self.system.preamble,
-            system=self.system.name,
-            assembler=self.system.assembler,
-            verification="fast" if verification == "fast" else "full",
-            window=self.system.window,
-            max_output_tokens=matrix.decode.max_tokens,
+    guard_cases = functools.partial(guard, cases={c.id: c for c in suite.cases})
+    sent.jobs.extend((a.arm, row) for row in _guarded_rows(layout_path, guard_cases))
+    sent.sources[a.arm] = _store(layout_path, out / a.arm / "store")
+    if controls:
+        # Controls beside the matrix: evidence-only short input and evidence-absent haystack.
+        control_path = out / a.arm / CONTROLS_FILE
+        if not control_path.is_file():
+            build_controls(suite, a.tokenizer, a.build_options(matrix, verification), control_path)
+        # A controls file, or a named error; only small columns (not every control's ids).
+        read_controls(control_path, columns=["layout_id", "control"])
+        sent.control_sources[a.arm] = _store(control_path, out / a.arm / "controls-store")
+        # Controls differ in token count between arms (a preamble, a template, another
+        # tokenizer): they pair by case, control kind and *nominal* length (the matrix length
+        # an evidence-absent control was cut from; 0 for evidence-only).
+        sent.control_jobs.extend(
+            (a.arm, {**row, "target_tokens": row["nominal_tokens"]})
+            for row in _guarded_rows(control_path, guard, controls=True)
         )
+    if matrix.canaries and shard is None:
+        # Full-length canaries (commands/checks.py): did the whole prompt reach the model?
+        # (Not in a shard: `merge` joins the matrix's records only.)
+        arm_canaries, sent.canary_sources[a.arm] = canary_jobs(
+            a.arm,
+            matrix.canaries,
+            a.tokenizer,
+            a.build_options(matrix, verification),
+            out / a.arm,
+            guard,
+            _guarded_rows,
+            _store,
+        )
+        sent.canaries.extend(arm_canaries)
 
 
-def _snapshots(system: System, matrix_dir: Path) -> dict[str, Any]:
-    """The model snapshots (folder or ``hf:``) the arm's tokenizer and template come from: revision and
-    file digests, for the manifest. Empty for plain files (their digests are the tokenizer/template's)."""
-    out: dict[str, Any] = {}
-    for name, spec in (("tokenizer", system.tokenizer), ("chat_template", system.chat_template)):
-        if spec and is_model_reference(spec, base_dir=matrix_dir):
-            out[name] = resolve_model_files(spec, base_dir=matrix_dir).manifest()
-    return out
+def _matrix_and_suite(matrix_path: Path, *, aa: bool, controls: bool) -> tuple[Matrix, Suite]:
+    """The matrix (its A/A form with ``aa``) and its suite; a plan whose primary metric needs the
+    controls is refused when they are skipped."""
+    from depthgate.spec.suites import resolve_suite
+
+    matrix = load_matrix(matrix_path)
+    if aa:
+        from depthgate.commands.plan import aa_matrix
+
+        matrix = aa_matrix(matrix)
+    suite = resolve_suite(matrix.suite, base_dir=matrix_path.parent)
+    if matrix.plan.primary_metric == "control_normalised" and not controls:
+        raise InputError(
+            "the plan's primary metric control_normalised needs the evidence-only controls, and "
+            "--no-controls skips them",
+            file=str(matrix_path),
+            field="plan.primary_metric",
+            fix='drop --no-controls, or pre-register primary_metric = "pass"',
+        )
+    return matrix, suite
 
 
-def arm_setup(arm: str, system: System, matrix_dir: Path) -> ArmSetup:
-    tok = load_tokenizer(system.tokenizer, base_dir=matrix_dir)
-    template = load_template(system.chat_template, base_dir=matrix_dir) if system.chat_template else None
-    return ArmSetup(
-        arm=arm, system=system, tokenizer=tok, template=template, snapshots=_snapshots(system, matrix_dir)
-    )
-
-
-def plan_digest(plan: AnalysisPlan, lengths: Sequence[int], positions: Sequence[str]) -> str:
-    """The pre-registered plan: the analysis plan *and* the slice list (lengths × positions). Dropping
-    a position or a length after the data is seen changes this digest and is refused."""
-    body = {"plan": plan.model_dump(mode="json"), "lengths": list(lengths), "positions": list(positions)}
-    return hashlib.sha256(canonical_json(body).encode("utf-8")).hexdigest()
-
-
-def _manifest(matrix: Matrix, matrix_path: Path, suite: Suite, arms: list[ArmSetup]) -> dict[str, Any]:
-    from depthgate.run.backends import determinism_settings
-
-    systems: dict[str, dict[str, Any]] = {}
-    for a in arms:
-        systems[a.arm] = {
-            "name": a.system.name,
-            "backend": a.system.backend,
-            "model": a.system.model,
-            "system_digest": a.system.digest(),
-            "tokenizer_digest": a.tokenizer.digest,
-            "template_digest": a.template.digest if a.template else "raw",
-            "pinned_date": a.template.pinned_date.isoformat() if a.template else "",
-            "assembler": a.system.assembler,
-            "assembler_version": ASSEMBLER_VERSION,
-        }
-        if a.snapshots:  # only then: manifests of runs on plain files digest exactly as before
-            systems[a.arm]["snapshots"] = a.snapshots
-    body = {
-        "matrix": matrix.name,
-        "matrix_file": str(matrix_path),
-        "matrix_digest": matrix.digest(),
-        "plan_digest": plan_digest(matrix.plan, matrix.lengths, matrix.position_values()),
-        "plan": matrix.plan.model_dump(mode="json"),
-        "suite_digest": suite.digest(),
-        "suite": {"name": suite.name, "cases": len(suite.cases)},
-        "seeds": list(matrix.decode.seeds),
-        "decode": matrix.decode.model_dump(),
-        "lengths": list(matrix.lengths),
-        "positions": matrix.position_values(),
-        "systems": systems,
-        "versions": _versions(),
-    }
-    digest = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
-    # The run id binds the plan, suite and systems: the same matrix reruns into the same id (resume).
-    body["run_id"] = f"{matrix.name}-{digest[:12]}"
-    body["manifest_digest"] = digest
-    body["determinism"] = {a.arm: determinism_settings(a.system, matrix.decode) for a in arms}
-    body["created_at"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-    return body
-
-
-def _freeze_manifest(out: Path, manifest: dict[str, Any]) -> dict[str, Any]:
-    """Write the manifest once; on a rerun require the same plan, suite and systems."""
-    path = out / MANIFEST
-    RunManifest.model_validate(manifest)
-    if path.is_file():
-        old = json.loads(path.read_text(encoding="utf-8"))
-        for key, what in (
-            ("plan_digest", "analysis plan"),
-            ("suite_digest", "case set"),
-            ("manifest_digest", "systems, seeds or versions"),
-        ):
-            if old.get(key) != manifest.get(key):
-                raise PlanChangedError(
-                    f"the {what} changed since this run started ({key} {str(old.get(key))[:12]} → "
-                    f"{str(manifest.get(key))[:12]})",
-                    file=str(path),
-                    fix="start a new run folder (--out) for a new plan; a plan is never changed after data",
-                )
-        return dict(old)
-    out.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True), encoding="utf-8")
-    os.replace(tmp, path)
-    return manifest
-
-
-def _freeze_suite(out: Path, suite: Suite) -> None:
-    """The case set beside the manifest: the gate reads it from the run folder, never from the matrix's
-    suite reference resolved against whatever directory the gate runs in."""
-    path = out / SUITE_FILE
-    if path.is_file():
-        return
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(suite.model_dump_json(), encoding="utf-8")
-    os.replace(tmp, path)
+def _send(sent: _Sending, run_jobs: Callable[..., Any], out: Path, options: RunOptions) -> None:
+    """The matrix's jobs, then its controls and canaries (each into its own records folder); when the
+    circuit opens (an endpoint is down) nothing more is sent: the report says INFRA, a rerun resumes."""
+    summary = run_jobs(sent.jobs, sent.backends, out, options, sent.sources)
+    if summary.circuit_open is not None:
+        print(
+            f"depthgate: circuit open on arm {summary.circuit_open!r} after "
+            f"{options.retry.breaker_after} consecutive transient failures; stopped sending "
+            f"({summary.written} records written, the rest are re-sent by a rerun of the same folder)",
+            file=sys.stderr,
+        )
+        sent.control_jobs.clear()
+        sent.canaries.clear()
+    if sent.control_jobs:
+        controls_options = dataclasses.replace(options, run_id=options.run_id + "-controls")
+        run_jobs(sent.control_jobs, sent.backends, out / CONTROLS_DIR, controls_options, sent.control_sources)
+    if sent.canaries:
+        canary_options = dataclasses.replace(options, run_id=options.run_id + "-canaries")
+        run_jobs(sent.canaries, sent.backends, out / CANARIES_DIR, canary_options, sent.canary_sources)
 
 
 def run_matrix(
@@ -278,29 +240,11 @@ def run_matrix(
     ``engine = "ray"``: the requests run on Ray Data (:mod:`depthgate.run.ray_engine`), same jobs, same
     record sink; ``ray_actors`` sizes its actor pool.
     """
-    from depthgate.layout.presend import guard_layouts
-    from depthgate.run.backends import make_backend, probe_backend
-    from depthgate.run.controls import build_controls, read_controls
     from depthgate.run.options import RunOptions
-    from depthgate.run.parity import summary_lines, verify_arm
     from depthgate.run.records import compact
-    from depthgate.spec.suites import resolve_suite
 
     matrix_path = Path(matrix_path)
-    matrix = load_matrix(matrix_path)
-    if aa:
-        from depthgate.commands.plan import aa_matrix
-
-        matrix = aa_matrix(matrix)
-    suite = resolve_suite(matrix.suite, base_dir=matrix_path.parent)
-    if matrix.plan.primary_metric == "control_normalised" and not controls:
-        raise InputError(
-            "the plan's primary metric control_normalised needs the evidence-only controls, and "
-            "--no-controls skips them",
-            file=str(matrix_path),
-            field="plan.primary_metric",
-            fix='drop --no-controls, or pre-register primary_metric = "pass"',
-        )
+    matrix, suite = _matrix_and_suite(matrix_path, aa=aa, controls=controls)
     run_jobs = _engine(engine, matrix, matrix_path.parent, ray_actors)  # refused before anything is built
     out = Path(out_dir)
     arms = [
@@ -312,90 +256,29 @@ def run_matrix(
     # nothing was recorded, so nothing is frozen, and the fixed matrix then runs into the same folder.
     fresh = None if (out / MANIFEST).is_file() else CreatedPaths(out)
     sending = False
-
-    def options_for(a: ArmSetup) -> BuildOptions:
-        return a.build_options(matrix, verification)
-
-    backends = {}
-    jobs: list[tuple[str, Mapping[str, Any]]] = []
-    control_jobs: list[tuple[str, Mapping[str, Any]]] = []
-    canaries: list[tuple[str, Mapping[str, Any]]] = []
-    sources: dict[str, LayoutStore] = {}
-    control_sources: dict[str, LayoutStore] = {}
-    canary_sources: dict[str, LayoutStore] = {}
+    sent = _Sending()
     try:
-        manifest = _freeze_manifest(out, _manifest(matrix, matrix_path, suite, arms))
-        _freeze_suite(out, suite)
+        manifest = freeze_manifest(out, build_manifest(matrix, matrix_path, suite, arms))
+        freeze_suite(out, suite)
         for a in arms:
-            layout_path = out / a.arm / "layouts.parquet"
-            if not layout_path.is_file():
-                build_layouts(suite, a.tokenizer, options_for(a), layout_path)
-            # The arm's runtime block configures the backend; its relative paths are the matrix file's.
-            if engine == "ray":  # no engine in the driver: the actors hold them
-                from depthgate.run.ray_engine import driver_backend
-
-                backend = driver_backend(a.system, base_dir=matrix_path.parent)
-            else:
-                backend = make_backend(a.system, tokenizer=None, base_dir=matrix_path.parent)
-            backends[a.arm] = backend
-            # Every endpoint probed before the first request (served model, window; replicas that
-            # disagree are refused, exit 20), so the pre-send gate below checks the served window.
-            asyncio.run(probe_backend(backend))
-            # The server's own tokenizer on built prompts, before anything is sent (exit 22 on a
-            # difference): a sample for id arms, every prompt for text arms.
-            for line in summary_lines(verify_arm(a.arm, backend, layout_path, out / a.arm, a.tokenizer)):
-                print(line, file=sys.stderr)
-            note_endpoints(a.arm, backend, concurrency)
-            # The pre-send gate: built under this system's tokenizer, Rust pre-send checks against
-            # the *served* window and the system's template, and a full re-encode of every layout —
-            # in bounded batches; the jobs keep only small columns, ids and text are read from the
-            # arm's layout store when each request is sent (memory O(batch + in flight)).
-            guard = functools.partial(
-                guard_layouts,
-                tokenizer=a.tokenizer,
-                template=a.template,
-                preamble=a.system.preamble,
-                assembler=a.system.assembler,
-                window=backend.window,
-                max_output_tokens=matrix.decode.max_tokens,
+            _prepare_arm(
+                a,
+                sent,
+                matrix=matrix,
+                matrix_path=matrix_path,
+                suite=suite,
+                out=out,
+                verification=verification,
+                engine=engine,
+                controls=controls,
+                shard=shard,
+                concurrency=concurrency,
             )
-            guard_cases = functools.partial(guard, cases={c.id: c for c in suite.cases})
-            jobs.extend((a.arm, row) for row in _guarded_rows(layout_path, guard_cases))
-            sources[a.arm] = _store(layout_path, out / a.arm / "store")
-            if controls:
-                # Controls beside the matrix: evidence-only short input and evidence-absent haystack.
-                control_path = out / a.arm / CONTROLS_FILE
-                if not control_path.is_file():
-                    build_controls(suite, a.tokenizer, options_for(a), control_path)
-                # A controls file, or a named error; only small columns (not every control's ids).
-                read_controls(control_path, columns=["layout_id", "control"])
-                control_sources[a.arm] = _store(control_path, out / a.arm / "controls-store")
-                # Controls differ in token count between arms (a preamble, a template, another
-                # tokenizer): they pair by case, control kind and *nominal* length (the matrix length
-                # an evidence-absent control was cut from; 0 for evidence-only).
-                control_jobs.extend(
-                    (a.arm, {**row, "target_tokens": row["nominal_tokens"]})
-                    for row in _guarded_rows(control_path, guard, controls=True)
-                )
-            if matrix.canaries and shard is None:
-                # Full-length canaries (commands/checks.py): did the whole prompt reach the model?
-                # (Not in a shard: `merge` joins the matrix's records only.)
-                arm_canaries, canary_sources[a.arm] = canary_jobs(
-                    a.arm,
-                    matrix.canaries,
-                    a.tokenizer,
-                    options_for(a),
-                    out / a.arm,
-                    guard,
-                    _guarded_rows,
-                    _store,
-                )
-                canaries.extend(arm_canaries)
         _warn_power(matrix, suite)
         if aa:
             _mark_aa(out, matrix)
         print(
-            f"depthgate: {manifest['run_id']}: {len(jobs)} layouts × {len(matrix.decode.seeds)} seed(s) "
+            f"depthgate: {manifest['run_id']}: {len(sent.jobs)} layouts × {len(matrix.decode.seeds)} seed(s) "
             f"on 2 arms → {out}",
             file=sys.stderr,
         )
@@ -412,54 +295,37 @@ def run_matrix(
         if shard is not None:
             _freeze_shard(out, shard)
         sending = True
-        summary = run_jobs(jobs, backends, out, options, sources)
-        if summary.circuit_open is not None:
-            # The endpoint is down: stop here, report INFRA with what was recorded; a rerun resumes.
-            print(
-                f"depthgate: circuit open on arm {summary.circuit_open!r} after "
-                f"{options.retry.breaker_after} consecutive transient failures; stopped sending "
-                f"({summary.written} records written, the rest are re-sent by a rerun of the same folder)",
-                file=sys.stderr,
-            )
-            control_jobs = canaries = []
-        if control_jobs:
-            controls_options = dataclasses.replace(options, run_id=manifest["run_id"] + "-controls")
-            run_jobs(control_jobs, backends, out / CONTROLS_DIR, controls_options, control_sources)
-        if canaries:
-            canary_options = dataclasses.replace(options, run_id=manifest["run_id"] + "-canaries")
-            run_jobs(canaries, backends, out / CANARIES_DIR, canary_options, canary_sources)
-        print_endpoint_counts(out, backends)
+        _send(sent, run_jobs, out, options)
+        print_endpoint_counts(out, sent.backends)
         for a in arms:
             if a.system.runtime.cache_control:
-                _cache_control(
-                    a,
-                    read_layouts(out / a.arm / "layouts.parquet"),
-                    out / a.arm,
-                    matrix.decode.max_tokens,
-                    matrix_path.parent,
-                )
+                _cache_control(a, out, matrix.decode.max_tokens, matrix_path.parent)
     except BaseException:
         if fresh is not None and not sending:
             fresh.undo()
         raise
     finally:
-        for backend in backends.values():
+        for backend in sent.backends.values():
             # Closing must not hide the run's own error.
             with contextlib.suppress(Exception):
                 asyncio.run(backend.aclose())
     compact(out)
-    if control_jobs:
+    if sent.control_jobs:
         compact(out / CONTROLS_DIR)
-    if canaries:
+    if sent.canaries:
         compact(out / CANARIES_DIR)
     if shard is not None:
-        from depthgate.judge.health import infra_summary
-        from depthgate.run.records import read_records
-
-        planned = shard_jobs(planned_jobs(out, matrix.decode.seeds), shard)
-        lost = infra_summary(read_records(out), planned).lost
-        return None, ExitCode.INFRA if lost else ExitCode.PASS, out
+        return None, _shard_exit(out, matrix, shard), out
     return gate_run(out, matrix=matrix, suite=suite)
+
+
+def _shard_exit(out: Path, matrix: Matrix, shard: tuple[int, int]) -> ExitCode:
+    """A shard has no verdict: INFRA when any of its planned runs is lost, else PASS."""
+    from depthgate.judge.health import infra_summary
+    from depthgate.run.records import read_records
+
+    planned = shard_jobs(planned_jobs(out, matrix.decode.seeds), shard)
+    return ExitCode.INFRA if infra_summary(read_records(out), planned).lost else ExitCode.PASS
 
 
 SHARD_FILE = "shard.json"
@@ -531,15 +397,17 @@ def _freeze_shard(out: Path, shard: tuple[int, int]) -> None:
     os.replace(tmp, path)
 
 
-def _cache_control(a: ArmSetup, layouts: pl.DataFrame, arm_dir: Path, max_tokens: int, base: Path) -> None:
+def _cache_control(a: ArmSetup, out: Path, max_tokens: int, base: Path) -> None:
     """The warm/cold prefix-cache control (:mod:`depthgate.run.cache`) on an arm's layouts, when its
     runtime block asks for it (``cache_control = true``): ``<arm>/cache_control.json`` (summary, incident,
     per-layout rows), once per run folder. It never changes the verdict."""
     from depthgate.run.backends import make_cache_control_backends
     from depthgate.run.cache import run_cache_control
 
+    arm_dir = out / a.arm
     path = arm_dir / "cache_control.json"
     if not path.is_file():
+        layouts = read_layouts(arm_dir / "layouts.parquet")
         cold, warm = make_cache_control_backends(a.system, base_dir=base)
         with cold, warm:
             report = run_cache_control(layouts, cold=cold, warm=warm, max_tokens=max_tokens)
@@ -568,21 +436,13 @@ def _run_file_failures(name: str) -> ReadFailures:
     )
 
 
-def gate_run(
-    run_dir: str | Path,
-    *,
-    matrix: Matrix | None = None,
-    suite: Suite | None = None,
-    report_dir: str | Path | None = None,
-) -> tuple[GateResult, ExitCode, Path]:
-    """Score, gate and report a run folder (its records, layouts and manifest)."""
-    from depthgate.judge.health import infra_summary
-    from depthgate.judge.oracle import score_records
-    from depthgate.report.report import write_reports
-    from depthgate.run.records import read_records
+def _frozen_run(
+    run: Path, matrix: Matrix | None, suite: Suite | None
+) -> tuple[dict[str, Any], RunManifest, AnalysisPlan, Suite]:
+    """The run folder's frozen manifest (as read, and parsed), its analysis plan and case set, each
+    checked against its digest; a matrix that disagrees with the frozen plan is refused."""
     from depthgate.spec.suites import resolve_suite
 
-    run = Path(run_dir)
     manifest_path = run / MANIFEST
     if (run / SHARD_FILE).is_file():
         spec = read_json(run / SHARD_FILE, _run_file_failures("shard.json"))
@@ -647,6 +507,14 @@ def gate_run(
             field="suite",
             fix="gate with the original suite",
         )
+    return manifest, frozen, plan, suite
+
+
+def _run_records(run: Path, manifest: Mapping[str, Any]) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """The run's records (one manifest's, each belonging to the folder's layouts) and the layouts'
+    ids and evidence spans."""
+    from depthgate.run.records import read_records
+
     records = read_records(run)
     if records.height == 0:
         raise InputError("the run folder has no records", file=str(run), fix="run `depthgate run` first")
@@ -671,7 +539,27 @@ def gate_run(
         fix="gate a folder holding only its own run's records (restore records.parquet, or rerun into a new "
         "folder)",
     )
-    layouts = pl.concat(list(by_arm.values()))
+    return records, pl.concat(list(by_arm.values()))
+
+
+def gate_run(
+    run_dir: str | Path,
+    *,
+    matrix: Matrix | None = None,
+    suite: Suite | None = None,
+    report_dir: str | Path | None = None,
+) -> tuple[GateResult, ExitCode, Path]:
+    """Score, gate and report a run folder (its records, layouts and manifest)."""
+    from depthgate.judge.health import infra_summary
+    from depthgate.judge.oracle import score_records
+    from depthgate.report.analyses import collect_sections
+    from depthgate.report.document import AnalysisContext
+    from depthgate.report.report import write_reports
+
+    run = Path(run_dir)
+    manifest, frozen, plan, suite = _frozen_run(run, matrix, suite)
+    lengths, positions = list(frozen.lengths), list(frozen.positions)
+    records, layouts = _run_records(run, manifest)
     scored = score_records(records, suite, layouts)
     scored.write_parquet(run / "scored.parquet")
     scored_controls = _score_controls(run, suite)
@@ -697,6 +585,25 @@ def gate_run(
         gated, gate_plan(plan, lengths, labels, cases=placed, seeds=frozen.seeds, spaced_cases=spaced)
     )
     infra = infra_summary(records, planned_jobs(run, frozen.seeds), endpoints=run_endpoint_counts(run))
+    # The analyses beside the gate (controls, position science, noise floor …) contribute sections to
+    # the same report document: one render, one write per file, one swap of the set.
+    controls_path = run / "scored_controls.parquet"
+    context = AnalysisContext(
+        run=run,
+        plan=plan,
+        seeds=frozen.seeds,
+        scored=scored,
+        scored_controls=scored_controls,
+        position_controls=(
+            pl.read_parquet(controls_path)
+            if (run / CONTROLS_DIR).is_dir() and controls_path.is_file()
+            else None
+        ),
+        eligibility=eligibility,
+        noise_plan=gate_plan(plan, lengths, labels),
+        aa=(run / AA_FILE).is_file(),
+    )
+    sections = collect_sections(context)
     # The run's own layouts, for the length in characters, wherever the report goes (--report-dir).
     arm_layouts = {arm: run / arm / "layouts.parquet" for arm in ARMS}
     paths = write_reports(
@@ -707,12 +614,11 @@ def gate_run(
         infra=infra,
         layouts=arm_layouts if all(p.is_file() for p in arm_layouts.values()) else None,
         checks=check_reports(run),
+        sections=sections,
     )
-    if scored_controls is not None:
-        _add_controls(run, scored, scored_controls, paths.verdict_json, paths.summary_md, eligibility)
-    _add_position(run, plan, frozen.seeds, scored, paths.out_dir)
-    if (run / AA_FILE).is_file():
-        _add_noise_floor(scored, gate_plan(plan, lengths, labels), paths.out_dir)
+    for section in sections:
+        for line in section.console:
+            print(line, file=sys.stderr)
     return result, paths.exit_code, paths.report_html
 
 
@@ -731,47 +637,6 @@ def _mark_aa(out: Path, matrix: Matrix) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps({"baseline": matrix.baseline.name}), encoding="utf-8")
     os.replace(tmp, path)
-
-
-def _add_position(
-    run: Path, plan: AnalysisPlan, seeds: Sequence[int], scored: pl.DataFrame, report_dir: Path
-) -> None:
-    """Effective length, control-normalised accuracy and pass^k (depthgate.report.position) into
-    verdict.json (``position``), summary.md and report.html; never changes the verdict."""
-    from depthgate.report.position import add_position_section, position_science, spacing_layouts
-
-    controls_path = run / "scored_controls.parquet"
-    scored_controls = (
-        pl.read_parquet(controls_path) if (run / CONTROLS_DIR).is_dir() and controls_path.is_file() else None
-    )
-    try:
-        science = position_science(
-            scored, plan, seeds=seeds, scored_controls=scored_controls, layouts=spacing_layouts(run)
-        )
-    except InputError as exc:
-        print(f"depthgate: position science not computed: {exc}", file=sys.stderr)
-        return
-    add_position_section(science, report_dir)
-
-
-def _add_noise_floor(scored: pl.DataFrame, plan: GatePlan, report_dir: Path) -> None:
-    """The A/A noise floor (depthgate.judge.noise) into verdict.json (``noise_floor``) and summary.md."""
-    from depthgate.judge.noise import noise_floor
-    from depthgate.report.position import add_noise_floor_section
-
-    try:
-        result = noise_floor(scored, alpha=plan.look_alpha, plan=plan)
-    except InputError as exc:
-        print(f"depthgate: noise floor not computed: {exc}", file=sys.stderr)
-        return
-    add_noise_floor_section(result, report_dir)
-    state = "above" if result.plan_margin_ok else "BELOW"
-    print(
-        f"noise floor: recommended margin {result.recommended_margin:g} (an A/A release passes there with "
-        f"probability {result.pass_probability:.2f}; plan margin {plan.margin:g} is {state} it); flip rate "
-        f"{result.flip_rate:.3f}",
-        file=sys.stderr,
-    )
 
 
 def _score_controls(run: Path, suite: Suite) -> pl.DataFrame | None:
@@ -829,64 +694,15 @@ def _baseline_eligible(
     }
 
 
-def _add_controls(
-    run: Path,
-    scored: pl.DataFrame,
-    scored_controls: pl.DataFrame,
-    verdict_path: Path,
-    summary_path: Path,
-    eligibility: dict[str, Any] | None = None,
-) -> None:
-    """Classify each case's failures from the controls run beside the matrix: task or model
-    (evidence-only short input fails), position or assembly (only long variants fail), hallucination
-    (evidence-absent answered with a value). Added to verdict.json and summary.md; never changes the
-    verdict itself (``eligibility``: the cases the primary metric control_normalised kept, reported)."""
-    from depthgate.judge.controls import classify_failures
-    from depthgate.report.report import load_verdict
-
-    classes = classify_failures(scored, scored_controls)
-    counts = {
-        f"{arm}:{cls}": n
-        for arm, cls, n in classes.group_by("arm", "category").len().sort("arm", "category").iter_rows()
-    }
-    only = scored_controls.filter(pl.col("control") == "evidence_only")
-    only_rate = only["outcome"].eq("pass").sum() / only.height if only.height else None
-    section = {
-        "counts": counts,
-        "cases": classes.to_dicts(),
-        "hallucinated_runs": int(scored_controls["hallucinated"].sum()),
-        "evidence_only_pass_rate": only_rate,
-    }
-    if eligibility is not None:
-        section["primary_metric"] = {k: v for k, v in eligibility.items() if k != "eligible"}
-    verdict = json.loads(verdict_path.read_text(encoding="utf-8"))
-    verdict["controls"] = json.loads(json.dumps(section, default=str))
-    tmp = verdict_path.with_name(verdict_path.name + ".tmp")
-    tmp.write_text(json.dumps(verdict, indent=2, sort_keys=True), encoding="utf-8")
-    os.replace(tmp, verdict_path)
-    load_verdict(verdict_path)  # still a valid verdict document
-    lines = [
-        "",
-        "",
-        "### Controls (beside the matrix; they never change the verdict)",
-        "",
-        "| arm | class | cases |",
-        "|---|---|---:|",
-    ]
-    lines += [f"| {k.split(':')[0]} | {k.split(':')[1]} | {v} |" for k, v in sorted(counts.items())]
-    lines += [
-        "",
-        "task_or_model: the evidence-only short input already fails; position_or_assembly: only "
-        "long variants fail; hallucination: a value was given with the evidence removed; serving_path: "
-        "a control was lost to the arm's serving path (system failures).",
-        "",
-    ]
-    if eligibility is not None:
-        lines += [
-            f"Primary metric control_normalised (pre-registered): the gate counted the "
-            f"{eligibility['n_eligible']} of {eligibility['n_placed']} cases whose baseline evidence-only "
-            "control passed.",
-            "",
-        ]
-    with summary_path.open("a", encoding="utf-8") as fh:
-        fh.write("\n".join(lines))
+__all__ = [
+    "ARMS",
+    "MANIFEST",
+    "SUITE_FILE",
+    "ArmSetup",
+    "arm_setup",
+    "gate_plan",
+    "gate_run",
+    "plan_digest",
+    "run_matrix",
+    "shard_jobs",
+]

@@ -4,9 +4,9 @@ pass^k and the A/A noise floor, added beside the verdict (they never change it).
 :func:`position_science` computes the numbers from a run's scored records (``RUN/scored.parquet``) and,
 when the controls ran, its scored controls (``RUN/scored_controls.parquet``), with the frozen plan's
 ``effective_length_rule``/``effective_length_threshold``, ``bootstrap_seed`` and one-sided look alpha.
-:func:`add_position_section` writes them into an existing report folder: ``verdict.json`` key
-``position``, a section of ``summary.md``, and a section of ``report.html`` (accuracy-by-length charts per
-depth as embedded PNGs and the tables) at the template's ``<!-- depthgate:sections -->`` marker.
+:func:`position_section` is the report's section of them: ``verdict.json`` key ``position``, a section of
+``summary.md``, a section of ``report.html`` (accuracy-by-length charts per depth as embedded PNGs and the
+tables) and the effective length in ``junit.xml``.
 
 NoLiMa without controls: the base score is taken as 1.0 for both arms (the threshold then is an absolute
 accuracy, as under RULER) and a note says so.
@@ -15,11 +15,12 @@ accuracy, as under RULER) and a note says so.
 from __future__ import annotations
 
 import base64
+import functools
 import html
 import io
-import json
 import math
-import os
+import sys
+import xml.etree.ElementTree as ET
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,8 +31,8 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from depthgate.exceptions import InputError
-from depthgate.judge.noise import NoiseFloorResult
 from depthgate.judge.position import (
+    EffectiveLength,
     EffectiveLengthResult,
     base_scores_from_controls,
     control_normalised_accuracy,
@@ -39,21 +40,20 @@ from depthgate.judge.position import (
     pass_hat_k,
     spacing_accuracy,
 )
-from depthgate.judge.stats import ARMS, position_sort_key
+from depthgate.judge.stats import ARMS, BASELINE, CANDIDATE, position_sort_key
+from depthgate.report.document import AnalysisContext, Section
+from depthgate.report.formatting import depth_label
 from depthgate.spec.models import AnalysisPlan, look_alpha
 
 __all__ = [
-    "SECTIONS_MARKER",
     "PositionScience",
-    "add_noise_floor_section",
-    "add_position_section",
+    "add_junit_effective_length",
     "position_science",
+    "position_section",
     "render_curve_png",
     "spacing_layouts",
 ]
 
-#: Where extra sections go in report.html (report.html.j2 holds this comment once).
-SECTIONS_MARKER = "<!-- depthgate:sections -->"
 _DPI = 110
 _COLORS = {"baseline": "#1f6feb", "candidate": "#cf222e"}
 
@@ -242,11 +242,45 @@ def _el_rows(ps: PositionScience) -> list[list[str]]:
             )
         try:
             d = el.delta(pos)
-            cells.append(f"{d.estimate:+d} [{d.lower:+d}, {d.upper:+d}] ({d.estimate_steps:+d} steps)")
+            censored = censored_delta(el.row(BASELINE, pos), el.row(CANDIDATE, pos))
         except KeyError:
             cells.append("–")
+        else:
+            if censored is None:
+                cells.append(f"{d.estimate:+d} [{d.lower:+d}, {d.upper:+d}] ({d.estimate_steps:+d} steps)")
+            else:
+                cells.append(censored)
         rows.append(cells)
     return rows
+
+
+def _steps(value: int) -> str:
+    word = "step" if abs(value) == 1 else "steps"
+    return f"{value:+d} {word}".replace("-", "−")
+
+
+def censored_delta(baseline: EffectiveLength, candidate: EffectiveLength) -> str | None:
+    """The Δ (candidate − baseline) of two effective lengths when either is censored, in grid steps, as
+    a bound: below the grid (step 0) means "at most step 0", ``at_grid_top`` (step K) "at least step K".
+    Candidate at the top and baseline at step 1 of 2: "≥ +1 step"; both censored the same way: "not
+    measured". None when both are measured (the Δ is then a number)."""
+
+    def bounds(row: EffectiveLength) -> tuple[float, float]:
+        if row.at_grid_top:
+            return float(row.steps), math.inf
+        if row.steps == 0:
+            return -math.inf, 0.0
+        return float(row.steps), float(row.steps)
+
+    (b_lo, b_hi), (c_lo, c_hi) = bounds(baseline), bounds(candidate)
+    if math.isfinite(b_lo) and math.isfinite(b_hi) and math.isfinite(c_lo) and math.isfinite(c_hi):
+        return None
+    low, high = c_lo - b_hi, c_hi - b_lo
+    if math.isfinite(low):
+        return f"≥ {_steps(int(low))} (censored)"
+    if math.isfinite(high):
+        return f"≤ {_steps(int(high))} (censored)"
+    return "not measured (both censored)"
 
 
 def _cna_rows(ps: PositionScience) -> list[list[str]]:
@@ -336,6 +370,12 @@ def _md_table(head: list[str], rows: list[list[str]]) -> list[str]:
     return lines
 
 
+def _base_scores_text(scores: Mapping[str, float]) -> str:
+    """``baseline 0.92, candidate 0.08``: each arm's base score, in arm order."""
+    named = [f"{arm} {scores[arm]:.2f}" for arm in ARMS if arm in scores]
+    return ", ".join(named + [f"{k} {v:.2f}" for k, v in sorted(scores.items()) if k not in ARMS])
+
+
 def render_position_markdown(ps: PositionScience) -> str:
     """The summary.md section."""
     lines = ["", "", "### Position science (beside the gate; it never changes the verdict)", ""]
@@ -343,7 +383,7 @@ def render_position_markdown(ps: PositionScience) -> str:
     if el is not None:
         lines += [
             f"Effective length per depth ({el.rule}, threshold {el.threshold:g}"
-            + (f" of the base score {el.base_scores}" if el.base_scores else "")
+            + (f" of the base score ({_base_scores_text(el.base_scores)})" if el.base_scores else "")
             + f"; {100 * (1 - el.alpha):g}% case-bootstrap intervals, B = {el.reps}):",
             "",
             *_md_table(_EL_HEAD, _el_rows(ps)),
@@ -361,15 +401,17 @@ def render_position_markdown(ps: PositionScience) -> str:
     return "\n".join(lines) + "\n"
 
 
-def render_curve_png(ps: PositionScience, position: str) -> bytes:
-    """Accuracy vs length at one depth: a line per arm with its case-bootstrap band, the arm's threshold
-    (dotted) and its effective length (dashed vertical)."""
+def curve_figure(ps: PositionScience, position: str) -> Figure:
+    """Accuracy vs length at one depth: a line per arm, its Wilson interval as the shaded band (it keeps
+    its width at accuracy 0 and 1, where the case bootstrap collapses to a point), the case-bootstrap
+    interval as error bars, the arm's threshold (dotted) and its effective length (dashed vertical)."""
     assert ps.effective is not None
     el = ps.effective
     fig = Figure(figsize=(5.6, 3.4))
     FigureCanvasAgg(fig)
     ax = fig.add_subplot(1, 1, 1)
     lengths: set[int] = set()
+    nan = float("nan")
     for arm in ARMS:
         pts = sorted((p for p in el.curve if p.arm == arm and p.position == position), key=lambda p: p.length)
         if not pts:
@@ -377,11 +419,14 @@ def render_curve_png(ps: PositionScience, position: str) -> bytes:
         color = _COLORS[arm]
         xs = [p.length for p in pts]
         lengths.update(xs)
-        ys = [float("nan") if p.accuracy is None else p.accuracy for p in pts]
-        lo = [float("nan") if p.lower is None else p.lower for p in pts]
-        hi = [float("nan") if p.upper is None else p.upper for p in pts]
+        ys = [nan if p.accuracy is None else p.accuracy for p in pts]
+        below = [0.0 if p.lower is None or p.accuracy is None else p.accuracy - p.lower for p in pts]
+        above = [0.0 if p.upper is None or p.accuracy is None else p.upper - p.accuracy for p in pts]
+        w_lo = [nan if p.wilson_lower is None else p.wilson_lower for p in pts]
+        w_hi = [nan if p.wilson_upper is None else p.wilson_upper for p in pts]
         ax.plot(xs, ys, marker="o", color=color, label=arm)
-        ax.fill_between(xs, lo, hi, color=color, alpha=0.15, linewidth=0)
+        ax.fill_between(xs, w_lo, w_hi, color=color, alpha=0.15, linewidth=0, label=f"{arm} Wilson")
+        ax.errorbar(xs, ys, yerr=[below, above], fmt="none", ecolor=color, elinewidth=1, capsize=3)
         ax.axhline(pts[0].threshold_abs, color=color, linestyle=":", linewidth=1)
         try:
             row = el.row(arm, position)
@@ -397,13 +442,19 @@ def render_curve_png(ps: PositionScience, position: str) -> bytes:
     ax.set_ylim(-0.02, 1.02)
     ax.set_xlabel("length (tokens)")
     ax.set_ylabel("accuracy")
-    from depthgate.report.report import depth_label
-
     ax.set_title(
-        f"depth {depth_label(position)}: accuracy by length (threshold dotted, EL dashed)", fontsize=9
+        f"depth {depth_label(position)}: accuracy by length\n"
+        "band: Wilson interval · bars: case bootstrap · dotted: threshold · dashed: EL",
+        fontsize=8,
     )
-    ax.legend(fontsize=7, loc="lower left")
+    ax.legend(fontsize=6, loc="lower left", ncol=2)
     fig.tight_layout()
+    return fig
+
+
+def render_curve_png(ps: PositionScience, position: str) -> bytes:
+    """:func:`curve_figure` as PNG bytes."""
+    fig = curve_figure(ps, position)
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=_DPI, metadata={"Software": None})
     return buffer.getvalue()
@@ -443,85 +494,109 @@ def render_position_html(ps: PositionScience) -> str:
 
 
 # --------------------------------------------------------------------------------------------------
-# Writing into a report folder
+# junit.xml
 
 
-def _replace_text(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+def _effective_text(row: Mapping[str, Any]) -> str:
+    estimate = row.get("estimate")
+    if row.get("at_grid_top"):
+        return f"≥{estimate}"
+    return "below grid" if estimate == 0 else str(estimate)
 
 
-def _add_to_verdict(verdict_path: Path, key: str, value: dict[str, Any]) -> None:
-    from depthgate.report.report import load_verdict
-
-    verdict = json.loads(verdict_path.read_text(encoding="utf-8"))
-    verdict[key] = value
-    _replace_text(verdict_path, json.dumps(verdict, indent=2, sort_keys=True))
-    load_verdict(verdict_path)  # still a valid verdict document
+def _property(parent: ET.Element, name: str, value: object) -> None:
+    ET.SubElement(parent, "property", name=name, value=str(value))
 
 
-def _add_to_html(html_path: Path, section: str) -> None:
-    if not html_path.is_file():
-        return
-    page = html_path.read_text(encoding="utf-8")
-    anchor = SECTIONS_MARKER if SECTIONS_MARKER in page else "</body>"
-    _replace_text(html_path, page.replace(anchor, section + anchor, 1))
+def _properties_of(element: ET.Element) -> ET.Element:
+    """``element``'s ``properties`` (created first when missing), without effective-length entries."""
+    found = element.find("properties")
+    if found is None:
+        found = ET.Element("properties")
+        element.insert(0, found)
+    for old in [p for p in found if p.get("name", "").startswith("effective_length.")]:
+        found.remove(old)
+    return found
 
 
-def add_position_section(ps: PositionScience, report_dir: Path) -> None:
-    """``position`` in verdict.json, a section in summary.md and in report.html, and the effective
-    length in junit.xml (where CI dashboards read a nightly job)."""
-    from depthgate.report.report import add_junit_effective_length
-
-    _add_to_verdict(report_dir / "verdict.json", "position", ps.to_dict())
-    with (report_dir / "summary.md").open("a", encoding="utf-8") as fh:
-        fh.write(render_position_markdown(ps))
-    _add_to_html(report_dir / "report.html", render_position_html(ps))
-    if (report_dir / "junit.xml").is_file():
-        add_junit_effective_length(report_dir)
-
-
-def render_noise_markdown(nf: NoiseFloorResult) -> str:
-    ok = {True: "yes", False: "NO", None: "–"}[nf.plan_margin_ok]
+def add_junit_effective_length(root: ET.Element, position: Mapping[str, Any]) -> bool:
+    """Add the effective length (``position["effective_length"]``, the verdict.json ``position`` value)
+    to the junit.xml tree ``root``: suite ``depthgate.slices`` gets ``effective_length.<arm>.<position>``
+    properties and the console's effective-length lines in its ``system-out``, every slice testcase
+    ``effective_length.<arm>`` of its depth. Idempotent. False (nothing changed) without an effective
+    length."""
+    section = position.get("effective_length") or {}
+    rows = [row for row in section.get("rows") or [] if row.get("arm") in ARMS]
+    if not rows:
+        return False
+    text: dict[tuple[str, str], str] = {(str(r["arm"]), str(r["position"])): _effective_text(r) for r in rows}
+    rule = str(rows[0].get("rule", ""))
+    suite = root.find("testsuite[@name='depthgate.slices']")
+    if suite is None:
+        raise InputError(
+            "junit.xml has no testsuite 'depthgate.slices'",
+            fix="regenerate the reports with `depthgate gate RUN`",
+        )
+    suite_properties = _properties_of(suite)
+    for (arm, pos), value in sorted(
+        text.items(), key=lambda item: (item[0][0], position_sort_key(item[0][1]))
+    ):
+        _property(suite_properties, f"effective_length.{arm}.{pos}", f"{value} ({rule})")
+    for case in suite.findall("testcase"):
+        depth = next(
+            (p.get("value") for p in case.iterfind("properties/property") if p.get("name") == "position"),
+            None,
+        )
+        if depth is None:
+            continue
+        props = _properties_of(case)
+        for arm in ARMS:
+            if (arm, depth) in text:
+                _property(props, f"effective_length.{arm}", f"{text[(arm, depth)]} ({rule})")
     lines = [
-        "",
-        "",
-        "### Noise floor (A/A: the baseline against itself)",
-        "",
-        f"Recommended margin {nf.recommended_margin:g}: a simulated A/A release passes there with "
-        f"probability {nf.pass_probability:.2f} (target {nf.pass_target:g}; flip rate upper bound "
-        f"{nf.flip_rate_upper_clustered:.3f}; binding slice {nf.binding_slice}); the |Δ| noise bound alone "
-        f"gives {nf.noise_bound_margin:g}; plan margin "
-        f"{nf.plan_margin}; plan margin above the noise floor: {ok}. Flip rate overall "
-        f"{nf.flip_rate:.3f} ({nf.flips} of {nf.paired_runs} paired runs); A/A gate verdict {nf.aa_verdict}.",
-        "",
-        *_md_table(
-            ["slice", "paired runs", "flips", "flip rate", "Δ", "noise bound on |Δ|"],
-            [
-                [
-                    f"{s.length}/{s.position}",
-                    str(s.paired_runs),
-                    str(s.flips),
-                    f"{s.flip_rate:.3f}",
-                    f"{s.delta:+.3f}",
-                    f"{s.delta_bound:.3f}",
-                ]
-                for s in nf.slices
-            ],
-        ),
-        "",
+        f"effective length ({rule}), {arm}: "
+        + ", ".join(
+            f"{p}: {v}"
+            for (a, p), v in sorted(text.items(), key=lambda i: position_sort_key(i[0][1]))
+            if a == arm
+        )
+        for arm in ARMS
+        if any(a == arm for a, _ in text)
     ]
-    return "\n".join(lines)
+    system_out = suite.find("system-out")
+    if system_out is None:
+        system_out = ET.SubElement(suite, "system-out")
+    kept = [
+        line for line in (system_out.text or "").splitlines() if not line.startswith("effective length (")
+    ]
+    system_out.text = "\n".join([*kept, *lines])
+    return True
 
 
-def add_noise_floor_section(nf: NoiseFloorResult, report_dir: Path) -> None:
-    """``noise_floor`` in verdict.json and a section in summary.md (and report.html)."""
-    _add_to_verdict(report_dir / "verdict.json", "noise_floor", nf.to_dict())
-    text = render_noise_markdown(nf)
-    with (report_dir / "summary.md").open("a", encoding="utf-8") as fh:
-        fh.write(text)
-    body = (
-        f'<h2 id="noise-floor">Noise floor (A/A)</h2>\n<pre class="small">{html.escape(text.strip())}</pre>\n'
+# --------------------------------------------------------------------------------------------------
+# The section
+
+
+def position_section(ctx: AnalysisContext) -> Section | None:
+    """Effective length, control-normalised accuracy and pass^k of the run: verdict.json ``position``,
+    a section of summary.md and report.html, the effective length in junit.xml (where CI dashboards read
+    a nightly job). None (a note on stderr) when the numbers cannot be computed."""
+    try:
+        science = position_science(
+            ctx.scored,
+            ctx.plan,
+            seeds=ctx.seeds,
+            scored_controls=ctx.position_controls,
+            layouts=spacing_layouts(ctx.run),
+        )
+    except InputError as exc:
+        print(f"depthgate: position science not computed: {exc}", file=sys.stderr)
+        return None
+    data = science.to_dict()
+    return Section(
+        key="position",
+        data=data,
+        markdown=render_position_markdown(science),
+        html=render_position_html(science),
+        junit=functools.partial(add_junit_effective_length, position=data),
     )
-    _add_to_html(report_dir / "report.html", body)
