@@ -273,7 +273,7 @@ def test_failure_while_moving_never_leaves_a_verdict(
     tmp_path: Path, result: GateResult, scored: pl.DataFrame, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A folder holding other files is not swapped whole: its files are moved in one by one, the
-    # verdict last (tests/test_report_document.py checks the swap of a report-only folder).
+    # verdict last (tests/report/test_report_document.py checks the swap of a report-only folder).
     out = tmp_path / "out"
     out.mkdir()
     (out / "notes.txt").write_text("mine")

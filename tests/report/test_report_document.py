@@ -202,7 +202,7 @@ writer.write_bytes = dies
 scored = synthetic_scored(seed=1)
 write_reports(gate(scored, PLAN), scored, {str(out)!r}, manifest=MANIFEST)
 """
-    tests = Path(__file__).parent
+    tests = Path(__file__).resolve().parents[1]
     done = subprocess.run([sys.executable, "-c", script], cwd=tests, env=_env(tests), timeout=300)
     assert done.returncode == 9
     assert _state(out) == old
