@@ -6,6 +6,15 @@
 # in process, then `vllm serve` on 127.0.0.1 — never beside the Ray tests (≈ 8 GB for the server).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [ "${1:-}" = "--fast" ]; then
+  # The quick loop for someone changing one module: every test that needs no model, no server process,
+  # no Ray and no benchmark (tests/conftest.py marks the rest `full_only`), after the import contracts.
+  # No set-up: run `bash scripts/setup.sh` once (and again after a Rust change).
+  shift
+  .venv/bin/lint-imports
+  exec .venv/bin/python -m pytest -q -p no:cacheprovider \
+    -m "not (slow_model or smoke_model or bench or vllm or full_only)" "$@"
+fi
 bash scripts/setup.sh
 bash scripts/setup_vllm.sh
 cargo test --release -p depthgate-core

@@ -7,11 +7,34 @@ materializes them, decompressed, into ``tests/.fixture-cache``; a missing fixtur
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
 
 from fixtures_paths import FixtureError, fixtures_root
+from tiers import FULL_ONLY_FOLDERS, FULL_ONLY_MODULES, FULL_ONLY_TESTS
+
+TESTS = Path(__file__).resolve().parent
+
+# Tests share worlds across folders by module name (`from test_stats import draw_pairs`, a stub reader of
+# tests/cli/test_verdict_trust.py in tests/run): every folder is importable whichever file runs alone.
+# Test module names stay unique across folders (pytest's default import mode needs that anyway).
+for _folder in ("spec", "layout", "run", "judge", "report", "cli"):
+    if str(TESTS / _folder) not in sys.path:
+        sys.path.append(str(TESTS / _folder))
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        relative = item.path.resolve().relative_to(TESTS).as_posix()
+        test = f"{relative}::{item.originalname}" if isinstance(item, pytest.Function) else relative
+        if (
+            relative.split("/")[0] in FULL_ONLY_FOLDERS
+            or relative in FULL_ONLY_MODULES
+            or test in FULL_ONLY_TESTS
+        ):
+            item.add_marker(pytest.mark.full_only)
 
 
 @pytest.fixture(scope="session")
