@@ -304,6 +304,9 @@ def run_matrix(
             fix='drop --no-controls, or pre-register primary_metric = "pass"',
         )
     run_jobs = _engine(engine, matrix, matrix_path.parent, ray_actors)  # refused before anything is built
+    from depthgate.commands.sequential import refuse_sequential
+
+    refuse_sequential(matrix.plan, shard=shard, engine=engine, file=str(matrix_path))
     out = Path(out_dir)
     arms = [
         arm_setup(arm, sys_, matrix_path.parent)
@@ -414,7 +417,10 @@ def run_matrix(
         if shard is not None:
             _freeze_shard(out, shard)
         sending = True
-        summary = run_jobs(jobs, backends, out, options, sources)
+        if matrix.plan.stop_rule == "sequential":  # look by look (issue #26, commands/sequential.py)
+            summary = _run_sequential(matrix, suite, out, jobs, run_jobs, backends, options, sources)
+        else:
+            summary = run_jobs(jobs, backends, out, options, sources)
         if summary.circuit_open is not None:
             # The endpoint is down: stop here, report INFRA with what was recorded; a rerun resumes.
             print(
@@ -707,10 +713,17 @@ def gate_run(
         adjacent = pl.col("position").str.contains(SPACING_SEP, literal=True).not_()
         gated = gated.filter(adjacent | pl.col("case_id").is_in(sorted(multi)))
         scored = scored.filter(adjacent | pl.col("case_id").is_in(sorted(multi)))
-    result = gate(
-        gated, gate_plan(plan, lengths, labels, cases=placed, seeds=frozen.seeds, spaced_cases=spaced)
-    )
-    infra = infra_summary(records, _planned_jobs(run, frozen.seeds), endpoints=run_endpoint_counts(run))
+    gplan = gate_plan(plan, lengths, labels, cases=placed, seeds=frozen.seeds, spaced_cases=spaced)
+    planned_jobs = _planned_jobs(run, frozen.seeds)
+    sequential = None
+    if plan.stop_rule == "sequential":  # the looks replayed from the records (commands/sequential.py)
+        from depthgate.commands.sequential import gate_sequential, sent_jobs
+
+        result, sequential = gate_sequential(gated, gplan, plan, str(manifest["run_id"]))
+        planned_jobs = sent_jobs(planned_jobs, sequential)
+    else:
+        result = gate(gated, gplan)
+    infra = infra_summary(records, planned_jobs, endpoints=run_endpoint_counts(run))
     # The run's own layouts, for the length in characters, wherever the report goes (--report-dir).
     arm_layouts = {arm: run / arm / "layouts.parquet" for arm in ARMS}
     paths = write_reports(
@@ -722,12 +735,57 @@ def gate_run(
         layouts=arm_layouts if all(p.is_file() for p in arm_layouts.values()) else None,
         checks=check_reports(run),
     )
+    if sequential is not None:
+        from depthgate.commands.sequential import add_sequential_section
+
+        add_sequential_section(sequential, paths.verdict_json, paths.summary_md, run)
     if scored_controls is not None:
         _add_controls(run, scored, scored_controls, paths.verdict_json, paths.summary_md, eligibility)
     _add_position(run, plan, frozen.seeds, scored, paths.out_dir)
     if (run / AA_FILE).is_file():
         _add_noise_floor(scored, gate_plan(plan, lengths, labels), paths.out_dir)
     return result, paths.exit_code, paths.report_html
+
+
+def _run_sequential(
+    matrix: Matrix,
+    suite: Suite,
+    out: Path,
+    jobs: Sequence[tuple[str, Mapping[str, Any]]],
+    run_jobs: Callable[..., Any],
+    backends: Mapping[str, Any],
+    options: Any,
+    sources: Mapping[str, Any],
+) -> Any:
+    """The matrix sent look by look (:func:`depthgate.commands.sequential.run_looks`)."""
+    from depthgate.commands.sequential import run_looks
+    from depthgate.judge.oracle import score_records
+    from depthgate.run.runner import read_records
+
+    labels = [p.label for p in parse_positions(matrix.position_values())]
+    placed = [c.id for c in suite.cases if c.decisive]
+    multi = {c.id for c in suite.cases if len(c.decisive) >= 2}
+    spaced = [c for c in placed if c in multi]
+    has_spacing = any(split_position_label(label)[1] != "adjacent" for label in labels)
+    gplan = gate_plan(
+        matrix.plan,
+        list(matrix.lengths),
+        labels,
+        cases=placed,
+        seeds=matrix.decode.seeds,
+        spaced_cases=spaced if has_spacing else None,
+    )
+    layouts = pl.concat(
+        [read_layouts(out / arm / "layouts.parquet", columns=["layout_id", "evidence_spans"]) for arm in ARMS]
+    )
+
+    def score() -> pl.DataFrame:
+        return score_records(read_records(out), suite, layouts)
+
+    def send(batch: list[tuple[str, Mapping[str, Any]]]) -> Any:
+        return run_jobs(batch, backends, out, options, sources)
+
+    return run_looks(jobs, send, score, gplan, matrix.plan, options.run_id, out)
 
 
 def _warn_power(matrix: Matrix, suite: Suite) -> None:

@@ -210,6 +210,9 @@ class VerdictDocument(_Strict):
     # pass^k; and, for an A/A run (`depthgate run --aa`), the noise floor. Neither changes the verdict.
     position: dict[str, Any] | None = None
     noise_floor: dict[str, Any] | None = None
+    # Added by the pipeline for a stop_rule "sequential" run (depthgate.commands.sequential): the design,
+    # every look's decisions and what was not sent.
+    sequential: dict[str, Any] | None = None
     # What failed (depthgate.judge.health): "model", "system" (every failing slice driven by the
     # candidate's system failures), "mixed" or "none"; and the runs lost to infrastructure (INFRA).
     failure_class: Literal["none", "model", "system", "mixed"] = "none"

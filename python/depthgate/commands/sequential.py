@@ -1,0 +1,201 @@
+"""``stop_rule = "sequential"`` in the pipeline (issue #26): send look by look, gate at each look, stop
+sending decided slices; the verdict and report sections of a sequential run.
+
+The run log is ``RUN/looks.json`` (rewritten atomically after every look): the design (boundary,
+looks, nominal levels), the frozen case order, every look's decisions and what was not sent. It is a
+log, not an input: ``depthgate gate`` replays the looks from the records
+(:func:`depthgate.judge.sequential_gate.replay_looks`, deterministic) and gets the same history.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from depthgate.exceptions import InputError
+from depthgate.judge.sequential_gate import SequentialDesign, replay_looks, sequential_gate
+from depthgate.judge.stats import GatePlan, GateResult
+from depthgate.run.looks import case_order, look_jobs
+from depthgate.spec.models import AnalysisPlan, split_position_label
+
+__all__ = [
+    "LOOKS_FILE",
+    "add_sequential_section",
+    "gate_sequential",
+    "refuse_sequential",
+    "run_looks",
+    "sent_jobs",
+]
+
+LOOKS_FILE = "looks.json"
+
+
+def refuse_sequential(plan: AnalysisPlan, *, shard: tuple[int, int] | None, engine: str, file: str) -> None:
+    """Shards and the Ray engine do not schedule looks: a sequential plan is refused there, by name,
+    before anything is built."""
+    if plan.stop_rule != "sequential":
+        return
+    if shard is not None:
+        raise InputError(
+            "stop_rule 'sequential' cannot run as shards: every look needs the records of all shards "
+            "before the next look is sent",
+            file=file,
+            field="plan.stop_rule",
+            fix='run the sequential plan unsharded, or use stop_rule = "fixed" with --shard',
+        )
+    if engine != "asyncio":
+        raise InputError(
+            f"stop_rule 'sequential' is not supported by the {engine} engine (it sends the whole matrix "
+            "in one dataset)",
+            file=file,
+            field="plan.stop_rule",
+            fix='use --engine asyncio for a sequential plan, or stop_rule = "fixed" on Ray',
+        )
+
+
+def design_of(plan: AnalysisPlan, n_cases: int) -> SequentialDesign:
+    return SequentialDesign.of(
+        n_cases, plan.alpha, looks=plan.looks, every=plan.look_every, boundary=plan.boundary
+    )
+
+
+def _cases_of(gplan: GatePlan) -> dict[tuple[int, str], Sequence[str]] | None:
+    if gplan.spaced_cases is None or gplan.planned_slices is None:
+        return None
+    spaced = list(gplan.spaced_cases)
+    return {s: spaced for s in gplan.planned_slices if split_position_label(s[1])[1] != "adjacent"}
+
+
+def _write_log(out: Path, section: Mapping[str, Any]) -> None:
+    path = out / LOOKS_FILE
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(section, indent=2, sort_keys=True, default=str), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def run_looks(
+    jobs: Sequence[tuple[str, Mapping[str, Any]]],
+    send: Callable[[list[tuple[str, Mapping[str, Any]]]], Any],
+    score: Callable[[], pl.DataFrame],
+    gplan: GatePlan,
+    plan: AnalysisPlan,
+    run_id: str,
+    out: Path,
+) -> Any:
+    """Send the matrix look by look. ``send(jobs)`` runs one look's jobs (the runner: resumable, already
+    recorded jobs are skipped) and returns its summary; ``score()`` scores every record so far. Between
+    looks the slices decided so far get no more cases; the loop ends when every slice is decided, after
+    the last look, or when ``send`` reports an open circuit (a rerun resumes the look)."""
+    cases = list(gplan.planned_cases or ())
+    design = design_of(plan, len(cases))
+    order = case_order(cases, run_id)
+    slices = list(dict.fromkeys(gplan.planned_slices or ()))
+    decided: dict[tuple[int, str], tuple[int, str]] = {}
+    summary: Any = None
+    for k, count in enumerate(design.counts):
+        open_slices = [s for s in slices if s not in decided]
+        batch = look_jobs(jobs, order[:count], open_slices)
+        print(
+            f"depthgate: look {k + 1}/{len(design.counts)}: cases 1–{count} of {len(order)} in "
+            f"{len(open_slices)} open slice(s), level {design.levels[k]:.3g} ({len(batch)} layouts)",
+            file=sys.stderr,
+        )
+        summary = send(batch)
+        if getattr(summary, "circuit_open", None) is not None:
+            break
+        history, decided = replay_looks(score(), gplan, design, order, cases_of=_cases_of(gplan))
+        _write_log(
+            out,
+            {
+                "design": design.to_dict(),
+                "case_order": order,
+                "looks": [h.to_dict() for h in history],
+                "decided": [
+                    {"length": s[0], "position": s[1], "look": look, "decision": what}
+                    for s, (look, what) in decided.items()
+                ],
+            },
+        )
+        if decided:
+            done = ", ".join(f"{s[0]}/{s[1]} {what} (look {look})" for s, (look, what) in decided.items())
+            print(f"depthgate: decided: {done}", file=sys.stderr)
+        if len(decided) == len(slices):
+            print(f"depthgate: every slice decided after look {k + 1}; the rest is not sent", file=sys.stderr)
+            break
+    return summary
+
+
+def gate_sequential(
+    scored: pl.DataFrame, gplan: GatePlan, plan: AnalysisPlan, run_id: str
+) -> tuple[GateResult, dict[str, Any]]:
+    """The verdict of a sequential run folder and its ``sequential`` section (looks replayed)."""
+    cases = list(gplan.planned_cases or ())
+    design = design_of(plan, len(cases))
+    return sequential_gate(scored, gplan, design, case_order(cases, run_id), cases_of=_cases_of(gplan))
+
+
+def sent_jobs(planned: pl.DataFrame, section: Mapping[str, Any]) -> pl.DataFrame:
+    """The planned jobs the schedule sends: per slice, the cases of its deciding look (the rest are not
+    sent by design, never lost)."""
+    order = list(section["case_order"])
+    counts = list(section["design"]["cases"])
+    keep = {
+        (str(c), int(r["length"]), str(r["position"]))
+        for r in section["slices"]
+        for c in order[: counts[int(r["look"]) - 1]]
+    }
+    mask = [
+        (str(c), int(t), str(p)) in keep
+        for c, t, p in planned.select("case_id", "target_tokens", "position").iter_rows()
+    ]
+    return planned.filter(pl.Series(mask, dtype=pl.Boolean))
+
+
+def add_sequential_section(
+    section: Mapping[str, Any], verdict_path: Path, summary_path: Path, out: Path
+) -> None:
+    """The look history into verdict.json (``sequential``), summary.md and the run log."""
+    from depthgate.report.report import load_verdict
+
+    body = json.loads(json.dumps(section, default=str))
+    verdict = json.loads(verdict_path.read_text(encoding="utf-8"))
+    verdict["sequential"] = body
+    tmp = verdict_path.with_name(verdict_path.name + ".tmp")
+    tmp.write_text(json.dumps(verdict, indent=2, sort_keys=True), encoding="utf-8")
+    os.replace(tmp, verdict_path)
+    load_verdict(verdict_path)
+    _write_log(out, body)
+    design = body["design"]
+    lines = [
+        "",
+        "",
+        f"### Sequential gating ({design['boundary']}, {len(design['cases'])} pre-registered looks)",
+        "",
+        "Looks at "
+        + ", ".join(
+            f"{c} cases (level {lv:.3g})" for c, lv in zip(design["cases"], design["levels"], strict=True)
+        )
+        + ".",
+        "",
+        "| length | position | decided at look | decision | cases sent / planned |",
+        "|---:|---|---:|---|---:|",
+    ]
+    lines += [
+        f"| {r['length']} | {r['position']} | {r['look']} | {r['decision']} | "
+        f"{r['cases_sent']} / {r['cases_planned']} |"
+        for r in body["slices"]
+    ]
+    lines += [
+        "",
+        f"Requests sent: {body['requests_sent']} of {body['requests_planned']} planned; "
+        f"{body['requests_not_sent']} not sent (decided slices get no more cases).",
+        "",
+    ]
+    with summary_path.open("a", encoding="utf-8") as fh:
+        fh.write("\n".join(lines))

@@ -1,0 +1,190 @@
+"""Sequential gating (issue #26): boundaries, the plan's refusals, the look replay and its verdict."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from statistics import NormalDist
+
+import numpy as np
+import polars as pl
+import pytest
+
+from depthgate.commands.sequential import refuse_sequential, sent_jobs
+from depthgate.exceptions import InputError
+from depthgate.judge.sequential import (
+    betting_wealth,
+    cases_at_looks,
+    look_fractions,
+    nominal_levels,
+    obf_spending,
+)
+from depthgate.judge.sequential_gate import SequentialDesign, replay_looks, sequential_gate
+from depthgate.judge.stats import GatePlan, SliceStatus, Verdict
+from depthgate.run.looks import case_order, look_jobs
+from depthgate.spec.models import AnalysisPlan
+
+LOOKS = (0.25, 0.5, 0.75, 1.0)
+
+
+def test_obrien_fleming_levels_match_the_published_lan_demets_bounds() -> None:
+    # Lan-DeMets O'Brien-Fleming-type spending, 4 equally spaced looks, one-sided 0.025 (two-sided
+    # 0.05): the textbook critical values 4.333, 2.963, 2.359, 2.014 (Jennison & Turnbull table 2.x,
+    # gsDesign sfLDOF).
+    z = [-NormalDist().inv_cdf(p) for p in nominal_levels(LOOKS, 0.025)]
+    assert z == pytest.approx([4.333, 2.963, 2.359, 2.014], abs=2e-3)
+    levels = nominal_levels(LOOKS, 0.05)
+    assert levels[-1] < 0.05 and all(b > a for a, b in itertools.pairwise(levels))
+    assert nominal_levels((1.0,), 0.05) == pytest.approx((0.05,))
+    assert obf_spending(1.0, 0.05) == pytest.approx(0.05)
+    assert obf_spending(0.25, 0.05) < 1e-4
+    assert nominal_levels(LOOKS, 0.05, "confidence-sequence") == (0.05,) * 4
+
+
+def test_look_schedule_in_cases() -> None:
+    assert cases_at_looks(LOOKS, 40) == (10, 20, 30, 40)
+    assert cases_at_looks(LOOKS, 6) == (2, 3, 5, 6)
+    assert look_fractions(None, 15, 40) == (15 / 40, 30 / 40, 1.0)
+    with pytest.raises(ValueError, match="end at 1"):
+        look_fractions((0.5, 0.9), None, 40)
+    order = case_order([f"c{i}" for i in range(30)], "run-a")
+    assert order == case_order(reversed([f"c{i}" for i in range(30)]), "run-a")  # frozen by the run id
+    assert order != case_order(order, "run-b") and sorted(order) == sorted(f"c{i}" for i in range(30))
+    rows = [
+        ("baseline", {"case_id": "c1", "target_tokens": 512, "position": "0.0"}),
+        ("candidate", {"case_id": "c1", "target_tokens": 512, "position": "0.5"}),
+        ("baseline", {"case_id": "c2", "target_tokens": 512, "position": "0.0"}),
+    ]
+    assert look_jobs(rows, {"c1"}, {(512, "0.0")}) == rows[:1]
+
+
+def test_sequential_plan_fields_and_refused_combinations() -> None:
+    plan = AnalysisPlan(stop_rule="sequential", looks=[0.25, 0.5, 0.75, 1.0])
+    assert plan.model_dump()["looks"] == [0.25, 0.5, 0.75, 1.0]
+    assert "looks" not in AnalysisPlan().model_dump()  # fixed plans digest as before
+    assert (
+        AnalysisPlan(stop_rule="sequential", look_every=10, boundary="confidence-sequence").look_every == 10
+    )
+    with pytest.raises(ValueError, match="one_extension is a two-look rule"):
+        AnalysisPlan(stop_rule="one_extension", looks=[0.5, 1.0])
+    with pytest.raises(ValueError, match="only to stop_rule = 'sequential'"):
+        AnalysisPlan(boundary="obrien-fleming")
+    with pytest.raises(ValueError, match="exactly one of looks"):
+        AnalysisPlan(stop_rule="sequential")
+    with pytest.raises(ValueError, match=r"ending at 1\.0"):
+        AnalysisPlan(stop_rule="sequential", looks=[0.5, 0.9])
+    with pytest.raises(ValueError, match="control_normalised"):
+        AnalysisPlan(stop_rule="sequential", looks=[0.5, 1.0], primary_metric="control_normalised")
+    for kwargs, name in (
+        ({"shard": (1, 2), "engine": "asyncio"}, "shards"),
+        ({"shard": None, "engine": "ray"}, "ray"),
+    ):
+        with pytest.raises(InputError, match=name):
+            refuse_sequential(plan, file="m.toml", **kwargs)
+    refuse_sequential(AnalysisPlan(), shard=(1, 2), engine="ray", file="m.toml")  # fixed: untouched
+
+
+def _records(
+    cases: list[str], slices: dict[tuple[int, str], tuple[float, float]], seed: int = 0
+) -> pl.DataFrame:
+    """Scored records, R = 1: per slice (baseline, candidate) pass probability, one draw per case."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for (length, position), (pb, pc) in slices.items():
+        for case in cases:
+            for arm, p in (("baseline", pb), ("candidate", pc)):
+                rows.append(
+                    {
+                        "arm": arm,
+                        "case_id": case,
+                        "length": length,
+                        "position": position,
+                        "seed": 0,
+                        "outcome": "pass" if rng.random() < p else "fail",
+                        "safety": False,
+                    }
+                )
+    return pl.DataFrame(rows)
+
+
+def _setup(
+    n: int = 60,
+) -> tuple[GatePlan, SequentialDesign, list[str], dict[tuple[int, str], tuple[float, float]]]:
+    cases = [f"case-{i:02d}" for i in range(n)]
+    slices = {(512, "0.0"): (0.95, 0.05), (512, "0.5"): (1.0, 1.0), (512, "1.0"): (0.9, 0.85)}
+    plan = GatePlan(
+        n_min=n,
+        bootstrap_reps=999,
+        planned_slices=tuple(slices),
+        planned_cases=tuple(cases),
+        planned_seeds=(0,),
+    )
+    design = SequentialDesign.of(n, plan.alpha, looks=(0.25, 0.5, 0.75, 1.0), every=None, boundary=None)
+    return plan, design, case_order(cases, "run-x"), slices
+
+
+def test_replay_decides_a_planted_regression_early_and_stops_sending_it() -> None:
+    plan, design, order, slices = _setup()
+    full = _records(order, slices)
+    history, decided = replay_looks(full, plan, design, order)
+    look, what = decided[(512, "0.0")]
+    assert what == "FAIL_REGRESSION" and look < len(design.counts)
+    # What the schedule sends: the regressed slice stops at its look; the others run on.
+    sent = set(order[: design.counts[look - 1]])
+    records = full.filter((pl.col("position") != "0.0") | pl.col("case_id").is_in(sorted(sent)))
+    again, decided_again = replay_looks(records, plan, design, order)
+    assert decided_again == decided and [h.to_dict() for h in again] == [h.to_dict() for h in history]
+    result, section = sequential_gate(records, plan, design, order)
+    row = {(r.length, r.position): r for r in result.slice_results}
+    assert row[(512, "0.0")].status is SliceStatus.FAIL_REGRESSION
+    assert row[(512, "0.0")].reason.startswith(f"decided at look {look} of 4")
+    assert result.verdict is Verdict.FAIL
+    assert section["requests_not_sent"] > 0
+    assert section["requests_sent"] + section["requests_not_sent"] == section["requests_planned"]
+    json.dumps(section)
+
+
+def test_replay_stops_at_a_look_that_has_not_fully_landed() -> None:
+    plan, design, order, slices = _setup()
+    first = _records(order[: design.counts[0]], slices)
+    second = _records(order[: design.counts[1]], slices, seed=1).filter(
+        pl.col("case_id").is_in(order[design.counts[0] :])
+    )
+    # One run of look 2 missing (a run killed mid-look): look 2 is not taken yet.
+    partial = pl.concat([first, second.slice(1)])
+    history, _ = replay_looks(partial, plan, design, order)
+    assert [h.look for h in history] == [1]
+    history, _ = replay_looks(pl.concat([first, second]), plan, design, order)
+    assert [h.look for h in history][:2] == [1, 2]
+
+
+def test_sent_jobs_counts_only_what_the_schedule_sends() -> None:
+    planned = pl.DataFrame(
+        {
+            "arm": ["baseline"] * 4,
+            "layout_id": ["a", "b", "c", "d"],
+            "seed": [0] * 4,
+            "case_id": ["x", "y", "x", "y"],
+            "target_tokens": [512] * 4,
+            "position": ["0.0", "0.0", "0.5", "0.5"],
+        }
+    )
+    section = {
+        "case_order": ["y", "x"],
+        "design": {"cases": [1, 2]},
+        "slices": [
+            {"length": 512, "position": "0.0", "look": 1},
+            {"length": 512, "position": "0.5", "look": 2},
+        ],
+    }
+    assert sent_jobs(planned, section)["layout_id"].to_list() == ["b", "c", "d"]
+
+
+def test_betting_wealth_grows_for_non_inferior_data_and_not_at_the_margin() -> None:
+    assert betting_wealth(np.zeros(80), 0.10)[-1] > 20  # 1/alpha at alpha .05
+    rng = np.random.default_rng(3)
+    # At delta = -M exactly (d in {-1, 0}, mean -0.1) the wealth is a martingale: rarely reaches 20.
+    hits = sum(
+        float(np.max(betting_wealth(-(rng.random(100) < 0.1).astype(float), 0.10))) >= 20 for _ in range(400)
+    )
+    assert hits / 400 <= 0.05 + 2 * (0.05 * 0.95 / 400) ** 0.5
