@@ -15,6 +15,7 @@ from depthgate.exceptions import InputError
 from depthgate.judge.sequential import (
     betting_wealth,
     cases_at_looks,
+    expected_share,
     look_fractions,
     nominal_levels,
     obf_spending,
@@ -188,3 +189,30 @@ def test_betting_wealth_grows_for_non_inferior_data_and_not_at_the_margin() -> N
         float(np.max(betting_wealth(-(rng.random(100) < 0.1).astype(float), 0.10))) >= 20 for _ in range(400)
     )
     assert hits / 400 <= 0.05 + 2 * (0.05 * 0.95 / 400) ** 0.5
+
+
+def test_expected_share_falls_with_the_evidence_and_matches_the_obf_literature() -> None:
+    levels = nominal_levels(LOOKS, 0.05)
+    shares = [expected_share(LOOKS, levels, levels, drift) for drift in (0.0, 2.485, 4.0)]
+    assert shares[0] > shares[1] > shares[2]
+    # One-sided 0.05, 80 % power (drift 1.645 + 0.842): expected sample size about 0.8 of the fixed
+    # design for 4 O'Brien-Fleming looks (Jennison & Turnbull ch. 4, efficacy-only designs).
+    assert shares[1] == pytest.approx(0.80, abs=0.03)
+    assert expected_share(LOOKS, levels, levels, -6.0) < 0.6  # a clear regression stops early too
+
+
+def test_depthgate_plan_prints_the_expected_share_of_a_sequential_plan() -> None:
+    from pathlib import Path
+
+    from depthgate.commands.sequential import sequential_plan_lines
+    from depthgate.spec.models import load_matrix
+    from depthgate.spec.suites import resolve_suite
+
+    path = Path(__file__).resolve().parents[1] / "matrices" / "sequential-embedded.toml"
+    matrix = load_matrix(path)
+    assert matrix.plan.stop_rule == "sequential" and matrix.plan.looks == [0.5, 0.75, 1.0]
+    lines = sequential_plan_lines(
+        matrix, resolve_suite(matrix.suite, base_dir=path.parent), p_baseline=0.85, icc=0.33
+    )
+    assert lines[0].startswith("sequential: obrien-fleming, looks at")
+    assert all("at delta 0" in line and "at -3M" in line for line in lines[1:]) and len(lines) == 3

@@ -10,6 +10,7 @@ log, not an input: ``depthgate gate`` replays the looks from the records
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -19,10 +20,11 @@ from typing import Any
 import polars as pl
 
 from depthgate.exceptions import InputError
+from depthgate.judge.sequential import expected_share
 from depthgate.judge.sequential_gate import SequentialDesign, replay_looks, sequential_gate
 from depthgate.judge.stats import GatePlan, GateResult
 from depthgate.run.looks import case_order, look_jobs
-from depthgate.spec.models import AnalysisPlan, split_position_label
+from depthgate.spec.models import AnalysisPlan, Matrix, Suite, split_position_label
 
 __all__ = [
     "LOOKS_FILE",
@@ -31,9 +33,11 @@ __all__ = [
     "refuse_sequential",
     "run_looks",
     "sent_jobs",
+    "sequential_plan_lines",
 ]
 
 LOOKS_FILE = "looks.json"
+NEAR_CEILING = 0.99
 
 
 def refuse_sequential(plan: AnalysisPlan, *, shard: tuple[int, int] | None, engine: str, file: str) -> None:
@@ -57,6 +61,39 @@ def refuse_sequential(plan: AnalysisPlan, *, shard: tuple[int, int] | None, engi
             field="plan.stop_rule",
             fix='use --engine asyncio for a sequential plan, or stop_rule = "fixed" on Ray',
         )
+
+
+def sequential_plan_lines(matrix: Matrix, suite: Suite, *, p_baseline: float, icc: float) -> list[str]:
+    """What ``depthgate plan`` prints for a sequential plan: the looks, their nominal levels and the
+    expected requests at delta = 0, -M and -3M as a share of the fixed design (normal approximation of
+    the gate's statistic at the plan's assumptions and near the ceiling; the simulated values of the
+    gate itself are docs/gate-calibration.md §7)."""
+    from depthgate.judge.power import DesignParameters
+
+    plan = matrix.plan
+    n_cases = sum(1 for c in suite.cases if c.decisive)
+    seeds = len(matrix.decode.seeds)
+    design = design_of(plan, n_cases)
+    n_slices = len(matrix.lengths) * len(matrix.position_values())
+    by = n_slices * math.fsum(1.0 / i for i in range(1, n_slices + 1))
+    lower = [level / by for level in design.levels]  # one regressed slice among n_slices (BY)
+    lines = [
+        f"sequential: {design.boundary}, looks at {', '.join(map(str, design.counts))} of {n_cases} cases, "
+        f"nominal one-sided levels {', '.join(f'{lv:.3g}' for lv in design.levels)}",
+    ]
+    for label, p in (("plan assumptions", p_baseline), ("near the ceiling", NEAR_CEILING)):
+        params = DesignParameters.from_icc(p, icc)
+        shares = []
+        for k in (0.0, -1.0, -3.0):
+            delta = k * plan.margin
+            sd = params.sd_diff(seeds, max(delta, -p))
+            drift = (delta + plan.margin) / sd * math.sqrt(n_cases) if sd > 0 else math.inf
+            shares.append(expected_share(design.fractions, design.levels, lower, drift))
+        lines.append(
+            f"expected requests / fixed design ({label}, p_baseline {p:g}, ICC {icc:g}): "
+            f"{shares[0]:.0%} at delta 0, {shares[1]:.0%} at -M, {shares[2]:.0%} at -3M"
+        )
+    return lines
 
 
 def design_of(plan: AnalysisPlan, n_cases: int) -> SequentialDesign:

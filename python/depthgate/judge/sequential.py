@@ -44,6 +44,7 @@ __all__ = [
     "LookDecision",
     "betting_wealth",
     "cases_at_looks",
+    "expected_share",
     "look_fractions",
     "nominal_levels",
     "obf_spending",
@@ -178,6 +179,35 @@ def nominal_levels(
     if boundary == "confidence-sequence":
         return tuple(float(alpha) for _ in key)
     raise ValueError(f"unknown boundary {boundary!r}; use one of {list(BOUNDARIES)}")
+
+
+def expected_share(
+    fractions: Sequence[float], upper: Sequence[float], lower: Sequence[float], drift: float
+) -> float:
+    """The expected share of the cases a slice uses, normal approximation: the NI statistic Z_k of look
+    k is W(t_k)/sqrt(t_k) for a Brownian motion W with ``drift`` (the full-information z, (delta + M) /
+    sd * sqrt n); the slice stops at look k when Z_k > z(``upper[k]``) (non-inferiority) or Z_k <
+    -z(``lower[k]``) (regression confirmed at that one-sided level on the other side of -M)."""
+    share = 0.0
+    t_prev = 0.0
+    grid: FloatArray | None = None
+    density: FloatArray | None = None
+    alive = 1.0
+    for t, up, low in zip(fractions, upper, lower, strict=True):
+        dt = t - t_prev
+        sd_t = math.sqrt(t)
+        hi, lo = _z_upper(up) * sd_t, -_z_upper(low) * sd_t
+        new_grid = np.arange(lo, hi, _GRID_STEP) + _GRID_STEP / 2
+        mean_shift = drift * dt
+        if grid is None or density is None:
+            new_density = np.exp(-0.5 * (new_grid - mean_shift) ** 2 / dt) / math.sqrt(2.0 * math.pi * dt)
+        else:
+            kernel = np.exp(-0.5 * (new_grid[:, None] - grid[None, :] - mean_shift) ** 2 / dt)
+            new_density = kernel @ density * _GRID_STEP / math.sqrt(2.0 * math.pi * dt)
+        still = float(np.sum(new_density) * _GRID_STEP) if t < 1.0 else 0.0
+        share += (alive - still) * t
+        alive, grid, density, t_prev = still, new_grid, new_density, t
+    return share
 
 
 # --------------------------------------------------------------------------------------------------
