@@ -36,6 +36,7 @@ import numpy as np
 
 from depthgate.judge.sequential import (
     cases_at_looks,
+    look_outcome,
     nominal_levels,
     regression_q,
     slice_decision,
@@ -55,6 +56,8 @@ LOOKS = (0.25, 0.5, 0.75, 1.0)
 ALPHA = 0.05
 KAPPA = 2.0
 DESIGNS = ("fixed", "obrien-fleming", "confidence-sequence")
+#: Non-binding futility at alpha (unadjusted regression p) at every interim look (--no-futility: off).
+FUTILITY = True
 
 
 def draw(
@@ -100,11 +103,12 @@ def sequential_design(data, margin, reps, key, boundary):
             looks[j] = dec
             p_reg[j] = dec.p_reg
         q = regression_q(p_reg, level)
+        final = k == len(counts) - 1
         for j in open_:
-            if q[j] <= level:
-                status[j], used[j] = "FAIL_REGRESSION", c
-            elif looks[j].decision == "PASS":
-                status[j], used[j] = "PASS", c
+            futility = ALPHA if FUTILITY and not final else None
+            outcome = look_outcome(q[j], level, looks[j].decision == "PASS", looks[j].p_reg, futility)
+            if outcome is not None:
+                status[j], used[j] = outcome, c
         if all(s is not None for s in status):
             break
     return [s or "FAIL_NOT_SHOWN" for s in status], used
@@ -114,7 +118,8 @@ def run_cell(mu, seeds, n, delta_m, sims, reps, slices) -> dict:
     key = (mu, MARGIN, seeds, n, delta_m, slices)
     rng = np.random.default_rng(stable_seed(26, "sequential", *key))
     tallies = {
-        d: {"pass": 0, "regression": 0, "release_pass": 0, "cases": 0, "cases_sq": 0.0} for d in DESIGNS
+        d: {"pass": 0, "regression": 0, "futility": 0, "release_pass": 0, "cases": 0, "cases_sq": 0.0}
+        for d in DESIGNS
     }
     for i in range(sims):
         data = [draw(rng, mu, n, seeds, delta_m * MARGIN) for _ in range(slices)]
@@ -126,6 +131,7 @@ def run_cell(mu, seeds, n, delta_m, sims, reps, slices) -> dict:
             t = tallies[design]
             t["pass"] += sum(s == "PASS" for s in status)
             t["regression"] += sum(s == "FAIL_REGRESSION" for s in status)
+            t["futility"] += sum(s == "FUTILITY" for s in status)
             t["release_pass"] += all(s == "PASS" for s in status)
             share = sum(used) / (n * slices)
             t["cases"] += share
@@ -133,6 +139,7 @@ def run_cell(mu, seeds, n, delta_m, sims, reps, slices) -> dict:
     row = {
         "mu": mu,
         "margin": MARGIN,
+        "futility": FUTILITY,
         "seeds": seeds,
         "n": n,
         "delta_m": delta_m,
@@ -144,6 +151,7 @@ def run_cell(mu, seeds, n, delta_m, sims, reps, slices) -> dict:
         row[design] = {
             "pass": t["pass"] / (sims * slices),
             "regression": t["regression"] / (sims * slices),
+            "futility": t["futility"] / (sims * slices),
             "release_pass": t["release_pass"] / sims,
             "share": m,
             "share_se": math.sqrt(max(t["cases_sq"] / sims - m * m, 0.0) / sims),
@@ -224,7 +232,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cases", type=int, nargs="*", default=list(CASES))
     ap.add_argument("--delta", type=float, nargs="*", default=list(DELTAS), help="true delta in units of M")
     ap.add_argument("--render", action="store_true", help="write the table into docs/gate-calibration.md")
+    ap.add_argument("--no-futility", action="store_true", help="no futility stop (the first, PASS-only grid)")
     args = ap.parse_args(argv)
+    global FUTILITY
+    FUTILITY = not args.no_futility
     done = {(r["mu"], r["seeds"], r["n"], r["delta_m"], r["sims"], r["slices"]) for r in _load(args.results)}
     started = time.monotonic()
     for mu, seeds, n, delta_m in itertools.product(args.mu, args.seeds, args.cases, args.delta):

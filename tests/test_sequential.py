@@ -129,7 +129,9 @@ def test_replay_decides_a_planted_regression_early_and_stops_sending_it() -> Non
     full = _records(order, slices)
     history, decided = replay_looks(full, plan, design, order)
     look, what = decided[(512, "0.0")]
-    assert what == "FAIL_REGRESSION" and look < len(design.counts)
+    # Stopped early either as a confirmed regression (BY q <= the look's level) or for futility (its own
+    # regression p <= alpha: non-inferiority cannot be shown); both FAIL the slice.
+    assert what in ("FAIL_REGRESSION", "FUTILITY") and look < len(design.counts)
     # What the schedule sends: the regressed slice stops at its look; the others run on.
     sent = set(order[: design.counts[look - 1]])
     records = full.filter((pl.col("position") != "0.0") | pl.col("case_id").is_in(sorted(sent)))
@@ -137,7 +139,7 @@ def test_replay_decides_a_planted_regression_early_and_stops_sending_it() -> Non
     assert decided_again == decided and [h.to_dict() for h in again] == [h.to_dict() for h in history]
     result, section = sequential_gate(records, plan, design, order)
     row = {(r.length, r.position): r for r in result.slice_results}
-    assert row[(512, "0.0")].status is SliceStatus.FAIL_REGRESSION
+    assert row[(512, "0.0")].status in (SliceStatus.FAIL_REGRESSION, SliceStatus.FAIL_NOT_SHOWN)
     assert row[(512, "0.0")].reason.startswith(f"decided at look {look} of 4")
     assert result.verdict is Verdict.FAIL
     assert section["requests_not_sent"] > 0
@@ -152,7 +154,9 @@ def test_replay_stops_at_a_look_that_has_not_fully_landed() -> None:
         pl.col("case_id").is_in(order[design.counts[0] :])
     )
     # One run of look 2 missing (a run killed mid-look): look 2 is not taken yet.
-    partial = pl.concat([first, second.slice(1)])
+    # (one run of every slice, so whichever slices look 1 left open, look 2 lacks a run of each).
+    dropped = second.with_row_index().filter(pl.col("index").is_first_distinct().over("position"))
+    partial = pl.concat([first, second.with_row_index().join(dropped, on="index", how="anti").drop("index")])
     history, _ = replay_looks(partial, plan, design, order)
     assert [h.look for h in history] == [1]
     history, _ = replay_looks(pl.concat([first, second]), plan, design, order)
@@ -210,9 +214,19 @@ def test_depthgate_plan_prints_the_expected_share_of_a_sequential_plan() -> None
 
     path = Path(__file__).resolve().parents[1] / "matrices" / "sequential-embedded.toml"
     matrix = load_matrix(path)
-    assert matrix.plan.stop_rule == "sequential" and matrix.plan.looks == [0.5, 0.75, 1.0]
+    assert matrix.plan.stop_rule == "sequential" and matrix.plan.looks == [0.5, 1.0]
     lines = sequential_plan_lines(
         matrix, resolve_suite(matrix.suite, base_dir=path.parent), p_baseline=0.85, icc=0.33
     )
     assert lines[0].startswith("sequential: obrien-fleming, looks at")
     assert all("at delta 0" in line and "at -3M" in line for line in lines[1:]) and len(lines) == 3
+
+
+def test_look_outcome_order_and_non_binding_futility() -> None:
+    from depthgate.judge.sequential import look_outcome
+
+    assert look_outcome(0.001, 0.005, True, 0.0001, 0.05) == "FAIL_REGRESSION"  # a confirmed regression first
+    assert look_outcome(0.5, 0.005, True, 0.9, 0.05) == "PASS"
+    assert look_outcome(0.5, 0.005, False, 0.01, 0.05) == "FUTILITY"  # stops as a FAIL, never a PASS
+    assert look_outcome(0.5, 0.005, False, 0.01, None) is None  # the final look: the gate decides
+    assert look_outcome(0.5, 0.005, False, 0.2, 0.05) is None

@@ -76,7 +76,9 @@ def sequential_plan_lines(matrix: Matrix, suite: Suite, *, p_baseline: float, ic
     design = design_of(plan, n_cases)
     n_slices = len(matrix.lengths) * len(matrix.position_values())
     by = n_slices * math.fsum(1.0 / i for i in range(1, n_slices + 1))
-    lower = [level / by for level in design.levels]  # one regressed slice among n_slices (BY)
+    # The lower boundary: futility (unadjusted regression p <= alpha) at every interim look, which is
+    # more liberal than a BY-confirmed regression (one regressed slice among n_slices) at the look's level.
+    lower = [max(plan.alpha, level / by) for level in design.levels]
     lines = [
         f"sequential: {design.boundary}, looks at {', '.join(map(str, design.counts))} of {n_cases} cases, "
         f"nominal one-sided levels {', '.join(f'{lv:.3g}' for lv in design.levels)}",

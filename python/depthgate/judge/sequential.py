@@ -46,6 +46,7 @@ __all__ = [
     "cases_at_looks",
     "expected_share",
     "look_fractions",
+    "look_outcome",
     "nominal_levels",
     "obf_spending",
     "regression_q",
@@ -281,6 +282,23 @@ def slice_decision(
     st = slice_statistics(yb, yc, margin, level, reps, seed, seeds_planned=seeds_planned)
     shown = st.lower > -margin
     return LookDecision(st.n_cases, st.delta, st.lower, st.p_ni, st.p_reg, "PASS" if shown else None)
+
+
+def look_outcome(q_reg: float, level: float, shown: bool, p_reg: float, futility: float | None) -> str | None:
+    """What one interim look decides for a slice: ``"FAIL_REGRESSION"`` (its family-adjusted regression
+    q <= the look's level), ``"PASS"`` (non-inferiority shown at the look's level), ``"FUTILITY"`` (its
+    own, unadjusted regression p-value <= ``futility``: the upper bound of delta lies below -M, so
+    non-inferiority cannot reasonably be shown; the slice FAILs as not shown, no regression is
+    claimed), or None (continue). Futility is non-binding: it only ever stops a slice as a FAIL, so the
+    size of the non-inferiority test (the PASS boundary) is untouched; its price is the chance that an
+    A/A slice that would have passed is stopped, measured in docs/gate-calibration.md §7."""
+    if q_reg <= level:
+        return "FAIL_REGRESSION"
+    if shown:
+        return "PASS"
+    if futility is not None and p_reg <= futility:
+        return "FUTILITY"
+    return None
 
 
 def regression_q(p_values: Sequence[float], level: float, method: str = "BY") -> list[float]:

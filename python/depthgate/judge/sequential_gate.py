@@ -26,6 +26,7 @@ import polars as pl
 from depthgate.judge.sequential import (
     cases_at_looks,
     look_fractions,
+    look_outcome,
     nominal_levels,
     regression_q,
     slice_decision,
@@ -192,7 +193,7 @@ def replay_looks(
             if s not in decisions:
                 continue
             dec = decisions[s]
-            what = "FAIL_REGRESSION" if q[i] <= level else dec.decision
+            what = look_outcome(q[i], level, dec.decision == "PASS", dec.p_reg, plan.alpha)
             if what is not None:
                 decided[s] = (k + 1, what)
             rows.append(
@@ -240,17 +241,27 @@ def sequential_gate(
         look, what = decided[key]
         at = rows[(row.length, row.position, look)]
         level = design.levels[look - 1]
-        status = SliceStatus.PASS if what == "PASS" else SliceStatus.FAIL_REGRESSION
-        reason = (
-            f"decided at look {look} of {len(design.counts)} ({at['n_cases']} cases, level {level:.3g}): "
-            + (
-                f"non-inferior, lower bound {at['lower']:+.4f} > -{plan.margin:g}"
-                if status is SliceStatus.PASS and at["lower"] is not None
-                else "non-inferior (anytime-valid wealth reached 1/level)"
-                if status is SliceStatus.PASS
-                else f"confirmed regression, {plan.regression_method} q {at['q_reg']:.4g} <= {level:.3g}"
+        status = {
+            "PASS": SliceStatus.PASS,
+            "FAIL_REGRESSION": SliceStatus.FAIL_REGRESSION,
+            "FUTILITY": SliceStatus.FAIL_NOT_SHOWN,
+        }[what]
+        if what == "FUTILITY":
+            why = (
+                f"stopped for futility: regression p {at['p_reg']:.4g} <= {plan.alpha:g} (unadjusted; the "
+                f"upper bound lies below -{plan.margin:g}, non-inferiority cannot be shown; no regression "
+                "claimed)"
             )
-        )
+        elif status is SliceStatus.PASS:
+            why = (
+                f"non-inferior, lower bound {at['lower']:+.4f} > -{plan.margin:g}"
+                if at["lower"] is not None
+                else "non-inferior (anytime-valid wealth reached 1/level)"
+            )
+        else:
+            why = f"confirmed regression, {plan.regression_method} q {at['q_reg']:.4g} <= {level:.3g}"
+        head = f"decided at look {look} of {len(design.counts)} ({at['n_cases']} cases, level {level:.3g})"
+        reason = f"{head}: {why}"
         if (
             status is SliceStatus.PASS
             and plan.floor is not None
