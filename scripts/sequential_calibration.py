@@ -45,7 +45,9 @@ from depthgate.judge.stats import slice_statistics, stable_seed
 
 REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "gate-calibration.md"
-BEGIN, END = "<!-- sequential-grid:begin -->", "<!-- sequential-grid:end -->"
+#: The doc section each grid is written to: the first grid (no futility; the boundary comparison) and
+#: the shipped design (O'Brien-Fleming with non-binding futility).
+MARKERS = {False: "sequential-comparison", True: "sequential-grid"}
 
 MUS = (0.85, 0.99)
 MARGIN = 0.10
@@ -165,9 +167,9 @@ def _se(p: float, count: int) -> float:
 
 def render(rows: list[dict]) -> str:
     lines = [
-        "| μ | R | n | δ | design | P(PASS) per slice | P(FAIL_REGRESSION) per slice | release PASS "
-        "| requests / fixed |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| μ | R | n | δ | design | P(PASS) per slice | P(FAIL_REGRESSION) per slice | P(futility stop) "
+        "| release PASS | requests / fixed |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     worst_size = {d: 0.0 for d in DESIGNS}
     held = total = 0
@@ -183,12 +185,19 @@ def render(rows: list[dict]) -> str:
             lines.append(
                 f"| {r['mu']:g} | {r['seeds']} | {r['n']} | {r['delta_m']:g}M | {design} | "
                 f"{x['pass']:.3f} ± {_se(x['pass'], count):.3f} | {x['regression']:.3f} ± "
-                f"{_se(x['regression'], count):.3f} | {x['release_pass']:.3f} ± "
+                f"{_se(x['regression'], count):.3f} | {x.get('futility', 0.0):.3f} | "
+                f"{x['release_pass']:.3f} ± "
                 f"{_se(x['release_pass'], r['sims']):.3f} | "
                 f"{x['share']:.2f} ± {x['share_se']:.2f} |"
             )
     sims = sorted({(r["sims"], r["slices"]) for r in rows})
+    at_zero = [r for r in rows if r["delta_m"] == 0.0]
+    shortfall = max((r["fixed"]["pass"] - r["obrien-fleming"]["pass"] for r in at_zero), default=0.0)
+    shares = {k: [r["obrien-fleming"]["share"] for r in rows if r["delta_m"] == k] for k in (0.0, -1.0, -3.0)}
+    head_shares = "; ".join(f"δ = {k:g}M: {min(v):.2f}–{max(v):.2f}" for k, v in shares.items() if v)
     head = (
+        f"O'Brien–Fleming against the fixed design on the same data: largest power (A/A P(PASS)) shortfall "
+        f"{shortfall:.3f}; its requests as a share of the fixed design's, over the cells: {head_shares}. "
         f"Replicates (releases × slices per release): {', '.join(f'{a} × {b}' for a, b in sims)}; "
         f"M = {MARGIN}, "
         f"α = {ALPHA} one-sided, looks at {', '.join(f'{t:g}' for t in LOOKS)} of the cases, BY regression "
@@ -199,8 +208,9 @@ def render(rows: list[dict]) -> str:
     return head + "\n\n" + "\n".join(lines)
 
 
-def write_doc(table: str) -> None:
+def write_doc(table: str, futility: bool) -> None:
     text = DOC.read_text()
+    BEGIN, END = f"<!-- {MARKERS[futility]}:begin -->", f"<!-- {MARKERS[futility]}:end -->"
     block = f"{BEGIN}\n{table}\n{END}"
     if BEGIN in text and END in text:
         start, stop = text.index(BEGIN), text.index(END) + len(END)
@@ -249,7 +259,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(row), flush=True)
     print(f"elapsed {time.monotonic() - started:.0f} s", file=sys.stderr)
     if args.render:
-        write_doc(render(_load(args.results)))
+        rows = [r for r in _load(args.results) if r.get("futility", False) == FUTILITY]
+        write_doc(render(rows), FUTILITY)
     return 0
 
 

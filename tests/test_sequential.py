@@ -230,3 +230,57 @@ def test_look_outcome_order_and_non_binding_futility() -> None:
     assert look_outcome(0.5, 0.005, False, 0.01, 0.05) == "FUTILITY"  # stops as a FAIL, never a PASS
     assert look_outcome(0.5, 0.005, False, 0.01, None) is None  # the final look: the gate decides
     assert look_outcome(0.5, 0.005, False, 0.2, 0.05) is None
+
+
+def test_run_looks_stops_sending_a_decided_slice(tmp_path) -> None:
+    from types import SimpleNamespace
+
+    from depthgate.commands.sequential import LOOKS_FILE, run_looks
+
+    n = 40
+    cases = [f"case-{i:02d}" for i in range(n)]
+    slices = {(512, "0"): (0.95, 0.0), (512, "1"): (0.9, 0.9)}
+    truth = _records(cases, slices, seed=5)
+    jobs = [
+        (arm, {"case_id": c, "target_tokens": length, "position": pos, "layout_id": f"{arm}-{c}-{pos}"})
+        for (length, pos) in slices
+        for c in cases
+        for arm in ("baseline", "candidate")
+    ]
+    sent: list[list[tuple[str, dict]]] = []
+    landed: list[pl.DataFrame] = []
+
+    def send(batch: list) -> SimpleNamespace:
+        sent.append(batch)
+        keys = pl.DataFrame(
+            {
+                "arm": [a for a, _ in batch],
+                "case_id": [r["case_id"] for _, r in batch],
+                "position": [r["position"] for _, r in batch],
+            }
+        )
+        landed.append(truth.join(keys, on=["arm", "case_id", "position"], how="semi"))
+        return SimpleNamespace(circuit_open=None)
+
+    def score() -> pl.DataFrame:
+        return pl.concat(landed).unique(subset=["arm", "case_id", "position", "seed"], keep="first")
+
+    plan = AnalysisPlan(
+        stop_rule="sequential", looks=[0.25, 0.5, 0.75, 1.0], n_min=n, bootstrap_resamples=999
+    )
+    gplan = GatePlan(
+        n_min=n,
+        bootstrap_reps=999,
+        planned_slices=tuple(slices),
+        planned_cases=tuple(cases),
+        planned_seeds=(0,),
+    )
+    run_looks(jobs, send, score, gplan, plan, "run-y", tmp_path)
+    log = json.loads((tmp_path / LOOKS_FILE).read_text())
+    decided = {(d["length"], d["position"]): d for d in log["decided"]}
+    assert (512, "0") in decided and decided[(512, "0")]["look"] < 4
+    later = sent[decided[(512, "0")]["look"] :]
+    assert later and all(row["position"] == "1" for batch in later for _, row in batch)
+    # Look k re-lists the cases of earlier looks (the runner skips what is recorded): the new ones are
+    # exactly the look's block.
+    assert {r["case_id"] for _, r in sent[0]} == set(log["case_order"][:10])

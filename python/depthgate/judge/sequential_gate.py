@@ -287,7 +287,11 @@ def sequential_gate(
             )
         )
     verdict, reasons = release_verdict(slices, result.overall, result.safety)
-    final = dataclasses.replace(result, verdict=verdict, reasons=tuple(reasons), slice_results=tuple(slices))
+    # The verdict states the pre-registered plan (stop_rule "sequential", alpha); the levels of the looks
+    # are in the ``sequential`` section.
+    final = dataclasses.replace(
+        result, verdict=verdict, reasons=tuple(reasons), slice_results=tuple(slices), plan=plan
+    )
     per_slice: list[dict[str, Any]] = []
     for length, position in dict.fromkeys(plan.planned_slices or ()):
         look, what = decided.get((length, position), (len(design.counts), "final look"))
