@@ -54,7 +54,8 @@ MARGIN = 0.10
 SEEDS = (1, 3)
 CASES = (40, 100)
 DELTAS = (0.0, -1.0, -3.0)  # in units of M
-LOOKS = (0.25, 0.5, 0.75, 1.0)
+DEFAULT_LOOKS = (0.25, 0.5, 0.75, 1.0)
+LOOKS = DEFAULT_LOOKS
 ALPHA = 0.05
 KAPPA = 2.0
 DESIGNS = ("fixed", "obrien-fleming", "confidence-sequence")
@@ -142,6 +143,7 @@ def run_cell(mu, seeds, n, delta_m, sims, reps, slices) -> dict:
         "mu": mu,
         "margin": MARGIN,
         "futility": FUTILITY,
+        "looks": list(LOOKS),
         "seeds": seeds,
         "n": n,
         "delta_m": delta_m,
@@ -208,9 +210,9 @@ def render(rows: list[dict]) -> str:
     return head + "\n\n" + "\n".join(lines)
 
 
-def write_doc(table: str, futility: bool) -> None:
+def write_doc(table: str, marker: str) -> None:
     text = DOC.read_text()
-    BEGIN, END = f"<!-- {MARKERS[futility]}:begin -->", f"<!-- {MARKERS[futility]}:end -->"
+    BEGIN, END = f"<!-- {marker}:begin -->", f"<!-- {marker}:end -->"
     block = f"{BEGIN}\n{table}\n{END}"
     if BEGIN in text and END in text:
         start, stop = text.index(BEGIN), text.index(END) + len(END)
@@ -243,10 +245,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--delta", type=float, nargs="*", default=list(DELTAS), help="true delta in units of M")
     ap.add_argument("--render", action="store_true", help="write the table into docs/gate-calibration.md")
     ap.add_argument("--no-futility", action="store_true", help="no futility stop (the first, PASS-only grid)")
+    ap.add_argument("--looks", type=float, nargs="*", default=list(LOOKS), help="information fractions")
     args = ap.parse_args(argv)
-    global FUTILITY
+    global FUTILITY, LOOKS
     FUTILITY = not args.no_futility
-    done = {(r["mu"], r["seeds"], r["n"], r["delta_m"], r["sims"], r["slices"]) for r in _load(args.results)}
+    LOOKS = tuple(args.looks)
+    done = {
+        (r["mu"], r["seeds"], r["n"], r["delta_m"], r["sims"], r["slices"])
+        for r in _load(args.results)
+        if tuple(r.get("looks", DEFAULT_LOOKS)) == LOOKS and r.get("futility", False) == FUTILITY
+    }
     started = time.monotonic()
     for mu, seeds, n, delta_m in itertools.product(args.mu, args.seeds, args.cases, args.delta):
         if args.sims <= 0 or (mu, seeds, n, delta_m, args.sims, args.slices) in done:
@@ -259,8 +267,13 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(row), flush=True)
     print(f"elapsed {time.monotonic() - started:.0f} s", file=sys.stderr)
     if args.render:
-        rows = [r for r in _load(args.results) if r.get("futility", False) == FUTILITY]
-        write_doc(render(rows), FUTILITY)
+        rows = [
+            r
+            for r in _load(args.results)
+            if r.get("futility", False) == FUTILITY and tuple(r.get("looks", DEFAULT_LOOKS)) == LOOKS
+        ]
+        suffix = "" if LOOKS == DEFAULT_LOOKS else "-looks-" + "-".join(f"{t:g}" for t in LOOKS)
+        write_doc(render(rows), MARKERS[FUTILITY] + suffix)
     return 0
 
 

@@ -284,3 +284,19 @@ def test_run_looks_stops_sending_a_decided_slice(tmp_path) -> None:
     # Look k re-lists the cases of earlier looks (the runner skips what is recorded): the new ones are
     # exactly the look's block.
     assert {r["case_id"] for _, r in sent[0]} == set(log["case_order"][:10])
+
+
+@pytest.mark.parametrize("extra", [["--shard", "1/2"], ["--engine", "ray"]])
+def test_run_refuses_a_sequential_plan_as_shards_or_on_ray_before_anything_is_built(
+    tmp_path, capsys, extra
+) -> None:
+    from pathlib import Path
+
+    from depthgate.commands.cli import main
+    from depthgate.exceptions import ExitCode
+
+    matrix = Path(__file__).resolve().parents[1] / "matrices" / "sequential-embedded.toml"
+    out = tmp_path / "run"
+    assert main(["run", str(matrix), "--out", str(out), "--no-controls", *extra]) == ExitCode.BAD_INPUT
+    assert "stop_rule 'sequential'" in capsys.readouterr().err
+    assert not out.exists()

@@ -303,10 +303,10 @@ def run_matrix(
             field="plan.primary_metric",
             fix='drop --no-controls, or pre-register primary_metric = "pass"',
         )
-    run_jobs = _engine(engine, matrix, matrix_path.parent, ray_actors)  # refused before anything is built
     from depthgate.commands.sequential import refuse_sequential
 
-    refuse_sequential(matrix.plan, shard=shard, engine=engine, file=str(matrix_path))
+    refuse_sequential(matrix.plan, shard=shard, engine=engine, file=str(matrix_path))  # issue #26
+    run_jobs = _engine(engine, matrix, matrix_path.parent, ray_actors)  # refused before anything is built
     out = Path(out_dir)
     arms = [
         arm_setup(arm, sys_, matrix_path.parent)
