@@ -1560,10 +1560,12 @@ def _write_bytes(path: Path, data: bytes) -> None:
 
 
 def _verdict_data(verdict: VerdictDocument) -> dict[str, Any]:
-    """The document as written: ``serving_checks`` left out when none ran (files as before them)."""
+    """The document as written: ``serving_checks`` left out when none ran, ``sequential`` when the plan
+    is not sequential (files as before them)."""
     data = verdict.model_dump(mode="json")
-    if data.get("serving_checks") is None:
-        data.pop("serving_checks", None)
+    for name in ("serving_checks", "sequential"):
+        if data.get(name) is None:
+            data.pop(name, None)
     return data
 
 
