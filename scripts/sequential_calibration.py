@@ -245,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--delta", type=float, nargs="*", default=list(DELTAS), help="true delta in units of M")
     ap.add_argument("--render", action="store_true", help="write the table into docs/gate-calibration.md")
     ap.add_argument("--no-futility", action="store_true", help="no futility stop (the first, PASS-only grid)")
-    ap.add_argument("--looks", type=float, nargs="*", default=list(LOOKS), help="information fractions")
+    ap.add_argument("--looks", type=float, nargs="*", default=list(DEFAULT_LOOKS), help="look fractions")
     args = ap.parse_args(argv)
     global FUTILITY, LOOKS
     FUTILITY = not args.no_futility
