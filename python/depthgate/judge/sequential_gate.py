@@ -294,7 +294,10 @@ def sequential_gate(
     )
     per_slice: list[dict[str, Any]] = []
     for length, position in dict.fromkeys(plan.planned_slices or ()):
-        look, what = decided.get((length, position), (len(design.counts), "final look"))
+        final_status = next(
+            (r.status.value for r in slices if (r.length, r.position) == (length, position)), "not gated"
+        )
+        look, what = decided.get((length, position), (len(design.counts), f"{final_status} (final look)"))
         planned = set(cases_of.get((length, position), case_order)) if cases_of else set(case_order)
         sent = sum(1 for c in case_order[: design.counts[look - 1]] if c in planned)
         per_slice.append(
