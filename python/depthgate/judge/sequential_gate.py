@@ -292,6 +292,20 @@ def sequential_gate(
     final = dataclasses.replace(
         result, verdict=verdict, reasons=tuple(reasons), slice_results=tuple(slices), plan=plan
     )
+    return final, _section(plan, design, case_order, history, decided, slices, cases_of)
+
+
+def _section(
+    plan: GatePlan,
+    design: SequentialDesign,
+    case_order: Sequence[str],
+    history: Sequence[LookRecord],
+    decided: dict[tuple[int, str], tuple[int, str]],
+    slices: Sequence[Any],
+    cases_of: dict[tuple[int, str], Sequence[str]] | None,
+) -> dict[str, Any]:
+    """verdict.json's ``sequential``: the design, the looks, per slice the deciding look and the cases
+    sent, and the requests not sent."""
     per_slice: list[dict[str, Any]] = []
     for length, position in dict.fromkeys(plan.planned_slices or ()):
         final_status = next(
@@ -322,4 +336,4 @@ def sequential_gate(
         "requests_planned": planned_runs,
         "requests_not_sent": planned_runs - sent_runs,
     }
-    return final, section
+    return section
