@@ -9,12 +9,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_verdict_trust import PerfectReader, _matrix
 
 from depthgate.commands.cli import main
 from depthgate.exceptions import ExitCode
 from depthgate.spec.models import AnalysisPlan
 from helpers import free_port
-from test_verdict_trust import PerfectReader, _matrix
 
 
 def _verdict(run: Path) -> dict[str, Any]:

@@ -21,6 +21,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_position_science import _aa_world
+from test_stats import draw_pairs, records_from_arrays
 
 from depthgate.commands.plan import matrix_power, power_warning
 from depthgate.exceptions import SpecError
@@ -42,8 +44,6 @@ from depthgate.spec.loading import load_matrix
 from depthgate.spec.suites import resolve_suite
 from fixtures_paths import tokenizers_dir
 from helpers import stub_matrix
-from test_position_science import _aa_world
-from test_stats import draw_pairs, records_from_arrays
 
 PROPS = settings(deadline=None, database=None, max_examples=40)
 

@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
+from test_stats import draw_pairs, records_from_arrays
 
 from depthgate.judge.percentile import bootstrap_percentile
 from depthgate.judge.stats import GatePlan, SliceStatus, Verdict, gate, slice_statistics
-from test_stats import draw_pairs, records_from_arrays
 
 PROPS = settings(deadline=None, database=None, max_examples=60)
 EPS = 1e-12

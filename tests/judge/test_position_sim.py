@@ -28,6 +28,7 @@ import time
 import numpy as np
 import polars as pl
 import pytest
+from test_position_science import _el_world, from_arrays
 
 from depthgate.judge.noise import noise_floor
 from depthgate.judge.position import effective_length
@@ -35,7 +36,6 @@ from depthgate.judge.power import DesignParameters, cases_for_power, power_per_s
 from depthgate.judge.power_sim import simulate_gate_power
 from depthgate.judge.stats import Sizing
 from helpers import Rate
-from test_position_science import _el_world, from_arrays
 
 ALPHA = 0.05
 ARMS = ("baseline", "candidate")

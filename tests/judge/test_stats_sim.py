@@ -25,10 +25,10 @@ import numpy as np
 import pytest
 from scipy import optimize
 from scipy import stats as sps
+from test_stats import draw_pairs, records_from_arrays, ref_boot_t, ref_newcombe_rs
 
 from depthgate.judge.stats import GatePlan, Verdict, gate, slice_statistics, stable_seed
 from helpers import Rate
-from test_stats import draw_pairs, records_from_arrays, ref_boot_t, ref_newcombe_rs
 
 MARGIN, ALPHA, REPS = 0.10, 0.05, 999
 Draw = Callable[[np.random.Generator, int, int], tuple[np.ndarray, np.ndarray]]

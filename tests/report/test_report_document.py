@@ -16,6 +16,8 @@ from typing import Any
 
 import polars as pl
 import pytest
+from test_report import MANIFEST, PLAN, synthetic_scored
+from test_verdict_trust import PerfectReader, _matrix
 
 from depthgate.commands.cli import main
 from depthgate.commands.pipeline import gate_run
@@ -25,8 +27,6 @@ from depthgate.report import analyses, writer
 from depthgate.report.document import Section
 from depthgate.report.report import write_reports
 from helpers import free_port
-from test_report import MANIFEST, PLAN, synthetic_scored
-from test_verdict_trust import PerfectReader, _matrix
 
 REPORT_FILES = {
     "verdict.json",

@@ -12,11 +12,11 @@ from typing import Any
 import numpy as np
 import polars as pl
 import pytest
+from test_report_chars import LENGTHS, run_tokenizer_upgrade
 
 from depthgate.judge.stats import GatePlan, GateResult, gate
 from depthgate.report.position import add_junit_effective_length
 from depthgate.report.report import load_verdict, write_reports
-from test_report_chars import LENGTHS, run_tokenizer_upgrade
 
 PLANTED = (2048, "0.5")
 POSITIONS = ("0.0", "0.5", "1.0")

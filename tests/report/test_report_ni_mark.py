@@ -8,11 +8,11 @@ import json
 from pathlib import Path
 
 import numpy as np
+from test_stats import draw_pairs, records_from_arrays
 
 import depthgate.report.page as page
 import depthgate.report.report as report
 from depthgate.judge.stats import GatePlan, GateResult, SliceStatus, gate, non_inferiority_shown
-from test_stats import draw_pairs, records_from_arrays
 
 
 def _some_result() -> GateResult:

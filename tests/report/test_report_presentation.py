@@ -10,6 +10,7 @@ import math
 import polars as pl
 import pytest
 from matplotlib.collections import PolyCollection
+from test_report import MANIFEST, PLAN, synthetic_scored
 
 from depthgate.judge.position import (
     AccuracyPoint,
@@ -21,7 +22,6 @@ from depthgate.judge.stats import gate
 from depthgate.report.position import PositionScience, censored_delta, curve_figure, render_position_markdown
 from depthgate.report.report import ReportInputs, oracle_counts, render_summary
 from helpers import REPO
-from test_report import MANIFEST, PLAN, synthetic_scored
 
 GRID = (512, 1024)
 

@@ -13,6 +13,7 @@ from typing import Any, ClassVar
 import numpy as np
 import polars as pl
 import pytest
+from test_build_streaming import row_group_rows
 
 from depthgate import _core
 from depthgate.exceptions import InputError
@@ -32,7 +33,6 @@ from depthgate.run.controls import CONTROLS_SCHEMA, build_controls, read_control
 from depthgate.spec.cases import Case
 from depthgate.spec.suites import builtin_suite
 from fixtures_paths import tokenizers_dir
-from test_build_streaming import row_group_rows
 
 
 def _whole_frame_build(cases: list[Case], tok: Tokenizer, options: BuildOptions, tmp: Path) -> pl.DataFrame:

@@ -15,14 +15,14 @@ from typing import Any
 
 import polars as pl
 import pytest
+from test_cli import _tiny_matrix
+from test_verdict_trust import PerfectReader, _matrix
 
 from depthgate.commands.cli import main
 from depthgate.exceptions import ExitCode
 from depthgate.run.jobs import shard_of
 from depthgate.run.records import read_records
 from helpers import free_port
-from test_cli import _tiny_matrix
-from test_verdict_trust import PerfectReader, _matrix
 
 SAME = ("slices", "digests", "plan", "overall", "worst_by_length", "worst_cases", "worst_shares", "verdict")
 

@@ -235,6 +235,10 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     power = matrix_power(matrix, suite, p_baseline=args.p_baseline, icc=args.icc, pilot=pilot)
     ceiling = near_ceiling_power(matrix, suite, icc=args.icc)
     print_power(power, ceiling)
+    if matrix.plan.stop_rule == "sequential":
+        from depthgate.commands.sequential import sequential_plan_lines
+
+        print("\n".join(sequential_plan_lines(matrix, suite, p_baseline=args.p_baseline, icc=args.icc)))
     if args.json:
         out = {**power.to_dict(), "power_all_slices_near_ceiling": ceiling.power_all_slices}
         write_text_atomic(args.json, json.dumps(out, indent=2, allow_nan=False) + "\n", option="--json")

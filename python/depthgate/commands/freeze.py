@@ -26,9 +26,9 @@ from depthgate.layout.layouts import (
 )
 from depthgate.layout.model_files import is_model_reference, load_template, resolve_model_files
 from depthgate.layout.templates import ChatTemplate
-from depthgate.spec.files import dist_version
 from depthgate.spec.base import canonical_json
 from depthgate.spec.cases import Suite
+from depthgate.spec.files import dist_version
 from depthgate.spec.manifest import RunManifest
 from depthgate.spec.matrix import Matrix
 from depthgate.spec.models import AnalysisPlan

@@ -53,8 +53,8 @@ from depthgate.layout.layouts import (
     parse_positions,
     read_layouts,
 )
-from depthgate.spec.files import ReadFailures, read_json
 from depthgate.spec.cases import Suite
+from depthgate.spec.files import ReadFailures, read_json
 from depthgate.spec.loading import load_matrix, parse_spec
 from depthgate.spec.manifest import RunManifest
 from depthgate.spec.matrix import Matrix
@@ -196,10 +196,20 @@ def _matrix_and_suite(matrix_path: Path, *, aa: bool, controls: bool) -> tuple[M
     return matrix, suite
 
 
-def _send(sent: _Sending, run_jobs: Callable[..., Any], out: Path, options: RunOptions) -> None:
-    """The matrix's jobs, then its controls and canaries (each into its own records folder); when the
-    circuit opens (an endpoint is down) nothing more is sent: the report says INFRA, a rerun resumes."""
-    summary = run_jobs(sent.jobs, sent.backends, out, options, sent.sources)
+def _send(
+    sent: _Sending,
+    run_jobs: Callable[..., Any],
+    out: Path,
+    options: RunOptions,
+    matrix_sender: Callable[[], Any] | None = None,
+) -> None:
+    """The matrix's jobs (all at once, or by ``matrix_sender``: look by look for a sequential plan), then
+    its controls and canaries (each into its own records folder); when the circuit opens (an endpoint is
+    down) nothing more is sent: the report says INFRA, a rerun resumes."""
+    if matrix_sender is not None:
+        summary = matrix_sender()
+    else:
+        summary = run_jobs(sent.jobs, sent.backends, out, options, sent.sources)
     if summary.circuit_open is not None:
         print(
             f"depthgate: circuit open on arm {summary.circuit_open!r} after "
@@ -245,6 +255,9 @@ def run_matrix(
 
     matrix_path = Path(matrix_path)
     matrix, suite = _matrix_and_suite(matrix_path, aa=aa, controls=controls)
+    from depthgate.commands.sequential import refuse_sequential
+
+    refuse_sequential(matrix.plan, shard=shard, engine=engine, file=str(matrix_path))  # issue #26
     run_jobs = _engine(engine, matrix, matrix_path.parent, ray_actors)  # refused before anything is built
     out = Path(out_dir)
     arms = [
@@ -295,7 +308,16 @@ def run_matrix(
         if shard is not None:
             _freeze_shard(out, shard)
         sending = True
-        _send(sent, run_jobs, out, options)
+        matrix_sender = None
+        if matrix.plan.stop_rule == "sequential":  # look by look (issue #26, commands/sequential.py)
+            from depthgate.commands.sequential import send_looks
+
+            def matrix_sender() -> Any:
+                return send_looks(
+                    matrix, suite, out, sent.jobs, run_jobs, sent.backends, options, sent.sources
+                )
+
+        _send(sent, run_jobs, out, options, matrix_sender)
         print_endpoint_counts(out, sent.backends)
         for a in arms:
             if a.system.runtime.cache_control:
@@ -581,10 +603,18 @@ def gate_run(
         adjacent = pl.col("position").str.contains(SPACING_SEP, literal=True).not_()
         gated = gated.filter(adjacent | pl.col("case_id").is_in(sorted(multi)))
         scored = scored.filter(adjacent | pl.col("case_id").is_in(sorted(multi)))
-    result = gate(
-        gated, gate_plan(plan, lengths, labels, cases=placed, seeds=frozen.seeds, spaced_cases=spaced)
-    )
-    infra = infra_summary(records, planned_jobs(run, frozen.seeds), endpoints=run_endpoint_counts(run))
+    gplan = gate_plan(plan, lengths, labels, cases=placed, seeds=frozen.seeds, spaced_cases=spaced)
+    planned = planned_jobs(run, frozen.seeds)
+    sequential = None
+    if plan.stop_rule == "sequential":  # the looks replayed from the records (commands/sequential.py)
+        from depthgate.commands.sequential import gate_sequential, sent_jobs, write_look_log
+
+        result, sequential = gate_sequential(gated, gplan, plan, str(manifest["run_id"]))
+        planned = sent_jobs(planned, sequential)
+        write_look_log(sequential, run)
+    else:
+        result = gate(gated, gplan)
+    infra = infra_summary(records, planned, endpoints=run_endpoint_counts(run))
     # The analyses beside the gate (controls, position science, noise floor …) contribute sections to
     # the same report document: one render, one write per file, one swap of the set.
     controls_path = run / "scored_controls.parquet"
@@ -602,6 +632,7 @@ def gate_run(
         eligibility=eligibility,
         noise_plan=gate_plan(plan, lengths, labels),
         aa=(run / AA_FILE).is_file(),
+        sequential=json.loads(json.dumps(sequential, default=str)) if sequential is not None else None,
     )
     sections = collect_sections(context)
     # The run's own layouts, for the length in characters, wherever the report goes (--report-dir).

@@ -67,7 +67,7 @@ class GatePlan:
     triage_top_k: int = 20
     triage_rerun_seeds: int = 20
     power: float = 0.8
-    stop_rule: Literal["fixed", "one_extension"] = "fixed"
+    stop_rule: Literal["fixed", "one_extension", "sequential"] = "fixed"
     planned_cases: tuple[str, ...] | None = None
     planned_seeds: tuple[int, ...] | None = None
     # The cases planned in a slice whose position carries an evidence spacing ("0.5~far"): the

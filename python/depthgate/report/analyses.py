@@ -8,8 +8,10 @@ from depthgate.report.controls import controls_section
 from depthgate.report.document import Analysis, AnalysisContext, Section
 from depthgate.report.noise import noise_floor_section
 from depthgate.report.position import position_section
+from depthgate.report.sequential import sequential_section
 
 ANALYSES: tuple[Analysis, ...] = (
+    sequential_section,
     controls_section,
     position_section,
     noise_floor_section,

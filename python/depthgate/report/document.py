@@ -57,6 +57,8 @@ class AnalysisContext:
     eligibility: Mapping[str, Any] | None
     noise_plan: GatePlan
     aa: bool
+    #: The look history of a ``stop_rule = "sequential"`` run (:mod:`depthgate.commands.sequential`).
+    sequential: Mapping[str, Any] | None = None
 
 
 #: An analysis: its section of the report, or None when it has nothing to add.

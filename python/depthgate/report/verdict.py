@@ -160,6 +160,9 @@ class VerdictDocument(StrictModel):
     # pass^k; and, for an A/A run (`depthgate run --aa`), the noise floor. Neither changes the verdict.
     position: dict[str, Any] | None = None
     noise_floor: dict[str, Any] | None = None
+    # Added by the pipeline for a stop_rule "sequential" run (depthgate.commands.sequential): the design,
+    # every look's decisions and what was not sent.
+    sequential: dict[str, Any] | None = None
     # What failed (depthgate.judge.health): "model", "system" (every failing slice driven by the
     # candidate's system failures), "mixed" or "none"; and the runs lost to infrastructure (INFRA).
     failure_class: Literal["none", "model", "system", "mixed"] = "none"
@@ -353,10 +356,12 @@ def build_verdict(inputs: ReportInputs) -> VerdictDocument:
 
 
 def verdict_data(verdict: VerdictDocument) -> dict[str, Any]:
-    """The document as written: ``serving_checks`` left out when none ran (files as before them)."""
+    """The document as written: ``serving_checks`` left out when none ran, ``sequential`` when the plan
+    is not sequential (files as before them)."""
     data = verdict.model_dump(mode="json")
-    if data.get("serving_checks") is None:
-        data.pop("serving_checks", None)
+    for name in ("serving_checks", "sequential"):
+        if data.get(name) is None:
+            data.pop(name, None)
     return data
 
 

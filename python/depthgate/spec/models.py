@@ -24,10 +24,11 @@ from pydantic import (
 from depthgate.spec.base import Frozen as _Frozen
 from depthgate.spec.base import StrictFloat, StrictInt
 from depthgate.spec.base import violation as _violation
+from depthgate.spec.sequential import sequential_violations
 
 #: Adjustments of the confirmed-regression family the gate supports (valid under any dependence).
 RegressionMethod: TypeAlias = Literal["BY", "holm"]
-StopRule: TypeAlias = Literal["fixed", "one_extension"]
+StopRule: TypeAlias = Literal["fixed", "one_extension", "sequential"]
 
 
 def look_alpha(alpha: float, stop_rule: str) -> float:
@@ -124,8 +125,10 @@ def plan_violations(
                 "use at least 99 (the spec uses 9999)",
             )
         )
-    if stop_rule not in ("fixed", "one_extension"):
-        problems.append(("stop_rule", f"unknown stop rule {stop_rule!r}", "use 'fixed' or 'one_extension'"))
+    if stop_rule not in ("fixed", "one_extension", "sequential"):
+        problems.append(
+            ("stop_rule", f"unknown stop rule {stop_rule!r}", "use 'fixed', 'one_extension' or 'sequential'")
+        )
     if n_slices is not None and n_slices >= 1 and 0.0 < alpha < 0.5:
         level = look_alpha(alpha, stop_rule)
         need = min_bootstrap_resamples(n_slices, level, regression_method)
@@ -163,6 +166,12 @@ class AnalysisPlan(_Frozen):
     floor: StrictFloat | None = Field(default=None, ge=0.0, lt=1.0)
     fdr_method: Literal["BH", "BY", "holm"] = "BH"
     stop_rule: StopRule = "fixed"
+    # stop_rule "sequential" (issue #26, depthgate.spec.sequential): the pre-registered looks, as
+    # fractions of the cases or every K cases, and the boundary family. None (dropped from the dump, so
+    # the digests of fixed-design plans do not move) under any other stop rule.
+    looks: list[StrictFloat] | None = None
+    look_every: StrictInt | None = None
+    boundary: Literal["obrien-fleming", "confidence-sequence"] | None = None
     max_missing: StrictFloat = Field(default=0.10, ge=0.0, lt=1.0)
     bootstrap_resamples: StrictInt = Field(default=9999, ge=99)
     bootstrap_seed: StrictInt = Field(default=0, ge=0)
@@ -185,11 +194,17 @@ class AnalysisPlan(_Frozen):
         for name, default in (("effective_length_rule", "nolima"), ("effective_length_threshold", 0.85)):
             if data.get(name) == default:
                 data.pop(name, None)
+        for name in ("looks", "look_every", "boundary"):
+            if data.get(name) is None:
+                data.pop(name, None)
         return data
 
     def violations(self, *, n_slices: int | None = None) -> list[tuple[str, str, str]]:
-        """:func:`plan_violations` of this plan (with the slice count when known)."""
-        return plan_violations(self, n_slices=n_slices)
+        """:func:`plan_violations` of this plan (with the slice count when known), then the sequential
+        stop rule's (:func:`depthgate.spec.sequential.sequential_violations`)."""
+        return plan_violations(self, n_slices=n_slices) + sequential_violations(
+            self.stop_rule, self.looks, self.look_every, self.boundary, self.primary_metric
+        )
 
     def raise_violations(self, *, n_slices: int | None = None, prefix: str = "") -> None:
         """Raise the first violation as a validation error on ``prefix + field``."""

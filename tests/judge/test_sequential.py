@@ -1,0 +1,302 @@
+"""Sequential gating (issue #26): boundaries, the plan's refusals, the look replay and its verdict."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from statistics import NormalDist
+
+import numpy as np
+import polars as pl
+import pytest
+
+from depthgate.commands.sequential import refuse_sequential, sent_jobs
+from depthgate.exceptions import InputError
+from depthgate.judge.sequential import (
+    betting_wealth,
+    cases_at_looks,
+    expected_share,
+    look_fractions,
+    nominal_levels,
+    obf_spending,
+)
+from depthgate.judge.sequential_gate import SequentialDesign, replay_looks, sequential_gate
+from depthgate.judge.stats import GatePlan, SliceStatus, Verdict
+from depthgate.run.looks import case_order, look_jobs
+from depthgate.spec.models import AnalysisPlan
+
+LOOKS = (0.25, 0.5, 0.75, 1.0)
+
+
+def test_obrien_fleming_levels_match_the_published_lan_demets_bounds() -> None:
+    # Lan-DeMets O'Brien-Fleming-type spending, 4 equally spaced looks, one-sided 0.025 (two-sided
+    # 0.05): the textbook critical values 4.333, 2.963, 2.359, 2.014 (Jennison & Turnbull table 2.x,
+    # gsDesign sfLDOF).
+    z = [-NormalDist().inv_cdf(p) for p in nominal_levels(LOOKS, 0.025)]
+    assert z == pytest.approx([4.333, 2.963, 2.359, 2.014], abs=2e-3)
+    levels = nominal_levels(LOOKS, 0.05)
+    assert levels[-1] < 0.05 and all(b > a for a, b in itertools.pairwise(levels))
+    assert nominal_levels((1.0,), 0.05) == pytest.approx((0.05,))
+    assert obf_spending(1.0, 0.05) == pytest.approx(0.05)
+    assert obf_spending(0.25, 0.05) < 1e-4
+    assert nominal_levels(LOOKS, 0.05, "confidence-sequence") == (0.05,) * 4
+
+
+def test_look_schedule_in_cases() -> None:
+    assert cases_at_looks(LOOKS, 40) == (10, 20, 30, 40)
+    assert cases_at_looks(LOOKS, 6) == (2, 3, 5, 6)
+    assert look_fractions(None, 15, 40) == (15 / 40, 30 / 40, 1.0)
+    with pytest.raises(ValueError, match="end at 1"):
+        look_fractions((0.5, 0.9), None, 40)
+    order = case_order([f"c{i}" for i in range(30)], "run-a")
+    assert order == case_order(reversed([f"c{i}" for i in range(30)]), "run-a")  # frozen by the run id
+    assert order != case_order(order, "run-b") and sorted(order) == sorted(f"c{i}" for i in range(30))
+    rows = [
+        ("baseline", {"case_id": "c1", "target_tokens": 512, "position": "0.0"}),
+        ("candidate", {"case_id": "c1", "target_tokens": 512, "position": "0.5"}),
+        ("baseline", {"case_id": "c2", "target_tokens": 512, "position": "0.0"}),
+    ]
+    assert look_jobs(rows, {"c1"}, {(512, "0.0")}) == rows[:1]
+
+
+def test_sequential_plan_fields_and_refused_combinations() -> None:
+    plan = AnalysisPlan(stop_rule="sequential", looks=[0.25, 0.5, 0.75, 1.0])
+    assert plan.model_dump()["looks"] == [0.25, 0.5, 0.75, 1.0]
+    assert "looks" not in AnalysisPlan().model_dump()  # fixed plans digest as before
+    assert (
+        AnalysisPlan(stop_rule="sequential", look_every=10, boundary="confidence-sequence").look_every == 10
+    )
+    with pytest.raises(ValueError, match="one_extension is a two-look rule"):
+        AnalysisPlan(stop_rule="one_extension", looks=[0.5, 1.0])
+    with pytest.raises(ValueError, match="only to stop_rule = 'sequential'"):
+        AnalysisPlan(boundary="obrien-fleming")
+    with pytest.raises(ValueError, match="exactly one of looks"):
+        AnalysisPlan(stop_rule="sequential")
+    with pytest.raises(ValueError, match=r"ending at 1\.0"):
+        AnalysisPlan(stop_rule="sequential", looks=[0.5, 0.9])
+    with pytest.raises(ValueError, match="control_normalised"):
+        AnalysisPlan(stop_rule="sequential", looks=[0.5, 1.0], primary_metric="control_normalised")
+    for kwargs, name in (
+        ({"shard": (1, 2), "engine": "asyncio"}, "shards"),
+        ({"shard": None, "engine": "ray"}, "ray"),
+    ):
+        with pytest.raises(InputError, match=name):
+            refuse_sequential(plan, file="m.toml", **kwargs)
+    refuse_sequential(AnalysisPlan(), shard=(1, 2), engine="ray", file="m.toml")  # fixed: untouched
+
+
+def _records(
+    cases: list[str], slices: dict[tuple[int, str], tuple[float, float]], seed: int = 0
+) -> pl.DataFrame:
+    """Scored records, R = 1: per slice (baseline, candidate) pass probability, one draw per case."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for (length, position), (pb, pc) in slices.items():
+        for case in cases:
+            for arm, p in (("baseline", pb), ("candidate", pc)):
+                rows.append(
+                    {
+                        "arm": arm,
+                        "case_id": case,
+                        "length": length,
+                        "position": position,
+                        "seed": 0,
+                        "outcome": "pass" if rng.random() < p else "fail",
+                        "safety": False,
+                    }
+                )
+    return pl.DataFrame(rows)
+
+
+def _setup(
+    n: int = 60,
+) -> tuple[GatePlan, SequentialDesign, list[str], dict[tuple[int, str], tuple[float, float]]]:
+    cases = [f"case-{i:02d}" for i in range(n)]
+    slices = {(512, "0.0"): (0.95, 0.05), (512, "0.5"): (1.0, 1.0), (512, "1.0"): (0.9, 0.85)}
+    plan = GatePlan(
+        n_min=n,
+        bootstrap_reps=999,
+        planned_slices=tuple(slices),
+        planned_cases=tuple(cases),
+        planned_seeds=(0,),
+    )
+    design = SequentialDesign.of(n, plan.alpha, looks=(0.25, 0.5, 0.75, 1.0), every=None, boundary=None)
+    return plan, design, case_order(cases, "run-x"), slices
+
+
+def test_replay_decides_a_planted_regression_early_and_stops_sending_it() -> None:
+    plan, design, order, slices = _setup()
+    full = _records(order, slices)
+    history, decided = replay_looks(full, plan, design, order)
+    look, what = decided[(512, "0.0")]
+    # Stopped early either as a confirmed regression (BY q <= the look's level) or for futility (its own
+    # regression p <= alpha: non-inferiority cannot be shown); both FAIL the slice.
+    assert what in ("FAIL_REGRESSION", "FUTILITY") and look < len(design.counts)
+    # What the schedule sends: the regressed slice stops at its look; the others run on.
+    sent = set(order[: design.counts[look - 1]])
+    records = full.filter((pl.col("position") != "0.0") | pl.col("case_id").is_in(sorted(sent)))
+    again, decided_again = replay_looks(records, plan, design, order)
+    assert decided_again == decided and [h.to_dict() for h in again] == [h.to_dict() for h in history]
+    result, section = sequential_gate(records, plan, design, order)
+    row = {(r.length, r.position): r for r in result.slice_results}
+    assert row[(512, "0.0")].status in (SliceStatus.FAIL_REGRESSION, SliceStatus.FAIL_NOT_SHOWN)
+    assert row[(512, "0.0")].reason.startswith(f"decided at look {look} of 4")
+    assert result.verdict is Verdict.FAIL
+    assert section["requests_not_sent"] > 0
+    assert section["requests_sent"] + section["requests_not_sent"] == section["requests_planned"]
+    json.dumps(section)
+
+
+def test_replay_stops_at_a_look_that_has_not_fully_landed() -> None:
+    plan, design, order, slices = _setup()
+    first = _records(order[: design.counts[0]], slices)
+    second = _records(order[: design.counts[1]], slices, seed=1).filter(
+        pl.col("case_id").is_in(order[design.counts[0] :])
+    )
+    # One run of look 2 missing (a run killed mid-look): look 2 is not taken yet.
+    # (one run of every slice, so whichever slices look 1 left open, look 2 lacks a run of each).
+    dropped = second.with_row_index().filter(pl.col("index").is_first_distinct().over("position"))
+    partial = pl.concat([first, second.with_row_index().join(dropped, on="index", how="anti").drop("index")])
+    history, _ = replay_looks(partial, plan, design, order)
+    assert [h.look for h in history] == [1]
+    history, _ = replay_looks(pl.concat([first, second]), plan, design, order)
+    assert [h.look for h in history][:2] == [1, 2]
+
+
+def test_sent_jobs_counts_only_what_the_schedule_sends() -> None:
+    planned = pl.DataFrame(
+        {
+            "arm": ["baseline"] * 4,
+            "layout_id": ["a", "b", "c", "d"],
+            "seed": [0] * 4,
+            "case_id": ["x", "y", "x", "y"],
+            "target_tokens": [512] * 4,
+            "position": ["0.0", "0.0", "0.5", "0.5"],
+        }
+    )
+    section = {
+        "case_order": ["y", "x"],
+        "design": {"cases": [1, 2]},
+        "slices": [
+            {"length": 512, "position": "0.0", "look": 1},
+            {"length": 512, "position": "0.5", "look": 2},
+        ],
+    }
+    assert sent_jobs(planned, section)["layout_id"].to_list() == ["b", "c", "d"]
+
+
+def test_betting_wealth_grows_for_non_inferior_data_and_not_at_the_margin() -> None:
+    assert betting_wealth(np.zeros(80), 0.10)[-1] > 20  # 1/alpha at alpha .05
+    rng = np.random.default_rng(3)
+    # At delta = -M exactly (d in {-1, 0}, mean -0.1) the wealth is a martingale: rarely reaches 20.
+    hits = sum(
+        float(np.max(betting_wealth(-(rng.random(100) < 0.1).astype(float), 0.10))) >= 20 for _ in range(400)
+    )
+    assert hits / 400 <= 0.05 + 2 * (0.05 * 0.95 / 400) ** 0.5
+
+
+def test_expected_share_falls_with_the_evidence_and_matches_the_obf_literature() -> None:
+    levels = nominal_levels(LOOKS, 0.05)
+    shares = [expected_share(LOOKS, levels, levels, drift) for drift in (0.0, 2.485, 4.0)]
+    assert shares[0] > shares[1] > shares[2]
+    # One-sided 0.05, 80 % power (drift 1.645 + 0.842): expected sample size about 0.8 of the fixed
+    # design for 4 O'Brien-Fleming looks (Jennison & Turnbull ch. 4, efficacy-only designs).
+    assert shares[1] == pytest.approx(0.80, abs=0.03)
+    assert expected_share(LOOKS, levels, levels, -6.0) < 0.6  # a clear regression stops early too
+
+
+def test_depthgate_plan_prints_the_expected_share_of_a_sequential_plan() -> None:
+    from pathlib import Path
+
+    from depthgate.commands.sequential import sequential_plan_lines
+    from depthgate.spec.loading import load_matrix
+    from depthgate.spec.suites import resolve_suite
+
+    path = Path(__file__).resolve().parents[1] / "matrices" / "sequential-embedded.toml"
+    matrix = load_matrix(path)
+    assert matrix.plan.stop_rule == "sequential" and matrix.plan.looks == [0.5, 1.0]
+    lines = sequential_plan_lines(
+        matrix, resolve_suite(matrix.suite, base_dir=path.parent), p_baseline=0.85, icc=0.33
+    )
+    assert lines[0].startswith("sequential: obrien-fleming, looks at")
+    assert all("at delta 0" in line and "at -3M" in line for line in lines[1:]) and len(lines) == 3
+
+
+def test_look_outcome_order_and_non_binding_futility() -> None:
+    from depthgate.judge.sequential import look_outcome
+
+    assert look_outcome(0.001, 0.005, True, 0.0001, 0.05) == "FAIL_REGRESSION"  # a confirmed regression first
+    assert look_outcome(0.5, 0.005, True, 0.9, 0.05) == "PASS"
+    assert look_outcome(0.5, 0.005, False, 0.01, 0.05) == "FUTILITY"  # stops as a FAIL, never a PASS
+    assert look_outcome(0.5, 0.005, False, 0.01, None) is None  # the final look: the gate decides
+    assert look_outcome(0.5, 0.005, False, 0.2, 0.05) is None
+
+
+def test_run_looks_stops_sending_a_decided_slice(tmp_path) -> None:
+    from types import SimpleNamespace
+
+    from depthgate.commands.sequential import LOOKS_FILE, run_looks
+
+    n = 40
+    cases = [f"case-{i:02d}" for i in range(n)]
+    slices = {(512, "0"): (0.95, 0.0), (512, "1"): (0.9, 0.9)}
+    truth = _records(cases, slices, seed=5)
+    jobs = [
+        (arm, {"case_id": c, "target_tokens": length, "position": pos, "layout_id": f"{arm}-{c}-{pos}"})
+        for (length, pos) in slices
+        for c in cases
+        for arm in ("baseline", "candidate")
+    ]
+    sent: list[list[tuple[str, dict]]] = []
+    landed: list[pl.DataFrame] = []
+
+    def send(batch: list) -> SimpleNamespace:
+        sent.append(batch)
+        keys = pl.DataFrame(
+            {
+                "arm": [a for a, _ in batch],
+                "case_id": [r["case_id"] for _, r in batch],
+                "position": [r["position"] for _, r in batch],
+            }
+        )
+        landed.append(truth.join(keys, on=["arm", "case_id", "position"], how="semi"))
+        return SimpleNamespace(circuit_open=None)
+
+    def score() -> pl.DataFrame:
+        return pl.concat(landed).unique(subset=["arm", "case_id", "position", "seed"], keep="first")
+
+    plan = AnalysisPlan(
+        stop_rule="sequential", looks=[0.25, 0.5, 0.75, 1.0], n_min=n, bootstrap_resamples=999
+    )
+    gplan = GatePlan(
+        n_min=n,
+        bootstrap_reps=999,
+        planned_slices=tuple(slices),
+        planned_cases=tuple(cases),
+        planned_seeds=(0,),
+    )
+    run_looks(jobs, send, score, gplan, plan, "run-y", tmp_path)
+    log = json.loads((tmp_path / LOOKS_FILE).read_text())
+    decided = {(d["length"], d["position"]): d for d in log["decided"]}
+    assert (512, "0") in decided and decided[(512, "0")]["look"] < 4
+    later = sent[decided[(512, "0")]["look"] :]
+    assert later and all(row["position"] == "1" for batch in later for _, row in batch)
+    # Look k re-lists the cases of earlier looks (the runner skips what is recorded): the new ones are
+    # exactly the look's block.
+    assert {r["case_id"] for _, r in sent[0]} == set(log["case_order"][:10])
+
+
+@pytest.mark.parametrize("extra", [["--shard", "1/2"], ["--engine", "ray"]])
+def test_run_refuses_a_sequential_plan_as_shards_or_on_ray_before_anything_is_built(
+    tmp_path, capsys, extra
+) -> None:
+    from pathlib import Path
+
+    from depthgate.commands.cli import main
+    from depthgate.exceptions import ExitCode
+
+    matrix = Path(__file__).resolve().parents[1] / "matrices" / "sequential-embedded.toml"
+    out = tmp_path / "run"
+    assert main(["run", str(matrix), "--out", str(out), "--no-controls", *extra]) == ExitCode.BAD_INPUT
+    assert "stop_rule 'sequential'" in capsys.readouterr().err
+    assert not out.exists()
