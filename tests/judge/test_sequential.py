@@ -212,7 +212,7 @@ def test_depthgate_plan_prints_the_expected_share_of_a_sequential_plan() -> None
     from depthgate.spec.loading import load_matrix
     from depthgate.spec.suites import resolve_suite
 
-    path = Path(__file__).resolve().parents[1] / "matrices" / "sequential-embedded.toml"
+    path = Path(__file__).resolve().parents[2] / "matrices" / "sequential-embedded.toml"
     matrix = load_matrix(path)
     assert matrix.plan.stop_rule == "sequential" and matrix.plan.looks == [0.5, 1.0]
     lines = sequential_plan_lines(
@@ -295,7 +295,7 @@ def test_run_refuses_a_sequential_plan_as_shards_or_on_ray_before_anything_is_bu
     from depthgate.commands.cli import main
     from depthgate.exceptions import ExitCode
 
-    matrix = Path(__file__).resolve().parents[1] / "matrices" / "sequential-embedded.toml"
+    matrix = Path(__file__).resolve().parents[2] / "matrices" / "sequential-embedded.toml"
     out = tmp_path / "run"
     assert main(["run", str(matrix), "--out", str(out), "--no-controls", *extra]) == ExitCode.BAD_INPUT
     assert "stop_rule 'sequential'" in capsys.readouterr().err
