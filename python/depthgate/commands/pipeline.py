@@ -39,6 +39,7 @@ from depthgate.commands.endpoints import print_endpoint_counts, run_endpoint_cou
 from depthgate.commands.outputs import CreatedPaths
 from depthgate.exceptions import ExitCode, InputError, PlanChangedError
 from depthgate.judge.stats import GatePlan, GateResult, gate
+from depthgate.layout.conversation import Conversation
 from depthgate.layout.layouts import (
     ASSEMBLER_VERSION,
     BuildOptions,
@@ -151,6 +152,7 @@ class ArmSetup:
             verification="fast" if verification == "fast" else "full",
             window=self.system.window,
             max_output_tokens=matrix.decode.max_tokens,
+            conversation=Conversation(matrix.turns or 1) if matrix.shape == "conversation" else None,
         )
 
 

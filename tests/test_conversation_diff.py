@@ -1,0 +1,48 @@
+"""``diff-template --turns``: per-turn drift between two versions of one template family that differ
+only in multi-turn handling (matrices/templates/gemma-turns-v2.jinja, made from gemma-turns.jinja by
+renaming past assistant turns' role). A single-slot build cannot see the upgrade; a conversation build
+reports which turns moved and by how many tokens."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from depthgate.commands.diff import diff_templates
+from depthgate.exceptions import ExitCode
+from depthgate.layout.layouts import load_tokenizer
+from depthgate.spec.suites import builtin_suite
+from fixtures_paths import tokenizers_dir
+
+ROOT = Path(__file__).resolve().parents[1]
+OLD = ROOT / "matrices" / "templates" / "gemma-turns.jinja"
+NEW = ROOT / "matrices" / "templates" / "gemma-turns-v2.jinja"
+
+
+def test_single_slot_build_cannot_see_a_multi_turn_upgrade() -> None:
+    tok = load_tokenizer(tokenizers_dir() / "llama2-tinyllama" / "tokenizer.json")
+    report = diff_templates(OLD, NEW, tok, builtin_suite(2), [1024], ["0", "0.5"])
+    assert report.old_digest != report.new_digest
+    assert not report.drifted and not report.ids_changed
+    assert report.exit_code == ExitCode.PASS
+
+
+def test_conversation_build_reports_per_turn_drift() -> None:
+    tok = load_tokenizer(tokenizers_dir() / "llama2-tinyllama" / "tokenizer.json")
+    report = diff_templates(OLD, NEW, tok, builtin_suite(2), [1024], ["0", "0.5", "@turn:3"], turns=5)
+    assert report.exit_code != ExitCode.PASS and len(report.drifted) == len(report.layouts) == 6
+    for layout in report.layouts:
+        turns = [s for s in layout.spans if s.kind == "turn"]
+        assert [t.evidence_id for t in turns] == [
+            "turn 1 (user)",
+            "turn 2 (assistant)",
+            "turn 3 (user)",
+            "turn 4 (assistant)",
+            "turn 5 (user)",
+        ]
+        # Turn 1 is untouched; the renamed header of turn 2 moves everything after it.
+        assert turns[0].start_shift == 0 and turns[0].old_end is not None
+        assert turns[1].start_shift != 0
+    table = report.table()
+    assert "turn Δstart" in table
+    assert "+0," in table
+    assert report.to_dict()["layouts"][0]["spans"][-1]["kind"] == "turn"
