@@ -32,11 +32,12 @@ def test_conversation_build_reports_per_turn_drift() -> None:
     assert report.exit_code != ExitCode.PASS and len(report.drifted) == len(report.layouts) == 6
     for layout in report.layouts:
         turns = [s for s in layout.spans if s.kind == "turn"]
+        # The renamed role changes the headers of the past assistant turns, and only those.
         assert [t.evidence_id for t in turns] == [
             "turn 1 (user)",
-            "turn 2 (assistant)",
+            "turn 2 (assistant) [header]",
             "turn 3 (user)",
-            "turn 4 (assistant)",
+            "turn 4 (assistant) [header]",
             "turn 5 (user)",
         ]
         # Turn 1 is untouched; the renamed header of turn 2 moves everything after it.
@@ -44,5 +45,6 @@ def test_conversation_build_reports_per_turn_drift() -> None:
         assert turns[1].start_shift != 0
     table = report.table()
     assert "turn Δstart" in table
-    assert "+0," in table
+    assert "turn Δstart (*: header ids changed)" in table
+    assert any(line.rstrip().endswith("*,+0") or "*" in line.split()[-1] for line in table.splitlines()[2:])
     assert report.to_dict()["layouts"][0]["spans"][-1]["kind"] == "turn"

@@ -262,7 +262,7 @@ class DiffReport:
         )
         with_turns = any(s.kind == "turn" for d in self.layouts for s in d.spans)
         if with_turns:
-            head = (*head, "turn Δstart")
+            head = (*head, "turn Δstart (*: header ids changed)")
         rows: list[tuple[str, ...]] = []
         ordered = sorted(
             self.layouts, key=lambda d: (not d.drifted, -d.max_evidence_shift, d.case_id, d.length)
@@ -291,7 +291,8 @@ class DiffReport:
             )
             if with_turns:
                 turn_shifts = ",".join(
-                    "?" if s.start_shift is None else f"{s.start_shift:+d}"
+                    ("?" if s.start_shift is None else f"{s.start_shift:+d}")
+                    + ("*" if s.evidence_id.endswith(HEADER_CHANGED) else "")
                     for s in d.spans
                     if s.kind == "turn"
                 )
@@ -343,18 +344,37 @@ def _id_diff(old: Sequence[int] | None, new: Sequence[int] | None) -> tuple[int 
     return first, len(differ) + abs(len(a) - len(b))
 
 
+#: Marks a turn whose header (the template's tokens between the previous turn's content and its own)
+#: has other token ids under the new version, e.g. a renamed role: "turn 2 (assistant) [header]".
+HEADER_CHANGED = " [header]"
+
+
+def _headers(turns: Sequence[Mapping[str, Any]], ids: Sequence[int] | None) -> dict[int, list[int]]:
+    """Token ids of each turn's header: from the previous turn's end (or the prompt's start) to its start."""
+    if ids is None:
+        return {}
+    ends = [0] + [int(t["token_end"]) for t in turns]
+    return {int(t["turn"]): list(ids[ends[i] : int(t["token_start"])]) for i, t in enumerate(turns)}
+
+
 def turn_drift(
-    old: Sequence[Mapping[str, Any]] | None, new: Sequence[Mapping[str, Any]] | None
+    old: Sequence[Mapping[str, Any]] | None,
+    new: Sequence[Mapping[str, Any]] | None,
+    old_ids: Sequence[int] | None = None,
+    new_ids: Sequence[int] | None = None,
 ) -> list[SpanDrift]:
-    """Each conversation turn's content span under both versions (empty for single-slot layouts)."""
+    """Each conversation turn's content span under both versions (empty for single-slot layouts),
+    named with :data:`HEADER_CHANGED` when its header's token ids differ."""
     a = {int(t["turn"]): t for t in old or []}
     b = {int(t["turn"]): t for t in new or []}
+    ha, hb = _headers(list(old or []), old_ids), _headers(list(new or []), new_ids)
     out = []
     for k in sorted(a.keys() | b.keys()):
         ta, tb = a.get(k), b.get(k)
+        changed = HEADER_CHANGED if k in ha and k in hb and ha[k] != hb[k] else ""
         out.append(
             SpanDrift(
-                evidence_id=f"turn {k} ({(ta or tb or {}).get('role')})",
+                evidence_id=f"turn {k} ({(ta or tb or {}).get('role')}){changed}",
                 kind="turn",
                 old_start=None if ta is None else int(ta["token_start"]),
                 old_end=None if ta is None else int(ta["token_end"]),
@@ -392,8 +412,6 @@ def _compare(old: pl.DataFrame, new: pl.DataFrame) -> tuple[LayoutDrift, ...]:
                     new_end=None if sb is None else int(sb["token_end"]),
                 )
             )
-        # A conversation's turns drift as spans of kind "turn" (one per turn: "turn 3 (user)").
-        spans.extend(turn_drift((ra or {}).get("turn_spans"), (rb or {}).get("turn_spans")))
 
         def get(r: dict[str, Any] | None, k: str) -> Any:
             return None if r is None else r.get(k)
@@ -402,6 +420,8 @@ def _compare(old: pl.DataFrame, new: pl.DataFrame) -> tuple[LayoutDrift, ...]:
             return None if r is None or r.get("status") != "ok" else r.get("token_ids")
 
         first_diff, changed = _id_diff(ids(ra), ids(rb))
+        # A conversation's turns drift as spans of kind "turn" (one per turn: "turn 3 (user)").
+        spans.extend(turn_drift((ra or {}).get("turn_spans"), (rb or {}).get("turn_spans"), ids(ra), ids(rb)))
 
         def total(r: dict[str, Any] | None) -> int | None:
             return None if r is None or r.get("status") != "ok" else int(r["total_tokens"])
