@@ -4,10 +4,9 @@ length, built in the same process one after the other (same tokenizer, template,
 Opt-in (``-m bench``); it asserts the 2× target only with ``DEPTHGATE_BENCH_STRICT=1``. Llama-3
 tokenizer (fixtures) with the Llama-3.1 template, the built-in suite's first ``DEPTHGATE_BENCH_CASES``
 (4) cases × 5 depths × ``DEPTHGATE_BENCH_LENGTH`` (131072), fast and full verification; the
-conversation has ``DEPTHGATE_BENCH_TURNS`` (9) turns. Each arm is timed twice (cold caches, then warm:
-the second single-slot build and the conversation build share the tokenizer's segment and seam caches,
-as consecutive chunks of one ``depthgate build`` do); the conversation time includes the per-layout
-re-render proof (``conversation.prove_rendered``).
+conversation has ``DEPTHGATE_BENCH_TURNS`` (9) turns. Each arm is timed twice (single, conversation,
+single, conversation), each build on a freshly loaded tokenizer (cold segment and seam caches); the
+conversation time includes the per-layout re-render proof (``conversation.prove_rendered``).
 
 Run: ``python -m pytest -m bench tests/test_bench_conversation.py -q -s``
 """
