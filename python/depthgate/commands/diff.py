@@ -19,7 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -28,6 +28,7 @@ import polars as pl
 
 from depthgate.commands.subparsers import add_diff_parsers
 from depthgate.exceptions import ExitCode, TemplateError, VerificationError
+from depthgate.layout.conversation import Conversation
 from depthgate.layout.layouts import (
     BuildOptions,
     Position,
@@ -247,7 +248,21 @@ class DiffReport:
         lines = [self.summary()]
         if not self.layouts:
             return "\n".join(lines)
-        head = ("case", "length", "pos", "status", "total", "region", "evidence Δstart", "Δend", "ids", "id")
+        head: tuple[str, ...] = (
+            "case",
+            "length",
+            "pos",
+            "status",
+            "total",
+            "region",
+            "evidence Δstart",
+            "Δend",
+            "ids",
+            "id",
+        )
+        with_turns = any(s.kind == "turn" for d in self.layouts for s in d.spans)
+        if with_turns:
+            head = (*head, "turn Δstart (*: header ids changed)")
         rows: list[tuple[str, ...]] = []
         ordered = sorted(
             self.layouts, key=lambda d: (not d.drifted, -d.max_evidence_shift, d.case_id, d.length)
@@ -274,6 +289,14 @@ class DiffReport:
                     "same" if d.old_layout_id == d.new_layout_id else "changed",
                 )
             )
+            if with_turns:
+                turn_shifts = ",".join(
+                    ("?" if s.start_shift is None else f"{s.start_shift:+d}")
+                    + ("*" if s.evidence_id.endswith(HEADER_CHANGED) else "")
+                    for s in d.spans
+                    if s.kind == "turn"
+                )
+                rows[-1] = (*rows[-1], turn_shifts or "-")
         widths = [max(len(x) for x in col) for col in zip(head, *rows, strict=True)]
         for row in (head, *rows):
             lines.append("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())
@@ -321,6 +344,47 @@ def _id_diff(old: Sequence[int] | None, new: Sequence[int] | None) -> tuple[int 
     return first, len(differ) + abs(len(a) - len(b))
 
 
+#: Marks a turn whose header (the template's tokens between the previous turn's content and its own)
+#: has other token ids under the new version, e.g. a renamed role: "turn 2 (assistant) [header]".
+HEADER_CHANGED = " [header]"
+
+
+def _headers(turns: Sequence[Mapping[str, Any]], ids: Sequence[int] | None) -> dict[int, list[int]]:
+    """Token ids of each turn's header: from the previous turn's end (or the prompt's start) to its start."""
+    if ids is None:
+        return {}
+    ends = [0] + [int(t["token_end"]) for t in turns]
+    return {int(t["turn"]): list(ids[ends[i] : int(t["token_start"])]) for i, t in enumerate(turns)}
+
+
+def turn_drift(
+    old: Sequence[Mapping[str, Any]] | None,
+    new: Sequence[Mapping[str, Any]] | None,
+    old_ids: Sequence[int] | None = None,
+    new_ids: Sequence[int] | None = None,
+) -> list[SpanDrift]:
+    """Each conversation turn's content span under both versions (empty for single-slot layouts),
+    named with :data:`HEADER_CHANGED` when its header's token ids differ."""
+    a = {int(t["turn"]): t for t in old or []}
+    b = {int(t["turn"]): t for t in new or []}
+    ha, hb = _headers(list(old or []), old_ids), _headers(list(new or []), new_ids)
+    out = []
+    for k in sorted(a.keys() | b.keys()):
+        ta, tb = a.get(k), b.get(k)
+        changed = HEADER_CHANGED if k in ha and k in hb and ha[k] != hb[k] else ""
+        out.append(
+            SpanDrift(
+                evidence_id=f"turn {k} ({(ta or tb or {}).get('role')}){changed}",
+                kind="turn",
+                old_start=None if ta is None else int(ta["token_start"]),
+                old_end=None if ta is None else int(ta["token_end"]),
+                new_start=None if tb is None else int(tb["token_start"]),
+                new_end=None if tb is None else int(tb["token_end"]),
+            )
+        )
+    return out
+
+
 def _compare(old: pl.DataFrame, new: pl.DataFrame) -> tuple[LayoutDrift, ...]:
     def index(f: pl.DataFrame) -> dict[tuple[str, int, str], dict[str, Any]]:
         return {
@@ -356,6 +420,8 @@ def _compare(old: pl.DataFrame, new: pl.DataFrame) -> tuple[LayoutDrift, ...]:
             return None if r is None or r.get("status") != "ok" else r.get("token_ids")
 
         first_diff, changed = _id_diff(ids(ra), ids(rb))
+        # A conversation's turns drift as spans of kind "turn" (one per turn: "turn 3 (user)").
+        spans.extend(turn_drift((ra or {}).get("turn_spans"), (rb or {}).get("turn_spans"), ids(ra), ids(rb)))
 
         def total(r: dict[str, Any] | None) -> int | None:
             return None if r is None or r.get("status") != "ok" else int(r["total_tokens"])
@@ -470,10 +536,13 @@ def diff_templates(
     positions: Sequence[float | str | Position],
     *,
     preamble: str = "",
+    turns: int | None = None,
 ) -> DiffReport:
     """Rebuild ``suite`` under the old and the new chat template (``"raw"``/None: the raw completion
     frame) with the same tokenizer and report the drift. A template that raises for the suite's
-    conversation under one version only is a :class:`TemplateError` naming that version."""
+    conversation under one version only is a :class:`TemplateError` naming that version. ``turns``:
+    build ``turns``-turn conversations (layout/conversation.py) and report each turn's drift."""
+    conversation = None if turns is None else Conversation(turns)
     old, new = _as_template(old_template), _as_template(new_template)
     tok = _as_tokenizer(tokenizer)
     pos = _as_positions(positions)
@@ -493,7 +562,7 @@ def diff_templates(
     for name, template in (("old", old), ("new", new)):
         for case in suite.cases:
             try:
-                case_frame(case, template=template, preamble=preamble)
+                case_frame(case, template=template, preamble=preamble, conversation=conversation)
             except TemplateError as exc:
                 errors[name] = exc
                 break
@@ -514,7 +583,9 @@ def diff_templates(
             field="chat_template",
             fix=f"the {which} version cannot serve these cases; fix it or compare against another version",
         ) from error
-    options = BuildOptions(lengths=list(lengths), positions=pos, template=old, preamble=preamble)
+    options = BuildOptions(
+        lengths=list(lengths), positions=pos, template=old, preamble=preamble, conversation=conversation
+    )
     with tempfile.TemporaryDirectory(prefix="depthgate-diff-") as tmp:
         a = _build(suite, tok, options, Path(tmp), "old")
         b = _build(suite, tok, replace(options, template=new), Path(tmp), "new")
@@ -595,7 +666,7 @@ def cmd_diff_tokenizer(args: argparse.Namespace) -> int:
 def cmd_diff_template(args: argparse.Namespace) -> int:
     """``depthgate diff-template --old A --new B --tokenizer T``: 0 no drift, 10 drift, 20 bad input."""
     report = diff_templates(
-        args.old, args.new, args.tokenizer, _suite_from(args), args.lengths, args.positions
+        args.old, args.new, args.tokenizer, _suite_from(args), args.lengths, args.positions, turns=args.turns
     )
     return _finish(report, args)
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from depthgate.exceptions import PlanChangedError
 from depthgate.judge.stats import GatePlan
+from depthgate.layout.conversation import Conversation
 from depthgate.layout.layouts import (
     ASSEMBLER_VERSION,
     BuildOptions,
@@ -113,6 +114,7 @@ class ArmSetup:
             verification="fast" if verification == "fast" else "full",
             window=self.system.window,
             max_output_tokens=matrix.decode.max_tokens,
+            conversation=Conversation(matrix.turns or 1) if matrix.shape == "conversation" else None,
         )
 
 

@@ -74,5 +74,11 @@ def add_diff_parsers(subparsers: Any, tokenizer_func: Handler, template_func: Ha
     m.add_argument("--old", required=True, help="old template (.jinja / tokenizer_config.json), or 'raw'")
     m.add_argument("--new", required=True, help="new template (.jinja / tokenizer_config.json), or 'raw'")
     m.add_argument("--tokenizer", required=True, help="tokenizer.json (or gguf:[file]) both are rendered for")
+    m.add_argument(
+        "--turns",
+        type=int,
+        default=None,
+        help="build a conversation of this many turns (odd) and report each turn's drift (issue 25)",
+    )
     _common(m)
     m.set_defaults(func=template_func)

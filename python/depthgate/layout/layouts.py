@@ -26,6 +26,13 @@ import polars as pl
 from depthgate import _core
 from depthgate.exceptions import InputError, SpecError
 from depthgate.layout import sink as layout_sink
+from depthgate.layout.conversation import (
+    TURN_SCHEMA,
+    Conversation,
+    conversation_frame,
+    prove_rendered,
+    turn_columns,
+)
 from depthgate.layout.gguf_tokenizer import resolve_tokenizer_path
 from depthgate.layout.templates import ChatTemplate, Frame, chat_frame, raw_frame
 from depthgate.spec.assemblers import assemble
@@ -174,9 +181,18 @@ class Position:
     depth: float | None = None
     offset: int | None = None
     spacing: str = "adjacent"
+    # A conversation turn (``"@turn:3"``): the evidence in the middle of that turn's content.
+    turn: int | None = None
 
     def to_spec(self) -> dict[str, Any]:
-        return {"label": self.label, "depth": self.depth, "offset": self.offset}
+        spec: dict[str, Any] = {"label": self.label, "depth": self.depth, "offset": self.offset}
+        if self.turn is not None:
+            spec["turn"] = self.turn
+        return spec
+
+
+#: A position by conversation turn: ``"@turn:3"`` (layout/conversation.py).
+TURN_PREFIX = "@turn:"
 
 
 def parse_positions(values: Sequence[float | str]) -> list[Position]:
@@ -192,6 +208,17 @@ def parse_positions(values: Sequence[float | str]) -> list[Position]:
                 field="positions",
                 fix="write a spacing as <position>~near, ~far or ~<N>tok (e.g. 0.5~far), or leave it off",
             )
+        suffix = "" if spacing == "adjacent" else f"{SPACING_SEP}{spacing}"
+        if text.startswith(TURN_PREFIX):
+            turn = text[len(TURN_PREFIX) :]
+            if not turn.isdigit() or int(turn) < 1:
+                raise InputError(
+                    f"position {text!r} is not a turn",
+                    field="positions",
+                    fix="write a turn as @turn:<K>, K >= 1",
+                )
+            out.append(Position(label=text + suffix, turn=int(turn), spacing=spacing))
+            continue
         if text.startswith("@"):
             try:
                 offset = int(text[1:])
@@ -227,11 +254,32 @@ def parse_positions(values: Sequence[float | str]) -> list[Position]:
 # Document header and question lines per language. The frame prefix must end with non-whitespace
 # and the suffix starts with a paragraph break, so the seams around the context are exact.
 def case_frame(
-    case: Case, *, template: ChatTemplate | None, preamble: str = "", assembler: str = "default"
+    case: Case,
+    *,
+    template: ChatTemplate | None,
+    preamble: str = "",
+    assembler: str = "default",
+    conversation: Conversation | None = None,
 ) -> Frame:
     """The frame of one case: the prompt assembler's text before and after the context
-    (:mod:`depthgate.spec.assemblers`), rendered through ``template`` (raw completion frame when None)."""
+    (:mod:`depthgate.spec.assemblers`), rendered through ``template`` (raw completion frame when None),
+    as one user turn or, with ``conversation``, a multi-turn chat (layout/conversation.py)."""
     parts = assemble(assembler, case, preamble)
+    if conversation is not None:
+        if template is None:
+            raise SpecError(
+                'shape = "conversation" needs a chat template',
+                field="shape",
+                fix="give the system a chat_template",
+            )
+        return conversation_frame(
+            template,
+            turns=conversation.turns,
+            system=conversation.system,
+            user_before=parts.before,
+            user_after=parts.after,
+            answer_prefix=parts.answer,
+        )
     if template is None:
         return raw_frame(user_before=parts.before, user_after=parts.after, answer_prefix=parts.answer)
     return chat_frame(
@@ -291,6 +339,7 @@ def _case_spec(
         "moving": moving,
         "anchored": anchored,
         "filler_offset": filler_offset,
+        **({"turns": list(frame.separators)} if frame.separators else {}),
     }
 
 
@@ -360,6 +409,7 @@ class BuildOptions:
     max_output_tokens: int = 16
     filler_seed: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
+    conversation: Conversation | None = None
 
 
 def _filler_for(language: str, seed: int, max_length: int, n_cases: int) -> tuple[list[str], list[str], int]:
@@ -466,7 +516,13 @@ def _build_call(
     """The built frames of one language group of cases: one core call per spacing (and per nominal
     gap)."""
     frames = [
-        case_frame(c, template=options.template, preamble=options.preamble, assembler=options.assembler)
+        case_frame(
+            c,
+            template=options.template,
+            preamble=options.preamble,
+            assembler=options.assembler,
+            conversation=options.conversation,
+        )
         for c in lang_cases
     ]
     frame0 = frames[0]
@@ -509,7 +565,7 @@ def _build_call(
             }
             spec_json = f"{json.dumps(batch)[:-1]}, {filler.json}}}"
             ids, offs, texts, meta_json = _core.build_layout_columns(tokenizer._core, spec_json)
-            yield _to_frame(
+            built = _to_frame(
                 ids,
                 offs,
                 texts,
@@ -521,6 +577,9 @@ def _build_call(
                 assembler=assembler_version(options.assembler),
                 decisive={s["case_id"]: _decisive_ids(s) for s in specs},
             )
+            if options.conversation is not None and options.template is not None:
+                _prove_conversations(built, members, options)
+            yield built
 
 
 def build_layouts(
@@ -556,6 +615,23 @@ def build_layouts(
     finally:
         shutil.rmtree(tmp_dir, ignore_errors=True)
     return pl.concat(summaries) if summaries else pl.DataFrame(schema=BUILT_SCHEMA)
+
+
+def _prove_conversations(
+    frame: pl.DataFrame, members: Sequence[tuple[Case, Frame, int]], options: BuildOptions
+) -> None:
+    """Each conversation layout re-rendered whole by the template (conversation.prove_rendered)."""
+    assert options.template is not None and options.conversation is not None
+    for case, case_frame_, _ in members:
+        parts = assemble(options.assembler, case, options.preamble)
+        prove_rendered(
+            options.template,
+            case_frame_,
+            frame.filter(pl.col("case_id") == case.id),
+            system=options.conversation.system,
+            user_before=parts.before,
+            user_after=parts.after,
+        )
 
 
 def _decisive_ids(spec: Mapping[str, Any]) -> frozenset[str]:
@@ -651,6 +727,10 @@ def _to_frame(
         data["case_digest"].append(case_digests[m["case_id"]])
     data["token_ids"] = list(rows)
     data["text"] = texts
+    if frame.separators:
+        return pl.DataFrame(
+            {**data, **turn_columns(meta, frame.roles)}, schema={**BUILT_SCHEMA, **TURN_SCHEMA}
+        )
     return pl.DataFrame(data, schema=BUILT_SCHEMA)
 
 

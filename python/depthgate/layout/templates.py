@@ -403,6 +403,11 @@ class Frame:
     template_digest: str
     pinned_date: str
     add_special_tokens: bool
+    # A conversation frame (layout/conversation.py): the rendered text between consecutive turns'
+    # slots, the turns' roles, and the answer prefix appended to the suffix. Empty: one slot.
+    separators: tuple[str, ...] = ()
+    roles: tuple[str, ...] = ()
+    answer_prefix: str = ""
 
 
 def _renders(template: ChatTemplate, messages: list[dict[str, str]]) -> bool:

@@ -138,6 +138,11 @@ class Matrix(Frozen):
     # answer is fixed text at the very start / end of a prompt of the tested length
     # (depthgate.run.canary). 0 (the default) sends none and leaves digests and run ids as before.
     canaries: StrictInt = Field(default=0, ge=0, le=MAX_CANARIES)
+    # Issue 25: "single" (one user turn holds the context) or "conversation": `turns` alternating
+    # user/assistant turns over which filler and distractors are spread, the question in the last user
+    # turn, each turn's split proved faithful (depthgate.layout.conversation).
+    shape: Literal["single", "conversation"] = "single"
+    turns: StrictInt | None = None
     decode: DecodeParams = DecodeParams()
     baseline: System
     candidate: System
@@ -200,6 +205,7 @@ class Matrix(Frozen):
         # The slice count is known here: refuse a bootstrap too small to confirm a regression before
         # the plan is frozen and any request is sent.
         self._check_spacings()
+        self._check_shape()
         if isinstance(self.suite, BuiltinSuiteRef):
             layouts = self.suite.cases * len(self.lengths) * len(self.position_values())
             if layouts > MAX_LAYOUTS:
@@ -211,6 +217,28 @@ class Matrix(Frozen):
                 )
         self.plan.raise_violations(n_slices=len(self.lengths) * len(self.position_values()), prefix="plan.")
         return self
+
+    def _check_shape(self) -> None:
+        if self.shape == "single" and self.turns is not None:
+            raise violation(
+                'turns is set but shape is "single"',
+                field="turns",
+                fix='set shape = "conversation" or drop turns',
+            )
+        if self.shape == "conversation" and (self.turns is None or self.turns < 1 or self.turns % 2 == 0):
+            raise violation(
+                f'shape "conversation" needs an odd number of turns (got {self.turns})',
+                field="turns",
+                fix="give turns = 3, 5, 9 … (user/assistant alternate; the last turn is the user's question)",
+            )
+        if self.shape == "conversation" and any(
+            s.chat_template is None for s in (self.baseline, self.candidate)
+        ):
+            raise violation(
+                'shape "conversation" is rendered by a chat template; a system has none',
+                field="shape",
+                fix="give both systems a chat_template",
+            )
 
     def _check_spacings(self) -> None:
         if not self.spacings:
@@ -266,6 +294,8 @@ class Matrix(Frozen):
             del data["order"]
         if data.get("canaries") == 0:
             del data["canaries"]
+        if data.get("shape") == "single" and data.get("turns") is None:
+            del data["shape"], data["turns"]
         if data["suite"].get("conflict") is False:
             del data["suite"]["conflict"]
         return canonical_json(data)

@@ -133,6 +133,7 @@ pub mod methods {
                 }],
                 anchored: Vec::new(),
                 filler_offset: 0,
+                turns: Vec::new(),
             }],
             lengths: vec![length],
             positions: DEPTHS
@@ -141,6 +142,7 @@ pub mod methods {
                     label: d.to_string(),
                     depth: Some(*d),
                     offset: None,
+                    turn: None,
                 })
                 .collect(),
         }

@@ -67,6 +67,10 @@ pub struct CaseSpec {
     /// share it, so a case's haystack is identical at every position).
     #[serde(default)]
     pub filler_offset: usize,
+    /// A conversation (issue 25): the rendered frame text between consecutive turns' slots (end
+    /// of a turn, the next role's header, its fixed lead), `turns - 1` of them. Empty: one slot.
+    #[serde(default)]
+    pub turns: Vec<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -78,6 +82,9 @@ pub struct PositionSpec {
     /// Absolute token offset of the evidence start in the final prompt.
     #[serde(default)]
     pub offset: Option<usize>,
+    /// A turn of a conversation (1-based, `@turn:K`): the evidence goes to the middle of its slot.
+    #[serde(default)]
+    pub turn: Option<usize>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -115,6 +122,17 @@ pub struct Span {
     pub sha256: String,
 }
 
+/// Where one turn's content (its slot, without the template's separators) sits in the final prompt.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct TurnSpan {
+    /// 1-based; roles alternate user, assistant, …, and the last turn (the question's) is a user turn.
+    pub turn: usize,
+    pub token_start: usize,
+    pub token_end: usize,
+    pub char_start: usize,
+    pub char_end: usize,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Status {
@@ -146,4 +164,9 @@ pub struct Layout {
     pub verification: Verification,
     /// Why a fast layout fell back to full verification, if it did.
     pub verification_note: Option<String>,
+    /// In a conversation: the turn the moving block starts in, and every turn's content span.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub turn: Option<usize>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub turn_spans: Vec<TurnSpan>,
 }

@@ -129,12 +129,13 @@ fn batch(verification: Verification, lengths: Vec<usize>) -> BatchSpec {
                 AnchoredSpec { id: "d-sea".into(), text: " The maximum hotel rate for business travel in region South-East Asia is 265 USD per night 東京 😀.".into(), kind: UnitKind::Distractor, depth: 0.8 },
             ],
             filler_offset: 3,
+            turns: Vec::new(),
         }],
         lengths,
         positions: [0.0, 0.25, 0.5, 0.75, 1.0]
             .iter()
-            .map(|d| PositionSpec { label: d.to_string(), depth: Some(*d), offset: None })
-            .chain(std::iter::once(PositionSpec { label: "@300".into(), depth: None, offset: Some(300) }))
+            .map(|d| PositionSpec { label: d.to_string(), depth: Some(*d), offset: None, turn: None })
+            .chain(std::iter::once(PositionSpec { label: "@300".into(), depth: None, offset: Some(300), turn: None }))
             .collect(),
     }
 }
@@ -260,6 +261,7 @@ fn refusals_name_their_reason() {
         label: "@5000".into(),
         depth: None,
         offset: Some(5000),
+        turn: None,
     }];
     let layouts = build_layouts(&tok, &spec).unwrap();
     assert_eq!(
@@ -270,6 +272,7 @@ fn refusals_name_their_reason() {
         label: "1.5".into(),
         depth: Some(1.5),
         offset: None,
+        turn: None,
     }];
     assert!(build_layouts(&tok, &spec).is_err());
     let mut spec = batch(Verification::Full, vec![1024]);

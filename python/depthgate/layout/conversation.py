@@ -1,0 +1,235 @@
+"""Conversation frames: a multi-turn chat rendered by the model's own template, split around one
+context slot per turn, every split proved faithful (issue 25).
+
+A conversation of ``turns`` turns alternates user and assistant, starts and ends with a user turn
+(optional system turn first), and holds the question in its final user turn. Turn 1 is
+``user_before + slot``; turn k > 1 is ``lead + slot`` with a fixed non-whitespace lead (templates
+that trim content, Llama-3, leave it untouched); the last turn ends with ``user_after``. Rendering
+with the slot sentinel in every turn splits the prompt into ``prefix``, the ``turns - 1``
+separators (the rendered text between two turns' slots: end of turn, role header, lead) and the
+``suffix``. The split is then proved like the single-slot frame, per turn: re-rendering with a
+distinct probe in each turn must give ``prefix + probe_1 + sep_1 + … + suffix`` byte for byte. A
+template that drops, trims or rewrites an earlier turn (e.g. strips reasoning from past assistant
+turns, as DeepSeek-R1 and Qwen3 do) is refused with the turn and what it does to it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import polars as pl
+
+from depthgate.exceptions import SpecError, TemplateError, VerificationError
+from depthgate.layout.templates import SLOT_SENTINEL, ChatTemplate, Frame
+
+__all__ = [
+    "MAX_TURNS",
+    "TURN_LEADS",
+    "TURN_SCHEMA",
+    "Conversation",
+    "conversation_frame",
+    "conversation_messages",
+    "prove_rendered",
+    "turn_columns",
+    "turn_roles",
+]
+
+MAX_TURNS = 255
+
+#: The columns a conversation layout adds to layouts.parquet: the turn the moving block starts in
+#: (1-based) and every turn's content span (token and char range, from the final encoding).
+TURN_SCHEMA: dict[str, Any] = {
+    "turn": pl.Int64,
+    "turn_spans": pl.List(
+        pl.Struct(
+            {
+                "turn": pl.Int64,
+                "role": pl.Utf8,
+                "token_start": pl.Int64,
+                "token_end": pl.Int64,
+                "char_start": pl.Int64,
+                "char_end": pl.Int64,
+            }
+        )
+    ),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Conversation:
+    """The conversation shape of a build: ``turns`` context turns (odd), an optional system turn."""
+
+    turns: int
+    system: str | None = None
+
+    def __post_init__(self) -> None:
+        _check_turns(self.turns)
+
+
+# What turn k > 1 says before its slot, by role: non-whitespace, so trimming templates keep it.
+TURN_LEADS = {"user": "More of the document follows.", "assistant": "Noted. The document continues."}
+
+# Per-turn probes: the single-slot frame's transformations (leading whitespace and newlines, HTML
+# escaping, non-ASCII, jinja-looking text), a number per turn (a template that reorders or repeats
+# turns cannot match), and reasoning markup (templates that strip "<think>…</think>" from past
+# assistant turns rewrite content they never show the model again).
+_PROBES: tuple[str, ...] = (
+    " The quick brown fox jumps over the lazy dog in turn {k}.",
+    "\n\n第二段：数据 {k}。\nLine two\twith a tab, an émigré & <b>{{{{ not_a_tag }}}}</b> 🔥 end.",
+    " Draft {k}: <think>a private chain of thought</think> the visible reply {k}.",
+)
+_REASONING_MARK = "</think>"
+
+
+def turn_roles(turns: int) -> tuple[str, ...]:
+    """Roles of the ``turns`` context turns: user, assistant, user, … (odd count, ends with user)."""
+    return tuple("user" if k % 2 == 0 else "assistant" for k in range(turns))
+
+
+def _check_turns(turns: int) -> None:
+    if isinstance(turns, bool) or not isinstance(turns, int) or not 1 <= turns <= MAX_TURNS or turns % 2 == 0:
+        raise SpecError(
+            f"turns = {turns!r}: a conversation alternates user/assistant and ends with the user turn "
+            "that asks the question, so it needs an odd number of turns",
+            field="turns",
+            fix=f"use an odd number of turns between 1 and {MAX_TURNS} (e.g. 3, 5, 9)",
+        )
+
+
+def conversation_messages(
+    contents: Sequence[str], *, system: str | None, user_before: str, user_after: str
+) -> list[dict[str, str]]:
+    """The messages of a conversation whose turn k holds ``contents[k]`` (its slot)."""
+    roles = turn_roles(len(contents))
+    messages = [] if system is None else [{"role": "system", "content": system}]
+    for k, (role, content) in enumerate(zip(roles, contents, strict=True)):
+        text = (user_before if k == 0 else TURN_LEADS[role]) + content
+        if k == len(contents) - 1:
+            text += user_after
+        messages.append({"role": role, "content": text})
+    return messages
+
+
+def _diagnose(template: ChatTemplate, k: int, role: str, probe: str, rendered: str) -> str:
+    """What the template did to turn ``k`` (0-based) holding ``probe``: named for the refusal."""
+    turn = f"turn {k + 1} ({role}{', a past turn' if role == 'assistant' else ''})"
+    if _REASONING_MARK in probe and probe.split(_REASONING_MARK)[-1] in rendered and probe not in rendered:
+        mark = _REASONING_MARK
+        return f"{turn}: the template strips reasoning (text up to {mark!r}) from past assistant turns"
+    if probe.strip() in rendered and probe not in rendered:
+        return f"{turn}: the template trims the turn's content"
+    if probe not in rendered:
+        return f"{turn}: the template rewrites or drops the turn's content"
+    return f"{turn}: the template renders the turn differently from the conversation's split"
+
+
+def conversation_frame(
+    template: ChatTemplate,
+    *,
+    turns: int,
+    system: str | None,
+    user_before: str,
+    user_after: str,
+    answer_prefix: str = "",
+) -> Frame:
+    """Frame of a ``turns``-turn conversation (``Frame.separators`` between the turns' slots)."""
+    _check_turns(turns)
+    for name, value in (("system", system), ("user_before", user_before), ("user_after", user_after)):
+        if value is not None and SLOT_SENTINEL in value:
+            raise TemplateError(
+                "text contains the context-slot sentinel",
+                file=template.path,
+                field=name,
+                fix="remove the private-use characters U+E000/U+E001 from the case text",
+            )
+    roles = turn_roles(turns)
+
+    def render(contents: Sequence[str]) -> str:
+        messages = conversation_messages(
+            contents, system=system, user_before=user_before, user_after=user_after
+        )
+        return template.render(messages)
+
+    rendered = render([SLOT_SENTINEL] * turns)
+    count = rendered.count(SLOT_SENTINEL)
+    if count != turns:
+        raise TemplateError(
+            f"template drops or repeats earlier turns of a {turns}-turn conversation "
+            f"({count} of {turns} turn contents appear once in the rendering)",
+            file=template.path,
+            field="chat_template",
+            fix='use a template that renders every past turn verbatim, or shape = "single"',
+        )
+    pieces = rendered.split(SLOT_SENTINEL)
+    # Per turn, per probe: that turn holds the probe, the others the sentinel (a cheap render each).
+    for k in range(turns):
+        for raw in _PROBES:
+            probe = raw.format(k=k + 1)
+            contents = [SLOT_SENTINEL] * turns
+            contents[k] = probe
+            actual = render(contents)
+            expected = SLOT_SENTINEL.join(pieces[: k + 1]) + probe + SLOT_SENTINEL.join(pieces[k + 1 :])
+            if actual != expected:
+                raise TemplateError(
+                    "template does not render every turn verbatim, so the conversation cannot be split: "
+                    + _diagnose(template, k, roles[k], probe, actual),
+                    file=template.path,
+                    field="chat_template",
+                    fix='use a template that renders past turns verbatim, or shape = "single"',
+                )
+    bos = template.bos_token
+    return Frame(
+        prefix=pieces[0],
+        suffix=pieces[-1] + answer_prefix,
+        kind="chat",
+        template_digest=template.digest,
+        pinned_date=template.pinned_date.isoformat(),
+        add_special_tokens=not (bos and rendered.startswith(bos)),
+        separators=tuple(pieces[1:-1]),
+        answer_prefix=answer_prefix,
+        roles=roles,
+    )
+
+
+def turn_columns(meta: Sequence[Mapping[str, Any]], roles: Sequence[str]) -> dict[str, list[Any]]:
+    """The :data:`TURN_SCHEMA` columns of a batch's layouts (the core's ``turn``/``turn_spans``)."""
+    return {
+        "turn": [m.get("turn") for m in meta],
+        "turn_spans": [
+            [{**span, "role": roles[span["turn"] - 1]} for span in m.get("turn_spans") or []] for m in meta
+        ],
+    }
+
+
+def prove_rendered(
+    template: ChatTemplate,
+    frame: Frame,
+    layouts: pl.DataFrame,
+    *,
+    system: str | None,
+    user_before: str,
+    user_after: str,
+) -> None:
+    """Every ok conversation layout is what the template renders for its own turns: the turn contents
+    are read back from their char ranges and the whole conversation is rendered again (the final
+    prompt, not only its frame, is the template's output). Raises VerificationError naming the layout."""
+    for row in layouts.filter(pl.col("status") == "ok").select("layout_id", "text", "turn_spans").iter_rows():
+        layout_id, text, spans = row
+        contents = [text[s["char_start"] : s["char_end"]] for s in spans]
+        if len(contents) != len(frame.roles):
+            raise VerificationError(
+                f"layout {layout_id} records {len(contents)} turns, the frame has {len(frame.roles)}",
+                field="turn_spans",
+                fix="rebuild the layouts; this is a depthgate bug if it persists",
+            )
+        messages = conversation_messages(
+            contents, system=system, user_before=user_before, user_after=user_after
+        )
+        if template.render(messages) + frame.answer_prefix != text:
+            raise VerificationError(
+                f"layout {layout_id}: the template renders its conversation differently from the prompt",
+                field="text",
+                fix="rebuild with --verification full; report the template if it persists",
+            )
