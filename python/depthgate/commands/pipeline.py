@@ -174,9 +174,12 @@ def _prepare_arm(
         sent.canaries.extend(arm_canaries)
 
 
-def _matrix_and_suite(matrix_path: Path, *, aa: bool, controls: bool) -> tuple[Matrix, Suite]:
+def _matrix_and_suite(
+    matrix_path: Path, *, aa: bool, controls: bool, shard: tuple[int, int] | None, engine: str
+) -> tuple[Matrix, Suite]:
     """The matrix (its A/A form with ``aa``) and its suite; a plan whose primary metric needs the
-    controls is refused when they are skipped."""
+    controls is refused when they are skipped, a sequential plan with shards or Ray (issue #26)."""
+    from depthgate.commands.sequential import refuse_sequential
     from depthgate.spec.suites import resolve_suite
 
     matrix = load_matrix(matrix_path)
@@ -193,7 +196,22 @@ def _matrix_and_suite(matrix_path: Path, *, aa: bool, controls: bool) -> tuple[M
             field="plan.primary_metric",
             fix='drop --no-controls, or pre-register primary_metric = "pass"',
         )
+    refuse_sequential(matrix.plan, shard=shard, engine=engine, file=str(matrix_path))
     return matrix, suite
+
+
+def _matrix_sender(
+    matrix: Matrix, suite: Suite, out: Path, sent: _Sending, run_jobs: Callable[..., Any], options: RunOptions
+) -> Callable[[], Any] | None:
+    """How the matrix's jobs go out when not all at once: look by look for ``stop_rule = "sequential"``
+    (issue #26, :func:`depthgate.commands.sequential.send_looks`); None otherwise."""
+    if matrix.plan.stop_rule != "sequential":
+        return None
+    from depthgate.commands.sequential import send_looks
+
+    return functools.partial(
+        send_looks, matrix, suite, out, sent.jobs, run_jobs, sent.backends, options, sent.sources
+    )
 
 
 def _send(
@@ -254,10 +272,7 @@ def run_matrix(
     from depthgate.run.records import compact
 
     matrix_path = Path(matrix_path)
-    matrix, suite = _matrix_and_suite(matrix_path, aa=aa, controls=controls)
-    from depthgate.commands.sequential import refuse_sequential
-
-    refuse_sequential(matrix.plan, shard=shard, engine=engine, file=str(matrix_path))  # issue #26
+    matrix, suite = _matrix_and_suite(matrix_path, aa=aa, controls=controls, shard=shard, engine=engine)
     run_jobs = _engine(engine, matrix, matrix_path.parent, ray_actors)  # refused before anything is built
     out = Path(out_dir)
     arms = [
@@ -308,16 +323,7 @@ def run_matrix(
         if shard is not None:
             _freeze_shard(out, shard)
         sending = True
-        matrix_sender = None
-        if matrix.plan.stop_rule == "sequential":  # look by look (issue #26, commands/sequential.py)
-            from depthgate.commands.sequential import send_looks
-
-            def matrix_sender() -> Any:
-                return send_looks(
-                    matrix, suite, out, sent.jobs, run_jobs, sent.backends, options, sent.sources
-                )
-
-        _send(sent, run_jobs, out, options, matrix_sender)
+        _send(sent, run_jobs, out, options, _matrix_sender(matrix, suite, out, sent, run_jobs, options))
         print_endpoint_counts(out, sent.backends)
         for a in arms:
             if a.system.runtime.cache_control:

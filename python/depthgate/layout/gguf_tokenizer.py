@@ -162,7 +162,9 @@ class _Vocab:
     add_space_prefix: bool
 
 
-def _read_vocab(path: Path) -> _Vocab:
+def _gguf_fields(path: Path) -> dict[str, Any]:
+    """The metadata fields of a GGUF file (named errors for a missing file, a missing ``gguf`` package
+    and an unreadable file)."""
     shown = str(path)
     if not path.is_file():
         raise TokenizerLoadError(
@@ -186,6 +188,12 @@ def _read_vocab(path: Path) -> _Vocab:
         reader = gguf.GGUFReader(str(path), "r")
 
     fields: dict[str, Any] = reader.fields
+    return fields
+
+
+def _read_vocab(path: Path) -> _Vocab:
+    shown = str(path)
+    fields = _gguf_fields(path)
 
     def get(key: str, default: Any = None) -> Any:
         field = fields.get(key)

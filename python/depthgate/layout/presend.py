@@ -14,7 +14,7 @@ fault.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -156,16 +156,7 @@ def guard_layouts(
     frames: dict[str, Frame | TemplateError] = {}
     if bos_id is None:
         bos_id = tokenizer.bos_id
-    contract = json.dumps(
-        {
-            "target_tokens": 0,  # each layout's own, from its column
-            "window": window,
-            "max_output_tokens": max_output_tokens,
-            "template_digest": expected_digest,
-            "pinned_date": pinned_date,
-            "bos_id": bos_id,
-        }
-    )
+    contract = _contract(window, max_output_tokens, expected_digest, pinned_date, bos_id)
     statuses = frame["status"].to_list()
     found: list[list[tuple[str, str]]] = [[] for _ in statuses]
     # An evidence-absent control (run/controls.py) has no evidence span by design when its case has no
@@ -197,15 +188,9 @@ def guard_layouts(
                 ]
             found[i].extend((f"presend_{code}", detail) for code, detail in violations)
             if check_frames and cases is not None and block.case_ids[j] in cases:
-                case_id = str(block.case_ids[j])
-                if case_id not in frames:
-                    try:
-                        frames[case_id] = case_frame(
-                            cases[case_id], template=template, preamble=preamble, assembler=assembler
-                        )
-                    except TemplateError as exc:
-                        frames[case_id] = exc
-                mismatch = _frame_violation({"text": block.texts[j]}, frames[case_id])
+                mismatch = _frame_check(
+                    frames, cases, str(block.case_ids[j]), block.texts[j], template, preamble, assembler
+                )
                 if mismatch is not None:
                     found[i].append(mismatch)
             codes = {code for code, _ in found[i]}
@@ -220,6 +205,55 @@ def guard_layouts(
         if verify:
             for j, verified in block.verify(tokenizer).items():
                 found[index[j]].extend((f"verify_{v['code']}", str(v["detail"])) for v in verified)
+    return _with_violations(frame, statuses, found)
+
+
+def _contract(
+    window: int | None,
+    max_output_tokens: int,
+    template_digest: str,
+    pinned_date: str | None,
+    bos_id: int | None,
+) -> str:
+    """The pre-send contract of the Rust checks, as JSON (``target_tokens``: each layout's own)."""
+    return json.dumps(
+        {
+            "target_tokens": 0,
+            "window": window,
+            "max_output_tokens": max_output_tokens,
+            "template_digest": template_digest,
+            "pinned_date": pinned_date,
+            "bos_id": bos_id,
+        }
+    )
+
+
+def _frame_check(
+    frames: dict[str, Frame | TemplateError],
+    cases: Mapping[str, Case],
+    case_id: str,
+    text: str,
+    template: ChatTemplate | None,
+    preamble: str,
+    assembler: str,
+) -> tuple[str, str] | None:
+    """The frame violation of one layout's prompt against the frame its system renders now for its case
+    (``frames`` caches them per case; a template that raises is the violation of every layout)."""
+    if case_id not in frames:
+        try:
+            frames[case_id] = case_frame(
+                cases[case_id], template=template, preamble=preamble, assembler=assembler
+            )
+        except TemplateError as exc:
+            frames[case_id] = exc
+    return _frame_violation({"text": text}, frames[case_id])
+
+
+def _with_violations(
+    frame: pl.DataFrame, statuses: Sequence[str], found: Sequence[Sequence[tuple[str, str]]]
+) -> pl.DataFrame:
+    """``frame`` with every ``ok`` row that has violations ``refused``: the most specific code (see
+    :data:`REASON_PRIORITY`) as ``reason_code`` and every violation in ``reason``."""
     status: list[str] = []
     code_col: list[str | None] = []
     reason_col: list[str | None] = []
