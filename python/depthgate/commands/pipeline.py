@@ -26,7 +26,7 @@ import os
 import platform
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -142,7 +142,7 @@ class ArmSetup:
         """How this arm's layouts are built from the matrix (``depthgate run`` and ``build --matrix``
         alike): the same options give the same layout ids."""
         return BuildOptions(
-            lengths=matrix.lengths,
+            lengths=matrix.built_lengths(),
             positions=parse_positions(matrix.position_values()),
             template=self.template,
             preamble=self.system.preamble,
@@ -212,6 +212,8 @@ def _manifest(matrix: Matrix, matrix_path: Path, suite: Suite, arms: list[ArmSet
         "systems": systems,
         "versions": _versions(),
     }
+    if matrix.plan.short_base_lengths():  # only then: other manifests digest exactly as before
+        body["base_lengths"] = matrix.plan.short_base_lengths()
     digest = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
     # The run id binds the plan, suite and systems: the same matrix reruns into the same id (resume).
     body["run_id"] = f"{matrix.name}-{digest[:12]}"
@@ -368,7 +370,9 @@ def run_matrix(
                 # Controls beside the matrix: evidence-only short input and evidence-absent haystack.
                 control_path = out / a.arm / CONTROLS_FILE
                 if not control_path.is_file():
-                    build_controls(suite, a.tokenizer, options_for(a), control_path)
+                    # at the gated lengths only (the base lengths need no controls)
+                    gated_only = replace(options_for(a), lengths=list(matrix.lengths))
+                    build_controls(suite, a.tokenizer, gated_only, control_path)
                 # A controls file, or a named error; only small columns (not every control's ids).
                 read_controls(control_path, columns=["layout_id", "control"])
                 control_sources[a.arm] = _store(control_path, out / a.arm / "controls-store")
@@ -386,7 +390,7 @@ def run_matrix(
                     a.arm,
                     matrix.canaries,
                     a.tokenizer,
-                    options_for(a),
+                    replace(options_for(a), lengths=list(matrix.lengths)),
                     out / a.arm,
                     guard,
                     _guarded_rows,
@@ -688,6 +692,12 @@ def gate_run(
     layouts = pl.concat(list(by_arm.values()))
     scored = score_records(records, suite, layouts)
     scored.write_parquet(run / "scored.parquet")
+    # The short lengths of NoLiMa's base score (issue #24) are measured beside the grid, never gated:
+    # every view below (gate, report, controls, noise floor) sees the frozen matrix lengths only.
+    base_lengths = list(frozen.base_lengths or [])
+    base_scored = scored.filter(pl.col("length").is_in(base_lengths)) if base_lengths else None
+    if base_lengths:
+        scored = scored.filter(pl.col("length").is_in(lengths))
     scored_controls = _score_controls(run, suite)
     labels = [p.label for p in parse_positions(positions)]
     placed = [c.id for c in suite.cases if c.decisive]  # the cases build_layouts places
@@ -724,7 +734,7 @@ def gate_run(
     )
     if scored_controls is not None:
         _add_controls(run, scored, scored_controls, paths.verdict_json, paths.summary_md, eligibility)
-    _add_position(run, plan, frozen.seeds, scored, paths.out_dir)
+    _add_position(run, plan, frozen.seeds, scored, paths.out_dir, base_scored=base_scored)
     if (run / AA_FILE).is_file():
         _add_noise_floor(scored, gate_plan(plan, lengths, labels), paths.out_dir)
     return result, paths.exit_code, paths.report_html
@@ -748,10 +758,17 @@ def _mark_aa(out: Path, matrix: Matrix) -> None:
 
 
 def _add_position(
-    run: Path, plan: AnalysisPlan, seeds: Sequence[int], scored: pl.DataFrame, report_dir: Path
+    run: Path,
+    plan: AnalysisPlan,
+    seeds: Sequence[int],
+    scored: pl.DataFrame,
+    report_dir: Path,
+    *,
+    base_scored: pl.DataFrame | None = None,
 ) -> None:
     """Effective length, control-normalised accuracy and pass^k (depthgate.report.position) into
-    verdict.json (``position``), summary.md and report.html; never changes the verdict."""
+    verdict.json (``position``), summary.md and report.html; never changes the verdict. ``base_scored``:
+    the records at the short base lengths (NoLiMa's base score), None when the run built none."""
     from depthgate.report.position import add_position_section, position_science, spacing_layouts
 
     controls_path = run / "scored_controls.parquet"
@@ -760,7 +777,12 @@ def _add_position(
     )
     try:
         science = position_science(
-            scored, plan, seeds=seeds, scored_controls=scored_controls, layouts=spacing_layouts(run)
+            scored,
+            plan,
+            seeds=seeds,
+            scored_controls=scored_controls,
+            layouts=spacing_layouts(run),
+            base_scored=base_scored,
         )
     except InputError as exc:
         print(f"depthgate: position science not computed: {exc}", file=sys.stderr)

@@ -137,12 +137,15 @@ def position_science(
     seeds: Sequence[int],
     scored_controls: pl.DataFrame | None = None,
     layouts: pl.DataFrame | None = None,
+    base_scored: pl.DataFrame | None = None,
 ) -> PositionScience:
     """Effective length (the plan's rule and threshold), control-normalised accuracy and pass^k of a run.
 
     NoLiMa needs the evidence-only controls for its base score: without them (``--no-controls``) or when
     they cannot give one, the base score is 1.0 for both arms and a note says so. ``layouts``
-    (:func:`spacing_layouts`) gives the spacing table its measured gaps and multi-evidence cases."""
+    (:func:`spacing_layouts`) gives the spacing table its measured gaps and multi-evidence cases.
+    ``base_scored``: the records at the short base lengths (issue #24), the NoLiMa base when the plan's
+    ``base_score`` is "short"; when they give no base for an arm, the controls do (a note says so)."""
     notes: list[str] = []
     alpha = look_alpha(plan.alpha, plan.stop_rule)
     common: dict[str, Any] = {
@@ -157,7 +160,14 @@ def position_science(
         if plan.effective_length_rule == "ruler":
             effective = effective_length(scored, **common)
         else:
-            if scored_controls is not None and scored_controls.height:
+            if base_scored is not None and plan.base_score == "short":
+                try:
+                    effective = effective_length(scored, base_records=base_scored, **common)
+                except InputError as exc:
+                    notes.append(f"NoLiMa base score from the short lengths failed ({exc.message})")
+            if effective is not None:
+                pass
+            elif scored_controls is not None and scored_controls.height:
                 try:
                     # Each arm's base from its own controls; an arm without a usable one takes 1.0
                     # alone (its controls lost to its serving path never move the other arm's numbers).
@@ -177,7 +187,7 @@ def position_science(
     normalised = None
     if scored_controls is not None and scored_controls.height:
         try:
-            normalised = control_normalised_accuracy(scored, scored_controls)
+            normalised = control_normalised_accuracy(scored, scored_controls, alpha=alpha)
         except InputError as exc:
             notes.append(f"control-normalised accuracy not computed: {exc.message}")
     repeat = pass_hat_k(scored, seeds=seeds)
@@ -249,6 +259,13 @@ def _el_rows(ps: PositionScience) -> list[list[str]]:
     return rows
 
 
+def _with_interval(r: Mapping[str, Any], name: str) -> str:
+    """``0.50 [0.25, 0.75]``: an accuracy with its Wilson interval (judge.position adds it)."""
+    if r.get(name) is None or r.get(f"{name}_lower") is None:
+        return _f(r.get(name))
+    return f"{_f(r[name])} [{_f(r[f'{name}_lower'])}, {_f(r[f'{name}_upper'])}]"
+
+
 def _cna_rows(ps: PositionScience) -> list[list[str]]:
     if ps.normalised is None:
         return []
@@ -256,9 +273,9 @@ def _cna_rows(ps: PositionScience) -> list[list[str]]:
         [
             r["arm"],
             f"{r['length']}/{r['position']}",
-            _f(r["accuracy"]),
-            f"{_f(r['accuracy_eligible'])} (n={r['n_eligible']})",
-            f"{_f(r['accuracy_eligible_baseline'])} (n={r['n_eligible_baseline']})",
+            _with_interval(r, "accuracy"),
+            f"{_with_interval(r, 'accuracy_eligible')} (n={r['n_eligible']})",
+            f"{_with_interval(r, 'accuracy_eligible_baseline')} (n={r['n_eligible_baseline']})",
         ]
         for r in ps.normalised.iter_rows(named=True)
     ]
@@ -323,7 +340,13 @@ _SPACING_NOTE = (
 )
 
 _EL_HEAD = ["depth", "baseline EL [interval]", "candidate EL [interval]", "Δ tokens [interval]"]
-_CNA_HEAD = ["arm", "slice", "raw accuracy", "control-normalised (own control)", "on baseline-eligible"]
+_CNA_HEAD = [
+    "arm",
+    "slice",
+    "raw accuracy [Wilson]",
+    "control-normalised (own control)",
+    "on baseline-eligible",
+]
 
 
 def _phk_head(k: int) -> list[str]:
@@ -334,6 +357,35 @@ def _md_table(head: list[str], rows: list[list[str]]) -> list[str]:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(cells) + " |" for cells in rows]
     return lines
+
+
+def _base_lines(el: EffectiveLengthResult) -> list[str]:
+    """The measured base score per arm with its interval, and the grid points above it (issue #24)."""
+    if el.base is None:
+        return []
+    level = f"{100 * (1 - el.alpha):g}%"
+    lines = []
+    for b in el.base:
+        where = (
+            "the same task at " + "/".join(str(x) for x in b.lengths) + " tokens"
+            if b.source == "short"
+            else "the evidence-only control"
+        )
+        skipped = f", {b.not_sent} short runs never sent (refused layouts) left out" if b.not_sent else ""
+        lines.append(
+            f"Base score, {b.arm}: {b.accuracy:.2f} [{b.lower:.2f}, {b.upper:.2f}] ({level} Wilson, "
+            f"clustered by case; {where}; {b.n_cases} cases, {b.runs} runs{skipped})."
+        )
+    for arm in ARMS:
+        above = [a for a in el.above_base if a.arm == arm]
+        if above:
+            points = ", ".join(f"{a.length} ({a.accuracy:.2f})" for a in above)
+            lines.append(
+                f"Above the base, {arm}: accuracy over all depths exceeds the base {above[0].base:.2f} by "
+                f"more than its interval (upper {above[0].base_upper:.2f}) at {points}: the base "
+                "under-states this arm, so its NoLiMa threshold is lenient."
+            )
+    return [*lines, ""]
 
 
 def render_position_markdown(ps: PositionScience) -> str:
@@ -348,6 +400,7 @@ def render_position_markdown(ps: PositionScience) -> str:
             "",
             *_md_table(_EL_HEAD, _el_rows(ps)),
             "",
+            *_base_lines(el),
         ]
     if ps.normalised is not None:
         lines += ["Control-normalised accuracy beside raw (cases whose evidence-only control passes):", ""]
