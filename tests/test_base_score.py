@@ -228,3 +228,17 @@ def test_run_builds_the_short_lengths_beside_the_grid_and_never_gates_them(
     assert main(["gate", str(run)]) == ExitCode.PASS
     assert (run / "report" / "verdict.json").read_bytes() == first
     assert np.isclose(base["candidate"]["accuracy"], 1.0)
+
+
+def test_the_threshold_uses_the_base_it_reports_when_a_case_has_no_grid_record_yet() -> None:
+    # a partial run: case c was sent at the short length but none of its grid layouts yet
+    short = _records(
+        [("baseline", c, 250, "0.5", o) for c, o in zip("abc", ("pass", "pass", "fail"), strict=True)],
+        [1] * 3,
+    )
+    grid = _records([("baseline", c, 1000, "0.5", "pass") for c in "ab"])
+    el = effective_length(grid, rule="nolima", threshold=0.85, base_records=short, reps=50)
+    (b,) = el.base or ()
+    assert b.accuracy == pytest.approx(2 / 3) and el.base_scores == {"baseline": pytest.approx(2 / 3)}
+    assert el.row("baseline", "0.5").threshold_abs == pytest.approx(0.85 * 2 / 3)
+    assert el.row("baseline", "0.5").n_cases == 2

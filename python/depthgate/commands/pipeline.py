@@ -179,7 +179,9 @@ def plan_digest(plan: AnalysisPlan, lengths: Sequence[int], positions: Sequence[
     return hashlib.sha256(canonical_json(body).encode("utf-8")).hexdigest()
 
 
-def _manifest(matrix: Matrix, matrix_path: Path, suite: Suite, arms: list[ArmSetup]) -> dict[str, Any]:
+def _manifest(
+    matrix: Matrix, matrix_path: Path, suite: Suite, arms: list[ArmSetup], *, aa: bool = False
+) -> dict[str, Any]:
     from depthgate.run.backends import determinism_settings
 
     systems: dict[str, dict[str, Any]] = {}
@@ -212,7 +214,7 @@ def _manifest(matrix: Matrix, matrix_path: Path, suite: Suite, arms: list[ArmSet
         "systems": systems,
         "versions": _versions(),
     }
-    if matrix.plan.short_base_lengths():  # only then: other manifests digest exactly as before
+    if matrix.plan.short_base_lengths() and not aa:  # only then: other manifests digest as before
         body["base_lengths"] = matrix.plan.short_base_lengths()
     digest = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
     # The run id binds the plan, suite and systems: the same matrix reruns into the same id (resume).
@@ -318,7 +320,9 @@ def run_matrix(
     sending = False
 
     def options_for(a: ArmSetup) -> BuildOptions:
-        return a.build_options(matrix, verification)
+        options = a.build_options(matrix, verification)
+        # An A/A run measures the noise of the gated slices: no short lengths for a base score.
+        return replace(options, lengths=list(matrix.lengths)) if aa else options
 
     backends = {}
     jobs: list[tuple[str, Mapping[str, Any]]] = []
@@ -328,7 +332,7 @@ def run_matrix(
     control_sources: dict[str, LayoutStore] = {}
     canary_sources: dict[str, LayoutStore] = {}
     try:
-        manifest = _freeze_manifest(out, _manifest(matrix, matrix_path, suite, arms))
+        manifest = _freeze_manifest(out, _manifest(matrix, matrix_path, suite, arms, aa=aa))
         _freeze_suite(out, suite)
         for a in arms:
             layout_path = out / a.arm / "layouts.parquet"

@@ -249,10 +249,14 @@ class _Grid:
     counts: dict[tuple[str, str], npt.NDArray[np.int64]]
 
 
-def _grid(scored: pl.DataFrame) -> _Grid:
+def _grid(scored: pl.DataFrame, extra_cases: list[str] | None = None) -> _Grid:
+    """``extra_cases``: cases resampled with the grid's although they have no grid record (a short base
+    run of a case whose long runs are not in yet), so the base and its interval use the same cases."""
     runs = runs_frame(scored)
     rates = case_rates(runs)
-    cases = sorted(runs["case_id"].unique().to_list())
+    if runs.height == 0:
+        raise InputError("no records", fix="pass the scored records of a run")
+    cases = sorted(set(runs["case_id"].unique().to_list()) | set(extra_cases or []))
     if not cases:
         raise InputError("no records", fix="pass the scored records of a run")
     index = {c: i for i, c in enumerate(cases)}
@@ -543,7 +547,8 @@ def effective_length(
     """
     sources = {"base_records": base_records, "scored_controls": scored_controls, "base_scores": base_scores}
     _check_args(rule, threshold, alpha, reps, sources)
-    g = _grid(scored)
+    extra = None if base_records is None else [str(c) for c in base_records["case_id"].unique().to_list()]
+    g = _grid(scored, extra)
     n = len(g.cases)
     if rule == "ruler":
         b = _Bases({}, {}, None)

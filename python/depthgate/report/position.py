@@ -102,11 +102,14 @@ def _clean(value: Any) -> Any:
 LOW_BASE_SCORE = 0.5
 
 
-def _low_base_notes(base_scores: Mapping[str, float] | None, threshold: float) -> list[str]:
+def _low_base_notes(
+    base_scores: Mapping[str, float] | None, threshold: float, source: str = "control"
+) -> list[str]:
     """A note per arm whose NoLiMa base score is too low for its relative threshold to mean much."""
+    fails = "its short-length runs" if source == "short" else "evidence-only controls"
     return [
-        f"{arm}: NoLiMa base score {base:.2f} is below {LOW_BASE_SCORE} (the arm fails most evidence-only "
-        f"controls), so its threshold {threshold * base:.3f} is near chance; read the RULER rule "
+        f"{arm}: NoLiMa base score {base:.2f} is below {LOW_BASE_SCORE} (the arm fails most {fails}), "
+        f"so its threshold {threshold * base:.3f} is near chance; read the RULER rule "
         '(effective_length_rule = "ruler") or the control-normalised table for this arm'
         for arm, base in sorted((base_scores or {}).items())
         if base < LOW_BASE_SCORE
@@ -181,7 +184,8 @@ def position_science(
                 notes.append("no controls ran: NoLiMa base score taken as 1.0 (an absolute threshold)")
             if effective is None:
                 effective = effective_length(scored, base_scores=dict.fromkeys(ARMS, 1.0), **common)
-            notes.extend(_low_base_notes(effective.base_scores, plan.effective_length_threshold))
+            source = effective.base[0].source if effective.base else "control"
+            notes.extend(_low_base_notes(effective.base_scores, plan.effective_length_threshold, source))
     except InputError as exc:
         notes.append(f"effective length not computed: {exc.message}")
     normalised = None
