@@ -106,7 +106,7 @@ def _low_base_notes(
     base_scores: Mapping[str, float] | None, threshold: float, source: str = "control"
 ) -> list[str]:
     """A note per arm whose NoLiMa base score is too low for its relative threshold to mean much."""
-    fails = "its short-length runs" if source == "short" else "evidence-only controls"
+    fails = "of its short-length runs" if source == "short" else "evidence-only controls"
     return [
         f"{arm}: NoLiMa base score {base:.2f} is below {LOW_BASE_SCORE} (the arm fails most {fails}), "
         f"so its threshold {threshold * base:.3f} is near chance; read the RULER rule "
