@@ -108,7 +108,13 @@ def short_base(
         per_length = []
         for length in lengths:
             # one rate per case at this length (its depths and seeds pooled), then the mean over cases
-            at = own.filter(pl.col("length") == length).group_by("case_id").agg(pl.col("y").mean())
+            # sorted by case: the same float sum in every process (group_by's order is not fixed)
+            at = (
+                own.filter(pl.col("length") == length)
+                .group_by("case_id")
+                .agg(pl.col("y").mean())
+                .sort("case_id")
+            )
             if at.height:
                 per_length.append((length, float(at["y"].mean()), at.height))  # type: ignore[arg-type]
         scores[arm] = BaseScore(

@@ -201,7 +201,10 @@ def _interval_columns(out: pl.DataFrame, group: str, name: str, alpha: float) ->
             lows.append(None)
             highs.append(None)
             continue
-        lo, hi, _ = wilson_design_interval(np.asarray(rates, dtype=np.float64), float(np.mean(valid)), alpha)
+        # sorted: the same float sums in every process (the aggregated list's order is not fixed)
+        lo, hi, _ = wilson_design_interval(
+            np.sort(np.asarray(rates, dtype=np.float64)), float(np.mean(valid)), alpha
+        )
         lows.append(lo)
         highs.append(hi)
     return [
