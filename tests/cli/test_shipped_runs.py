@@ -2,7 +2,8 @@
 scored.parquet, manifest, suite) re-gates to the very bytes of its shipped verdict.json and summary.md.
 
 docs/vllm-cpu/ holds the real vLLM server's runs behind docs/nightly.md (scripts/vllm/measure.py): the
-matrix in two request orders and its A/A run.
+matrix in two request orders and its A/A run. docs/position-showcase/ is the embedded-default run behind
+docs/position.md (issue #24; tests/cli/test_position_docs.py rebuilds that page's tables from it).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ SHIPPED = sorted(
 
 def test_the_shipped_run_folders_are_found() -> None:
     names = {f"{p.parent.name}/{p.name}" for p in SHIPPED}
-    assert {"vllm-cpu/shuffled", "vllm-cpu/haystack", "vllm-cpu/aa"} <= names
+    assert {"vllm-cpu/shuffled", "vllm-cpu/haystack", "vllm-cpu/aa", "docs/position-showcase"} <= names
 
 
 @pytest.mark.parametrize("folder", SHIPPED, ids=lambda p: str(p.relative_to(REPO / "docs")))

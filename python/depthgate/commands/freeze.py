@@ -101,11 +101,13 @@ class ArmSetup:
     template: ChatTemplate | None
     snapshots: dict[str, Any] = field(default_factory=dict)
 
-    def build_options(self, matrix: Matrix, verification: str) -> BuildOptions:
+    def build_options(self, matrix: Matrix, verification: str, *, base_lengths: bool = True) -> BuildOptions:
         """How this arm's layouts are built from the matrix (``depthgate run`` and ``build --matrix``
-        alike): the same options give the same layout ids."""
+        alike): the same options give the same layout ids. ``base_lengths``: with the short lengths of
+        NoLiMa's base score (:meth:`Matrix.built_lengths`; never gated); False for what is measured at
+        the gated lengths only (controls, canaries, an A/A run)."""
         return BuildOptions(
-            lengths=matrix.lengths,
+            lengths=matrix.built_lengths() if base_lengths else list(matrix.lengths),
             positions=parse_positions(matrix.position_values()),
             template=self.template,
             preamble=self.system.preamble,
@@ -143,7 +145,9 @@ def plan_digest(plan: AnalysisPlan, lengths: Sequence[int], positions: Sequence[
     return hashlib.sha256(canonical_json(body).encode("utf-8")).hexdigest()
 
 
-def build_manifest(matrix: Matrix, matrix_path: Path, suite: Suite, arms: list[ArmSetup]) -> dict[str, Any]:
+def build_manifest(
+    matrix: Matrix, matrix_path: Path, suite: Suite, arms: list[ArmSetup], *, aa: bool = False
+) -> dict[str, Any]:
     from depthgate.run.backends import determinism_settings
 
     systems: dict[str, dict[str, Any]] = {}
@@ -176,6 +180,8 @@ def build_manifest(matrix: Matrix, matrix_path: Path, suite: Suite, arms: list[A
         "systems": systems,
         "versions": _versions(),
     }
+    if matrix.plan.short_base_lengths() and not aa:  # only then: other manifests digest as before
+        body["base_lengths"] = matrix.plan.short_base_lengths()
     digest = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
     # The run id binds the plan, suite and systems: the same matrix reruns into the same id (resume).
     body["run_id"] = f"{matrix.name}-{digest[:12]}"

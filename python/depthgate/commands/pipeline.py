@@ -99,6 +99,7 @@ def _prepare_arm(
     controls: bool,
     shard: tuple[int, int] | None,
     concurrency: int,
+    aa: bool,
 ) -> None:
     """One arm, before anything is sent: its layouts built, its backend started and probed, the server's
     tokenizer checked, every layout through the pre-send gate, its controls and canaries; the jobs and
@@ -110,7 +111,10 @@ def _prepare_arm(
 
     layout_path = out / a.arm / "layouts.parquet"
     if not layout_path.is_file():
-        build_layouts(suite, a.tokenizer, a.build_options(matrix, verification), layout_path)
+        # An A/A run measures the noise of the gated slices: no short lengths for a base score.
+        build_layouts(
+            suite, a.tokenizer, a.build_options(matrix, verification, base_lengths=not aa), layout_path
+        )
     # The arm's runtime block configures the backend; its relative paths are the matrix file's.
     if engine == "ray":  # no engine in the driver: the actors hold them
         from depthgate.run.ray_engine import driver_backend
@@ -147,7 +151,9 @@ def _prepare_arm(
         # Controls beside the matrix: evidence-only short input and evidence-absent haystack.
         control_path = out / a.arm / CONTROLS_FILE
         if not control_path.is_file():
-            build_controls(suite, a.tokenizer, a.build_options(matrix, verification), control_path)
+            # at the gated lengths only (the base lengths need no controls)
+            gated = a.build_options(matrix, verification, base_lengths=False)
+            build_controls(suite, a.tokenizer, gated, control_path)
         # A controls file, or a named error; only small columns (not every control's ids).
         read_controls(control_path, columns=["layout_id", "control"])
         sent.control_sources[a.arm] = _store(control_path, out / a.arm / "controls-store")
@@ -165,7 +171,7 @@ def _prepare_arm(
             a.arm,
             matrix.canaries,
             a.tokenizer,
-            a.build_options(matrix, verification),
+            a.build_options(matrix, verification, base_lengths=False),
             out / a.arm,
             guard,
             _guarded_rows,
@@ -286,7 +292,7 @@ def run_matrix(
     sending = False
     sent = _Sending()
     try:
-        manifest = freeze_manifest(out, build_manifest(matrix, matrix_path, suite, arms))
+        manifest = freeze_manifest(out, build_manifest(matrix, matrix_path, suite, arms, aa=aa))
         freeze_suite(out, suite)
         for a in arms:
             _prepare_arm(
@@ -301,6 +307,7 @@ def run_matrix(
                 controls=controls,
                 shard=shard,
                 concurrency=concurrency,
+                aa=aa,
             )
         _warn_power(matrix, suite)
         if aa:
@@ -590,6 +597,12 @@ def gate_run(
     records, layouts = _run_records(run, manifest)
     scored = score_records(records, suite, layouts)
     scored.write_parquet(run / "scored.parquet")
+    # The short lengths of NoLiMa's base score (issue #24) are measured beside the grid, never gated:
+    # every view below (gate, report, controls, noise floor) sees the frozen matrix lengths only.
+    base_lengths = list(frozen.base_lengths or [])
+    base_scored = scored.filter(pl.col("length").is_in(base_lengths)) if base_lengths else None
+    if base_lengths:
+        scored = scored.filter(pl.col("length").is_in(lengths))
     scored_controls = _score_controls(run, suite)
     labels = [p.label for p in parse_positions(positions)]
     placed = [c.id for c in suite.cases if c.decisive]  # the cases build_layouts places
@@ -639,6 +652,7 @@ def gate_run(
         noise_plan=gate_plan(plan, lengths, labels),
         aa=(run / AA_FILE).is_file(),
         sequential=json.loads(json.dumps(sequential, default=str)) if sequential is not None else None,
+        base_scored=base_scored,
     )
     sections = collect_sections(context)
     # The run's own layouts, for the length in characters, wherever the report goes (--report-dir).

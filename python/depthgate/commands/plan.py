@@ -9,6 +9,7 @@ slices together. ``--pilot RUN`` estimates the design per slice from a finished 
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -141,6 +142,19 @@ def print_power(pp: PowerPlan, ceiling: PowerPlan | None = None) -> None:
         print("under-powered: the release passes all slices less often than the target", file=sys.stderr)
 
 
+def _gated_lengths_only(run: Path, scored: pl.DataFrame) -> pl.DataFrame:
+    """The records at the run's gated lengths: the short lengths of NoLiMa's base score (the manifest's
+    ``base_lengths``, issue #24) are not slices of the design being sized."""
+    manifest = run / "manifest.json"
+    if not manifest.is_file() or "length" not in scored.columns:
+        return scored
+    try:
+        base = json.loads(manifest.read_text(encoding="utf-8")).get("base_lengths") or []
+    except (OSError, ValueError, AttributeError):
+        return scored
+    return scored.filter(~pl.col("length").is_in([int(x) for x in base])) if base else scored
+
+
 def read_pilot(run: str | Path) -> pl.DataFrame:
     """A finished run's scored records (``RUN/scored.parquet``)."""
     path = Path(run) / "scored.parquet"
@@ -152,6 +166,7 @@ def read_pilot(run: str | Path) -> pl.DataFrame:
         )
     fix = "pass a run folder gated by `depthgate run` or `depthgate gate` (gate it again to rewrite the file)"
     scored = read_parquet(path, error=InputError, what="pilot's scored records", fix=fix, field="--pilot")
+    scored = _gated_lengths_only(Path(run), scored)
     try:
         pilot_parameters(scored)  # a file of the wrong shape is named here, not deep in the estimate
     except InputError as exc:

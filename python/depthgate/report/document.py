@@ -59,6 +59,9 @@ class AnalysisContext:
     aa: bool
     #: The look history of a ``stop_rule = "sequential"`` run (:mod:`depthgate.commands.sequential`).
     sequential: Mapping[str, Any] | None = None
+    #: The scored records at the short lengths of NoLiMa's base score (issue #24; never gated), None when
+    #: the run built none.
+    base_scored: pl.DataFrame | None = None
 
 
 #: An analysis: its section of the report, or None when it has nothing to add.

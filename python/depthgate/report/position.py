@@ -102,11 +102,14 @@ def _clean(value: Any) -> Any:
 LOW_BASE_SCORE = 0.5
 
 
-def _low_base_notes(base_scores: Mapping[str, float] | None, threshold: float) -> list[str]:
+def _low_base_notes(
+    base_scores: Mapping[str, float] | None, threshold: float, source: str = "control"
+) -> list[str]:
     """A note per arm whose NoLiMa base score is too low for its relative threshold to mean much."""
+    fails = "of its short-length runs" if source == "short" else "evidence-only controls"
     return [
-        f"{arm}: NoLiMa base score {base:.2f} is below {LOW_BASE_SCORE} (the arm fails most evidence-only "
-        f"controls), so its threshold {threshold * base:.3f} is near chance; read the RULER rule "
+        f"{arm}: NoLiMa base score {base:.2f} is below {LOW_BASE_SCORE} (the arm fails most {fails}), "
+        f"so its threshold {threshold * base:.3f} is near chance; read the RULER rule "
         '(effective_length_rule = "ruler") or the control-normalised table for this arm'
         for arm, base in sorted((base_scores or {}).items())
         if base < LOW_BASE_SCORE
@@ -137,12 +140,15 @@ def position_science(
     seeds: Sequence[int],
     scored_controls: pl.DataFrame | None = None,
     layouts: pl.DataFrame | None = None,
+    base_scored: pl.DataFrame | None = None,
 ) -> PositionScience:
     """Effective length (the plan's rule and threshold), control-normalised accuracy and pass^k of a run.
 
     NoLiMa needs the evidence-only controls for its base score: without them (``--no-controls``) or when
     they cannot give one, the base score is 1.0 for both arms and a note says so. ``layouts``
-    (:func:`spacing_layouts`) gives the spacing table its measured gaps and multi-evidence cases."""
+    (:func:`spacing_layouts`) gives the spacing table its measured gaps and multi-evidence cases.
+    ``base_scored``: the records at the short base lengths (issue #24), the NoLiMa base when the plan's
+    ``base_score`` is "short"; when they give no base for an arm, the controls do (a note says so)."""
     notes: list[str] = []
     alpha = look_alpha(plan.alpha, plan.stop_rule)
     common: dict[str, Any] = {
@@ -157,7 +163,14 @@ def position_science(
         if plan.effective_length_rule == "ruler":
             effective = effective_length(scored, **common)
         else:
-            if scored_controls is not None and scored_controls.height:
+            if base_scored is not None and plan.base_score == "short":
+                try:
+                    effective = effective_length(scored, base_records=base_scored, **common)
+                except InputError as exc:
+                    notes.append(f"NoLiMa base score from the short lengths failed ({exc.message})")
+            if effective is not None:
+                pass
+            elif scored_controls is not None and scored_controls.height:
                 try:
                     # Each arm's base from its own controls; an arm without a usable one takes 1.0
                     # alone (its controls lost to its serving path never move the other arm's numbers).
@@ -171,13 +184,14 @@ def position_science(
                 notes.append("no controls ran: NoLiMa base score taken as 1.0 (an absolute threshold)")
             if effective is None:
                 effective = effective_length(scored, base_scores=dict.fromkeys(ARMS, 1.0), **common)
-            notes.extend(_low_base_notes(effective.base_scores, plan.effective_length_threshold))
+            source = effective.base[0].source if effective.base else "control"
+            notes.extend(_low_base_notes(effective.base_scores, plan.effective_length_threshold, source))
     except InputError as exc:
         notes.append(f"effective length not computed: {exc.message}")
     normalised = None
     if scored_controls is not None and scored_controls.height:
         try:
-            normalised = control_normalised_accuracy(scored, scored_controls)
+            normalised = control_normalised_accuracy(scored, scored_controls, alpha=alpha)
         except InputError as exc:
             notes.append(f"control-normalised accuracy not computed: {exc.message}")
     repeat = pass_hat_k(scored, seeds=seeds)
@@ -283,6 +297,13 @@ def censored_delta(baseline: EffectiveLength, candidate: EffectiveLength) -> str
     return "not measured (both censored)"
 
 
+def _with_interval(r: Mapping[str, Any], name: str) -> str:
+    """``0.50 [0.25, 0.75]``: an accuracy with its Wilson interval (judge.position adds it)."""
+    if r.get(name) is None or r.get(f"{name}_lower") is None:
+        return _f(r.get(name))
+    return f"{_f(r[name])} [{_f(r[f'{name}_lower'])}, {_f(r[f'{name}_upper'])}]"
+
+
 def _cna_rows(ps: PositionScience) -> list[list[str]]:
     if ps.normalised is None:
         return []
@@ -290,9 +311,9 @@ def _cna_rows(ps: PositionScience) -> list[list[str]]:
         [
             r["arm"],
             f"{r['length']}/{r['position']}",
-            _f(r["accuracy"]),
-            f"{_f(r['accuracy_eligible'])} (n={r['n_eligible']})",
-            f"{_f(r['accuracy_eligible_baseline'])} (n={r['n_eligible_baseline']})",
+            _with_interval(r, "accuracy"),
+            f"{_with_interval(r, 'accuracy_eligible')} (n={r['n_eligible']})",
+            f"{_with_interval(r, 'accuracy_eligible_baseline')} (n={r['n_eligible_baseline']})",
         ]
         for r in ps.normalised.iter_rows(named=True)
     ]
@@ -357,7 +378,13 @@ _SPACING_NOTE = (
 )
 
 _EL_HEAD = ["depth", "baseline EL [interval]", "candidate EL [interval]", "Δ tokens [interval]"]
-_CNA_HEAD = ["arm", "slice", "raw accuracy", "control-normalised (own control)", "on baseline-eligible"]
+_CNA_HEAD = [
+    "arm",
+    "slice",
+    "raw accuracy [Wilson]",
+    "control-normalised (own control)",
+    "on baseline-eligible",
+]
 
 
 def _phk_head(k: int) -> list[str]:
@@ -376,6 +403,35 @@ def _base_scores_text(scores: Mapping[str, float]) -> str:
     return ", ".join(named + [f"{k} {v:.2f}" for k, v in sorted(scores.items()) if k not in ARMS])
 
 
+def _base_lines(el: EffectiveLengthResult) -> list[str]:
+    """The measured base score per arm with its interval, and the grid points above it (issue #24)."""
+    if el.base is None:
+        return []
+    level = f"{100 * (1 - el.alpha):g}%"
+    lines = []
+    for b in el.base:
+        where = (
+            "the same task at " + "/".join(str(x) for x in b.lengths) + " tokens"
+            if b.source == "short"
+            else "the evidence-only control"
+        )
+        skipped = f", {b.not_sent} short runs never sent (refused layouts) left out" if b.not_sent else ""
+        lines.append(
+            f"Base score, {b.arm}: {b.accuracy:.2f} [{b.lower:.2f}, {b.upper:.2f}] ({level} Wilson, "
+            f"clustered by case; {where}; {b.n_cases} cases, {b.runs} runs{skipped})."
+        )
+    for arm in ARMS:
+        above = [a for a in el.above_base if a.arm == arm]
+        if above:
+            points = ", ".join(f"{a.length} ({a.accuracy:.2f})" for a in above)
+            lines.append(
+                f"Above the base, {arm}: accuracy over all depths exceeds the base {above[0].base:.2f} by "
+                f"more than its interval (upper {above[0].base_upper:.2f}) at {points}: the base "
+                "under-states this arm, so its NoLiMa threshold is lenient."
+            )
+    return [*lines, ""]
+
+
 def render_position_markdown(ps: PositionScience) -> str:
     """The summary.md section."""
     lines = ["", "", "### Position science (beside the gate; it never changes the verdict)", ""]
@@ -388,6 +444,7 @@ def render_position_markdown(ps: PositionScience) -> str:
             "",
             *_md_table(_EL_HEAD, _el_rows(ps)),
             "",
+            *_base_lines(el),
         ]
     if ps.normalised is not None:
         lines += ["Control-normalised accuracy beside raw (cases whose evidence-only control passes):", ""]
@@ -588,6 +645,7 @@ def position_section(ctx: AnalysisContext) -> Section | None:
             seeds=ctx.seeds,
             scored_controls=ctx.position_controls,
             layouts=spacing_layouts(ctx.run),
+            base_scored=ctx.base_scored,
         )
     except InputError as exc:
         print(f"depthgate: position science not computed: {exc}", file=sys.stderr)

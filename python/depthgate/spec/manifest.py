@@ -59,3 +59,6 @@ class RunManifest(Frozen):
     # Per arm, what decides whether a request is answered the same way twice (engine, version, threads,
     # batch invariance, seeds; depthgate.run.backends.determinism_settings). Not digested.
     determinism: dict[str, dict[str, Any]] | None = None
+    # The short lengths built for NoLiMa's base score (issue #24), beside ``lengths`` (the gated grid);
+    # absent in manifests of runs that built none (then the base is the evidence-only control).
+    base_lengths: list[int] | None = None

@@ -207,10 +207,11 @@ class Matrix(Frozen):
         self._check_spacings()
         self._check_shape()
         if isinstance(self.suite, BuiltinSuiteRef):
-            layouts = self.suite.cases * len(self.lengths) * len(self.position_values())
+            n_lengths = len(self.built_lengths())
+            layouts = self.suite.cases * n_lengths * len(self.position_values())
             if layouts > MAX_LAYOUTS:
                 raise violation(
-                    f"{self.suite.cases} cases × {len(self.lengths)} lengths × {len(self.position_values())} "
+                    f"{self.suite.cases} cases × {n_lengths} lengths × {len(self.position_values())} "
                     f"positions are {layouts} layouts per arm, over the limit of {MAX_LAYOUTS}",
                     field="lengths",
                     fix="build fewer cases, lengths or positions per matrix (split the study into several)",
@@ -276,6 +277,11 @@ class Matrix(Frozen):
                             fix=f"move positions[{p_index}] to an offset below {length - gap}, use a "
                             "smaller spacing, or longer lengths",
                         )
+
+    def built_lengths(self) -> list[int]:
+        """Every length the run builds and sends: the matrix lengths (the gated grid) and the short
+        lengths of NoLiMa's base score (:meth:`AnalysisPlan.short_base_lengths`, never gated)."""
+        return sorted(set(self.lengths) | set(self.plan.short_base_lengths()))
 
     def position_values(self) -> list[str]:
         """The position list the run is built, frozen and gated on: every position at every spacing,

@@ -24,6 +24,7 @@ from pydantic import (
 from depthgate.spec.base import Frozen as _Frozen
 from depthgate.spec.base import StrictFloat, StrictInt
 from depthgate.spec.base import violation as _violation
+from depthgate.spec.limits import MAX_LENGTH, length_problem
 from depthgate.spec.sequential import sequential_violations
 
 #: Adjustments of the confirmed-regression family the gate supports (valid under any dependence).
@@ -148,6 +149,41 @@ def plan_violations(
     return problems
 
 
+#: NoLiMa's short lengths (tokens) for the base score (issue #24): the same task, with haystack.
+DEFAULT_BASE_LENGTHS = (250, 500, 1000)
+
+
+def base_length_violations(plan: AnalysisPlan) -> list[tuple[str, str, str]]:
+    """The rules of ``base_lengths``, as (field, problem, fix): a list of distinct lengths >= 16 and <=
+    the longest supported length, and only where it is used (NoLiMa with ``base_score = "short"``)."""
+    if plan.base_lengths is None:
+        return []
+    if plan.effective_length_rule != "nolima" or plan.base_score != "short":
+        return [
+            (
+                "base_lengths",
+                "base_lengths is set but the base score does not use it (RULER rule or "
+                'base_score = "control")',
+                'drop base_lengths, or use effective_length_rule = "nolima" with base_score = "short"',
+            )
+        ]
+    if not plan.base_lengths:
+        return [("base_lengths", "must not be empty", "list short lengths in tokens, e.g. [250, 500, 1000]")]
+    for index, length in enumerate(plan.base_lengths):
+        problem = "is too small" if length < 16 else length_problem(length)
+        if problem is not None:
+            return [
+                (
+                    f"base_lengths[{index}]",
+                    f"length {length} {problem}" if length < 16 else problem,
+                    f"give short lengths in tokens (>= 16, <= {MAX_LENGTH}), e.g. 500",
+                )
+            ]
+    if len(set(plan.base_lengths)) != len(plan.base_lengths):
+        return [("base_lengths", "contains a repeated length", "list each length once")]
+    return []
+
+
 class AnalysisPlan(_Frozen):
     """The frozen statistical plan (research/stats_gate.md). Digested before any run; never changed after.
 
@@ -179,11 +215,25 @@ class AnalysisPlan(_Frozen):
     # verdict): NoLiMa = a share of the arm's evidence-only base score, RULER = an absolute accuracy.
     effective_length_rule: Literal["nolima", "ruler"] = "nolima"
     effective_length_threshold: StrictFloat = Field(default=0.85, gt=0.0, le=1.0)
+    # NoLiMa's base score (issue #24): "short" = the same cases, haystack and depths at short lengths
+    # (``base_lengths``, default 250/500/1000 tokens), built and sent with the matrix but never gated;
+    # "control" = the evidence-only control (the rule before issue #24). Ignored under RULER.
+    base_score: Literal["short", "control"] = "short"
+    base_lengths: list[StrictInt] | None = None
 
     @model_validator(mode="after")
     def _check_plan(self) -> AnalysisPlan:
         self.raise_violations()
+        for field, problem, fix in base_length_violations(self):
+            raise _violation(problem, field=field, fix=fix)
         return self
+
+    def short_base_lengths(self) -> list[int]:
+        """The short lengths the matrix adds for NoLiMa's base score: ``base_lengths`` (or the default
+        250/500/1000) under the NoLiMa rule with ``base_score = "short"``; empty otherwise."""
+        if self.effective_length_rule != "nolima" or self.base_score != "short":
+            return []
+        return sorted(self.base_lengths if self.base_lengths is not None else DEFAULT_BASE_LENGTHS)
 
     @model_serializer(mode="wrap")
     def _stable_dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
@@ -191,7 +241,12 @@ class AnalysisPlan(_Frozen):
         digests of runs frozen before these fields existed stay valid (a resume or a re-gate of an old
         run folder is not refused as a changed plan)."""
         data: dict[str, Any] = handler(self)
-        for name, default in (("effective_length_rule", "nolima"), ("effective_length_threshold", 0.85)):
+        for name, default in (
+            ("effective_length_rule", "nolima"),
+            ("effective_length_threshold", 0.85),
+            ("base_score", "short"),
+            ("base_lengths", None),
+        ):
             if data.get(name) == default:
                 data.pop(name, None)
         for name in ("looks", "look_every", "boundary"):

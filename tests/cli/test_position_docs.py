@@ -1,0 +1,188 @@
+"""docs/position.md's numbers come from shipped files (issue #24): every table line of the page that
+quotes the showcase run is rebuilt here from docs/position-showcase (verdict.json and scored.parquet,
+which tests/test_shipped_runs.py re-gates byte for byte), the RULER rule is recomputed from
+scored.parquet, and the corrected noise-floor example is recomputed from the old example's shipped
+summary. ``python tests/cli/test_position_docs.py [FOLDER]`` prints the lines for the page.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SHOWCASE = REPO / "docs" / "position-showcase"
+DOC = REPO / "docs" / "position.md"
+RULER_THRESHOLD = 0.856  # RULER: Llama-2-7B's accuracy at 4K
+_STATUS = {
+    "PASS": "PASS",
+    "FAIL_NOT_SHOWN": "not shown",
+    "FAIL_REGRESSION": "**REGRESSION**",
+    "INCONCLUSIVE": "inconcl.",
+}
+
+
+def _grid_value(tokens: int, grid: list[int], at_top: bool = False) -> str:
+    if tokens == 0:
+        return f"<{grid[0]}"
+    return f"≥{tokens}" if at_top else str(tokens)
+
+
+def gate_lines(verdict: dict[str, Any]) -> list[str]:
+    """Per depth: per length "baseline → candidate (status)"."""
+    slices = verdict["slices"]
+    lengths = sorted({s["length"] for s in slices})
+    depths = sorted({s["position"] for s in slices}, key=float)
+    by = {(s["length"], s["position"]): s for s in slices}
+    out = ["| depth | " + " | ".join(f"{length}" for length in lengths) + " |"]
+    for d in depths:
+        cells = []
+        for length in lengths:
+            s = by[(length, d)]
+            cells.append(f"{s['acc_baseline']:.2f} → {s['acc_candidate']:.2f} {_STATUS[s['status']]}")
+        out.append(f"| {d} | " + " | ".join(cells) + " |")
+    return out
+
+
+def base_lines(el: dict[str, Any]) -> list[str]:
+    out = []
+    for b in el.get("base") or []:
+        per = ", ".join(f"{length}: {acc:.2f} ({n} cases)" for length, acc, n in b["per_length"])
+        out.append(
+            f"| {b['arm']} | {b['accuracy']:.2f} [{b['lower']:.2f}, {b['upper']:.2f}] | {b['n_cases']} | "
+            f"{b['runs']} | {b['design_effect']:.2f} | {per} | {0.85 * b['accuracy']:.3f} |"
+        )
+    for a in el.get("above_base") or []:
+        out.append(
+            f"| {a['arm']} | {a['length']} | {a['accuracy']:.2f} | {a['base']:.2f} | {a['base_upper']:.2f} |"
+        )
+    return out
+
+
+def _el_cell(row: dict[str, Any]) -> str:
+    grid = row["grid"]
+    est = _grid_value(row["estimate"], grid, row["at_grid_top"])
+    lo = _grid_value(row["lower"], grid, row["lower"] == grid[-1])  # the grid's top is censored
+    hi = _grid_value(row["upper"], grid, row["upper"] == grid[-1])
+    return f"{est} [{lo}, {hi}]"
+
+
+def el_lines(nolima: dict[str, Any], ruler: dict[str, Any]) -> list[str]:
+    """Per depth: each arm's effective length [95 % interval] under NoLiMa (the shipped verdict) and
+    RULER (recomputed)."""
+    rows = {(r["arm"], r["position"], "nolima"): r for r in nolima["rows"]}
+    rows.update({(r["arm"], r["position"], "ruler"): r for r in ruler["rows"]})
+    depths = sorted({r["position"] for r in nolima["rows"]}, key=float)
+    out = []
+    for d in depths:
+        cells = [
+            _el_cell(rows[(arm, d, rule)])
+            for rule in ("nolima", "ruler")
+            for arm in ("baseline", "candidate")
+        ]
+        out.append(f"| {d} | " + " | ".join(cells) + " |")
+    return out
+
+
+def ruler_result(folder: Path) -> dict[str, Any]:
+    from depthgate.judge.effective_length import effective_length
+
+    manifest = json.loads((folder / "manifest.json").read_text())
+    plan = manifest["plan"]
+    scored = pl.read_parquet(folder / "scored.parquet").filter(pl.col("length").is_in(manifest["lengths"]))
+    result = effective_length(
+        scored,
+        rule="ruler",
+        threshold=RULER_THRESHOLD,
+        seed=plan["bootstrap_seed"],
+        reps=plan["bootstrap_resamples"],
+        alpha=0.05,
+    )
+    return result.to_dict()
+
+
+def measured_lines(folder: Path) -> list[str]:
+    """Per length: requests sent, mean and max seconds per request, mean prompt tokens reused from the
+    previous request (prefix reuse); then the span from the first to the last record."""
+    records = pl.read_parquet(folder / "records.parquet")
+    sent = records.filter(pl.col("status") != "infra_error")
+    out = []
+    for row in (
+        sent.group_by("target_tokens")
+        .agg(
+            pl.len().alias("n"),
+            pl.col("latency_s").mean().alias("mean"),
+            pl.col("latency_s").max().alias("max"),
+            pl.col("prefix_cache_hit_tokens").mean().alias("reused"),
+        )
+        .sort("target_tokens")
+        .iter_rows(named=True)
+    ):
+        cells = [
+            row["target_tokens"],
+            row["n"],
+            f"{row['mean']:.1f}",
+            f"{row['max']:.1f}",
+            f"{row['reused']:.0f}",
+        ]
+        out.append("| " + " | ".join(str(c) for c in cells) + " |")
+    times = records["completed_at"].sort()
+    span = (times[-1] - times[0]).total_seconds() / 60
+    out.append(f"{records.height} requests recorded over {span:.0f} min of wall time")
+    return out
+
+
+def page_lines(folder: Path = SHOWCASE) -> list[str]:
+    verdict = json.loads((folder / "report" / "verdict.json").read_text())
+    el = verdict["position"]["effective_length"]
+    return [
+        *measured_lines(folder),
+        *gate_lines(verdict),
+        *base_lines(el),
+        *el_lines(el, ruler_result(folder)),
+    ]
+
+
+def noise_example() -> tuple[float, float, float]:
+    """The old example's A/A design (docs/position-embedded: 12 cases x 10 slices x 1 seed, 0 flips in
+    120 paired runs), each slice's baseline passes read from its shipped summary.md: the clustered exact
+    upper bound of the flip rate, and the A/A pass margin at the plan's 0.8 with its probability."""
+    from depthgate.judge.aa_margin import AaCase, aa_release_margin
+
+    summary = (REPO / "docs" / "position-embedded" / "summary.md").read_text()
+    rows = re.findall(r"\| `(\d+)/([\d.]+)` \| \w+ \| 12 \| ([\d.]+) \|", summary)
+    passing = {(int(length), depth): round(12 * float(acc)) for length, depth, acc in rows}
+    assert len(passing) == 10
+    slices = [[AaCase(1, 0, 2)] * k + [AaCase(1, 0, 0)] * (12 - k) for _, k in sorted(passing.items())]
+    margin = aa_release_margin(slices, seeds=1, alpha=0.05, target=0.8, sims=200, bootstrap_reps=999)
+    return margin.flip_rate_upper, margin.margin, margin.pass_probability
+
+
+@pytest.mark.skipif(not (SHOWCASE / "manifest.json").is_file(), reason="no shipped showcase")
+def test_every_showcase_number_on_the_page_comes_from_the_shipped_folder() -> None:
+    page = DOC.read_text(encoding="utf-8")
+    missing = [line for line in page_lines() if line not in page]
+    assert not missing, "\n".join(missing)
+
+
+def test_the_noise_floor_example_is_the_upper_bound_and_the_aa_pass_margin() -> None:
+    upper, margin, prob = noise_example()
+    # 0 flips in 120 runs: exact one-sided 95 % bound 1 - 0.05 ** (1 / 120) (no flip: design effect 1)
+    assert upper == pytest.approx(1 - 0.05 ** (1 / 120)) and round(upper, 3) == 0.025
+    page = DOC.read_text(encoding="utf-8")
+    assert f"upper bound {upper:.3f}" in page and f"margin {margin:.2f}" in page
+    assert f"probability {prob:.2f}" in page
+    assert margin > 0.10  # above the plan's margin: why the A/A run FAILs
+
+
+if __name__ == "__main__":
+    folder = Path(sys.argv[1]) if len(sys.argv) > 1 else SHOWCASE
+    print("\n".join(page_lines(folder)))
+    if len(sys.argv) <= 1 or "--noise" in sys.argv:
+        print(noise_example())
