@@ -14,10 +14,10 @@ from tokenizers import Tokenizer as HFTokenizer
 
 from depthgate.exceptions import InputError, SpecError, TemplateError
 from depthgate.layout.conversation import TURN_LEADS, Conversation
+from depthgate.layout.layout_checks import check_layouts
 from depthgate.layout.layouts import (
     BuildOptions,
     build_layouts,
-    check_layouts,
     load_tokenizer,
     parse_positions,
 )

@@ -9,7 +9,7 @@ import pytest
 
 from depthgate.commands.pipeline import arm_setup
 from depthgate.exceptions import SpecError
-from depthgate.spec.models import load_matrix
+from depthgate.spec.loading import load_matrix
 
 ROOT = Path(__file__).resolve().parents[2]
 CONVERSATION = ROOT / "matrices" / "conversation-embedded.toml"
