@@ -1061,7 +1061,7 @@ def test_one_extension_tests_every_look_at_half_alpha():
     assert extension.slice_results[0].status is SliceStatus.FAIL_NOT_SHOWN
     assert extension.slice_results[0].lower == at_025.lower and extension.verdict is Verdict.FAIL
     with pytest.raises(SpecError):
-        GatePlan(stop_rule="sequential")  # type: ignore[arg-type]
+        GatePlan(stop_rule="adaptive")  # type: ignore[arg-type]
 
 
 def _planned(n=60, runs=3, **kwargs) -> GatePlan:
