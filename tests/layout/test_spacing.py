@@ -102,7 +102,8 @@ def _matrix(tmp: Path, port: int, *, spacings: str | None, suite: Path | None = 
         resamples=999,
     )
     path = tmp / "spacing.toml"
-    path.write_text(text)
+    # The evidence-only control as NoLiMa's base: no short base lengths beside the one gated length.
+    path.write_text(text + 'base_score = "control"\n')
     return path
 
 

@@ -215,7 +215,9 @@ def _env(tests: Path) -> dict[str, str]:
     import os
 
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(tests), *filter(None, [env.get("PYTHONPATH")])])
+    # this folder (test_report) and tests/ (helpers, fixtures_paths) for the child's imports
+    folders = [str(tests), str(tests / "report")]
+    env["PYTHONPATH"] = os.pathsep.join([*folders, *filter(None, [env.get("PYTHONPATH")])])
     return env
 
 

@@ -285,9 +285,8 @@ def run_matrix(
         arm_setup(arm, sys_, matrix_path.parent)
         for arm, sys_ in zip(ARMS, (matrix.baseline, matrix.candidate), strict=True)
     ]
-    # A run folder this call starts (no manifest yet) is removed again when anything fails before the
-    # first request is sent (a template that raises while building, a backend that cannot start):
-    # nothing was recorded, so nothing is frozen, and the fixed matrix then runs into the same folder.
+    # A run folder this call starts (no manifest yet) is removed again when anything fails before the first
+    # request (a template that raises, a backend that cannot start): nothing recorded, nothing frozen.
     fresh = None if (out / MANIFEST).is_file() else CreatedPaths(out)
     sending = False
     sent = _Sending()

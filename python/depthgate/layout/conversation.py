@@ -22,7 +22,7 @@ from typing import Any
 import polars as pl
 
 from depthgate.exceptions import SpecError, TemplateError, VerificationError
-from depthgate.layout.templates import SLOT_SENTINEL, ChatTemplate, Frame
+from depthgate.layout.templates import SLOT_SENTINEL, ChatTemplate, Frame, check_slot_text
 
 __all__ = [
     "MAX_TURNS",
@@ -136,14 +136,7 @@ def conversation_frame(
 ) -> Frame:
     """Frame of a ``turns``-turn conversation (``Frame.separators`` between the turns' slots)."""
     _check_turns(turns)
-    for name, value in (("system", system), ("user_before", user_before), ("user_after", user_after)):
-        if value is not None and SLOT_SENTINEL in value:
-            raise TemplateError(
-                "text contains the context-slot sentinel",
-                file=template.path,
-                field=name,
-                fix="remove the private-use characters U+E000/U+E001 from the case text",
-            )
+    check_slot_text(template, system=system, user_before=user_before, user_after=user_after)
     roles = turn_roles(turns)
 
     def render(contents: Sequence[str]) -> str:

@@ -424,6 +424,19 @@ def _conversation(system: str | None, user_content: str) -> list[dict[str, str]]
     return messages
 
 
+def check_slot_text(template: ChatTemplate, *, system: str | None, user_before: str, user_after: str) -> None:
+    """The case text around the context slot must not hold the slot's sentinel characters (a prompt
+    would be split in the wrong place): refused by field."""
+    for name, value in (("system", system), ("user_before", user_before), ("user_after", user_after)):
+        if value is not None and SLOT_SENTINEL in value:
+            raise TemplateError(
+                "text contains the context-slot sentinel",
+                file=template.path,
+                field=name,
+                fix="remove the private-use characters U+E000/U+E001 from the case text",
+            )
+
+
 def chat_frame(
     template: ChatTemplate,
     *,
@@ -438,14 +451,7 @@ def chat_frame(
     ``answer_prefix`` (e.g. "Answer:") is appended after it. Raises TemplateError when the template
     rejects the conversation or does not insert the user content verbatim.
     """
-    for name, value in (("system", system), ("user_before", user_before), ("user_after", user_after)):
-        if value is not None and SLOT_SENTINEL in value:
-            raise TemplateError(
-                "text contains the context-slot sentinel",
-                file=template.path,
-                field=name,
-                fix="remove the private-use characters U+E000/U+E001 from the case text",
-            )
+    check_slot_text(template, system=system, user_before=user_before, user_after=user_after)
 
     def render(context: str) -> str:
         return template.render(_conversation(system, user_before + context + user_after))
