@@ -182,7 +182,9 @@ def small_smoke_matrix(*, cases: int = 2, lengths: str = "[480]", preamble: str 
     text = (REPO / "matrices" / "smoke.toml").read_text(encoding="utf-8")
     text = text.replace("cases = 8", f"cases = {cases}").replace("lengths = [1024]", f"lengths = {lengths}")
     text = text.replace("positions = [0.0, 0.25, 0.5, 0.75, 1.0]", "positions = [0.0, 1.0]")
-    text = text.replace("n_min = 8", "n_min = 2")
+    # the evidence-only control as NoLiMa's base: no short base lengths beside the quick run's length
+    text = text.replace("n_min = 8", 'n_min = 2\nbase_score = "control"')
+    text = text.replace("base_lengths = [512]", "")
     text = text.replace("bootstrap_resamples = 999", "bootstrap_resamples = 199")
     start = text.index('preamble = """')
     end = text.index('"""', start + 14) + 3
@@ -204,6 +206,7 @@ def stub_matrix(
     candidate: str = "",
     n_min: int = 2,
     resamples: int = 199,
+    base_score: str | None = "control",
 ) -> str:
     """The text of a two-arm ``vllm-server`` matrix against stub servers: both arms serve model "good"
     with ``tokenizer`` at ``where`` (an ``endpoint = ...`` or ``endpoints = [...]`` line), 8 new tokens,
@@ -215,6 +218,9 @@ def stub_matrix(
         lines = [f"[{role}]", f'name = "{arm_name}"', 'backend = "vllm-server"', f'model = "{model}"']
         return "\n".join([*lines, f'tokenizer = "{tok}"', *([arm] if arm else []), where])
 
+    # The evidence-only control as NoLiMa's base by default: a stub run sends the gated lengths only
+    # (None: the plan's default, short base lengths beside the grid).
+    base_line = "" if base_score is None else f'base_score = "{base_score}"\n'
     return f"""
 name = "{name}"
 suite = {suite}
@@ -234,7 +240,7 @@ seeds = [0]
 margin = 0.20
 n_min = {n_min}
 bootstrap_resamples = {resamples}
-"""
+{base_line}"""
 
 
 @dataclass(frozen=True)

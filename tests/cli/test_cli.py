@@ -174,6 +174,8 @@ def _tiny_matrix(tmp_path: Path, *, n_min: int = 2) -> Path:
     text = text.replace("n_min = 8", f"n_min = {n_min}").replace(
         "bootstrap_resamples = 999", "bootstrap_resamples = 199"
     )
+    # the evidence-only control as NoLiMa's base: the run sends the gated length only
+    text = text.replace("base_lengths = [512]", 'base_score = "control"')
     # A short preamble keeps the candidate inside 480 tokens.
     start = text.index('preamble = """')
     end = text.index('"""', start + 14) + 3

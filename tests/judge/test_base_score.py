@@ -185,7 +185,7 @@ def test_plan_fields_default_digest_and_refusals() -> None:
 
 def test_a_matrix_with_base_lengths_is_refused_by_name_when_they_are_unused(tmp_path: Path) -> None:
     path = _matrix(tmp_path, 1)
-    path.write_text(path.read_text() + 'base_score = "control"\nbase_lengths = [300]\n')
+    path.write_text(path.read_text() + "base_lengths = [300]\n")  # the stub matrix names the control base
     with pytest.raises(SpecError) as info:
         load_matrix(path)
     assert "plan.base_lengths" in str(info.value) and "does not use it" in str(info.value)
@@ -196,7 +196,8 @@ def test_run_builds_the_short_lengths_beside_the_grid_and_never_gates_them(
 ) -> None:
     port = free_port()
     matrix, run = _matrix(tmp_path, port), tmp_path / "run"
-    matrix.write_text(matrix.read_text() + "base_lengths = [400, 500]\n")
+    short = matrix.read_text().replace('base_score = "control"\n', "")  # the plan's default: short
+    matrix.write_text(short + "base_lengths = [400, 500]\n")
     assert load_matrix(matrix).built_lengths() == [400, 500, 640]
     with PerfectReader(port):
         assert main(["run", str(matrix), "--out", str(run)]) == ExitCode.PASS

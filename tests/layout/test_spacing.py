@@ -102,8 +102,7 @@ def _matrix(tmp: Path, port: int, *, spacings: str | None, suite: Path | None = 
         resamples=999,
     )
     path = tmp / "spacing.toml"
-    # The evidence-only control as NoLiMa's base: no short base lengths beside the one gated length.
-    path.write_text(text + 'base_score = "control"\n')
+    path.write_text(text)
     return path
 
 

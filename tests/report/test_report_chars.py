@@ -68,8 +68,7 @@ def run_tokenizer_upgrade(tmp: Path) -> Path:
         candidate_model="smollm",
         candidate_tokenizer=SMOLLM,
     )
-    # The evidence-only control as NoLiMa's base: the layouts are the gated lengths only.
-    matrix.write_text(text.replace('model = "good"', 'model = "gpt2"', 1) + 'base_score = "control"\n')
+    matrix.write_text(text.replace('model = "good"', 'model = "gpt2"', 1))
     run = tmp / "run"
     with Reader(port):
         code = main(["run", str(matrix), "--out", str(run), "--no-controls"])

@@ -70,6 +70,7 @@ runtime = {{ prompt_format = "text" }}
 margin = 0.20
 n_min = 2
 bootstrap_resamples = 199
+base_score = "control"
 """
     path = tmp_path / "parity.toml"
     path.write_text(text, encoding="utf-8")

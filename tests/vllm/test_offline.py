@@ -33,7 +33,8 @@ def offline_matrix(dest: Path, *, cases: int = 4, lengths: str = "[768, 1024]") 
         "lengths = [768, 1536]", f"lengths = {lengths}"
     )
     text = text.replace("positions = [0.0, 0.5, 1.0]", "positions = [0.0, 1.0]")
-    text = text.replace("n_min = 8", "n_min = 2").replace(
+    # the evidence-only control as NoLiMa's base: the serving path at the gated lengths only
+    text = text.replace("n_min = 8", 'n_min = 2\nbase_score = "control"').replace(
         "bootstrap_resamples = 999", "bootstrap_resamples = 199"
     )
     model = str(REPO / "models" / "gemma3-270m-hf")

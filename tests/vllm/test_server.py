@@ -54,7 +54,8 @@ def vllm_matrix(
     )
     text = text.replace("positions = [0.0, 0.5, 1.0]", f"positions = {positions}")
     text = text.replace('endpoint = "http://127.0.0.1:8011"', f'endpoint = "{url}"\n{extra_arm}')
-    text = text.replace("n_min = 8", "n_min = 2").replace(
+    # the evidence-only control as NoLiMa's base: the serving path at the gated lengths only
+    text = text.replace("n_min = 8", 'n_min = 2\nbase_score = "control"').replace(
         "bootstrap_resamples = 999", "bootstrap_resamples = 199"
     )
     text = text.replace('stop = ["\\n"]', f"stop = {stop}")
