@@ -135,3 +135,43 @@ def test_run_refuses_a_bad_plan_before_the_first_request(
     err = capsys.readouterr().err
     assert field in err and "fix:" in err
     assert not out.exists() or not any(out.rglob("*")), sorted(out.rglob("*"))
+
+
+def test_one_plan_type_every_analysis_field_reaches_the_gate() -> None:
+    """Issue #23: the gate's plan is the analysis plan (a subclass, not a copy mapped field by field), so
+    every field a matrix's [plan] sets reaches the gate — the fault this catches is a field added to
+    AnalysisPlan and forgotten in a hand-written mapping."""
+    assert issubclass(GatePlan, AnalysisPlan)
+    assert set(AnalysisPlan.model_fields) <= set(GatePlan.model_fields)
+    changed = {
+        "margin": 0.07,
+        "alpha": 0.025,
+        "n_min": 12,
+        "floor": 0.5,
+        "fdr_method": "BY",
+        "stop_rule": "sequential",
+        "looks": [0.5, 1.0],
+        "boundary": "obrien-fleming",
+        "max_missing": 0.2,
+        "bootstrap_resamples": 4999,
+        "bootstrap_seed": 7,
+        "effective_length_rule": "nolima",
+        "effective_length_threshold": 0.6,
+        "base_score": "short",
+        "base_lengths": [300, 600],
+    }
+    # primary_metric and look_every are each exclusive with a field set here (sequential looks)
+    assert set(changed) | {"look_every", "primary_metric"} == set(AnalysisPlan.model_fields), "new field?"
+    plan = parse_spec(AnalysisPlan, changed)
+    frozen = gate_plan(plan, [1024, 2048], ["0.0", "1.0"], cases=["a", "b"], seeds=[0, 1])
+    assert all(getattr(frozen, name) == value for name, value in changed.items())
+    assert frozen.planned_slices == ((1024, "0.0"), (1024, "1.0"), (2048, "0.0"), (2048, "1.0"))
+    assert (frozen.planned_cases, frozen.planned_seeds) == (("a", "b"), (0, 1))
+    # the gate's historical name for B is accepted and read, and a bad value names the name given
+    assert GatePlan(bootstrap_reps=499).bootstrap_resamples == 499
+    with pytest.raises(SpecError) as info:
+        GatePlan(bootstrap_reps=50)
+    assert info.value.field == "bootstrap_reps" and "99" in str(info.value)
+    with pytest.raises(SpecError) as info:
+        GatePlan(planned_cases=("a", "a"))
+    assert info.value.field == "planned_cases" and "distinct" in (info.value.fix or "")

@@ -71,22 +71,15 @@ def gate_plan(
 
     ``cases`` (the frozen suite's placeable case ids: ``[c.id for c in suite.cases if c.decisive]``, the
     cases ``build_layouts`` places) and ``seeds`` (the manifest's seed set) make the gate count missing
-    data against the plan instead of the records. The stop rule is passed on: under "one_extension"
-    every look tests at alpha / 2. The plan was validated by ``AnalysisPlan``/``Matrix`` with the same
-    rules ``GatePlan`` applies (``depthgate.spec.models.plan_violations``), so this never refuses a plan
-    after the requests were sent.
+    data against the plan instead of the records. The gate's plan *is* the analysis plan (``GatePlan``
+    subclasses ``AnalysisPlan``; issue #23: one plan type), so every field is passed on as it is, the stop
+    rule too: under "one_extension" every look tests at alpha / 2. The plan was validated by
+    ``AnalysisPlan``/``Matrix`` with the same rules (``depthgate.spec.models.plan_violations``), so this
+    never refuses a plan after the requests were sent.
     """
     return GatePlan(
-        margin=plan.margin,
-        alpha=plan.alpha,
-        n_min=plan.n_min,
-        floor=plan.floor,
-        fdr_method=plan.fdr_method,
-        max_missing=plan.max_missing,
-        bootstrap_reps=plan.bootstrap_resamples,
-        bootstrap_seed=plan.bootstrap_seed,
+        **dict(plan),
         planned_slices=tuple((length, pos) for length in lengths for pos in positions),
-        stop_rule=plan.stop_rule,
         planned_cases=None if cases is None else tuple(cases),
         planned_seeds=None if seeds is None else tuple(int(s) for s in seeds),
         spaced_cases=tuple(spaced_cases) if spaced_cases else None,

@@ -3,18 +3,19 @@ derives. Moved out of ``depthgate.judge.stats`` (issue #23: one job per module),
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
-from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy.typing as npt
+from pydantic import AliasChoices, ConfigDict, Field, ValidationError, model_validator
 
 from depthgate.exceptions import SpecError
 from depthgate.judge.bootstrap import BootstrapBounds
 from depthgate.judge.percentile import bootstrap_percentile
+from depthgate.spec.base import StrictInt, violation
+from depthgate.spec.loading import spec_error_from_validation
+from depthgate.spec.models import AnalysisPlan
 from depthgate.spec.models import look_alpha as _look_alpha
-from depthgate.spec.models import plan_violations
 
 __all__ = ["NI_METHODS", "REGRESSION_METHODS", "GatePlan", "stable_seed"]
 
@@ -26,9 +27,10 @@ REGRESSION_METHODS = {"BY": "fdr_by", "holm": "holm"}
 # Plan
 
 
-@dataclass(frozen=True)
-class GatePlan:
-    """Parameters of the gate (the pre-registered part of an analysis plan).
+class GatePlan(AnalysisPlan):
+    """The gate's plan: the frozen :class:`AnalysisPlan` (inherited, so there is one plan type and no
+    field is mapped by hand; issue #23) plus the frozen design the gate counts against and the gate's
+    own fixed rules.
 
     ``margin`` M and ``alpha`` are one-sided. ``floor`` is the absolute accuracy floor F (None: no
     floor check; the bound is still reported). ``planned_slices`` is the pre-registered list of
@@ -48,26 +50,24 @@ class GatePlan:
     absent from both arms is a missing run, R stays the planned R) and records of an unplanned case or
     seed are refused. None keeps the record-based denominators for direct callers.
 
-    The numeric rules are :func:`depthgate.spec.models.plan_violations`, the same function that
-    validates the matrix's ``AnalysisPlan`` before a run is frozen.
+    The numeric rules are :func:`depthgate.spec.models.plan_violations` (inherited from the analysis
+    plan), with the slice count when the slices are planned. An invalid plan raises :class:`SpecError`
+    naming the field and the fix (``bootstrap_reps`` is accepted and read as ``bootstrap_resamples``).
     """
 
-    margin: float = 0.10
-    alpha: float = 0.05
-    n_min: int = 40
-    floor: float | None = None
-    fdr_method: Literal["BH", "BY", "holm"] = "BH"
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False, populate_by_name=True)
+
+    # The gate's plans are built in code (tests, simulations), where B has always been "bootstrap_reps".
+    bootstrap_resamples: StrictInt = Field(
+        default=9999, ge=99, validation_alias=AliasChoices("bootstrap_resamples", "bootstrap_reps")
+    )
     regression_method: Literal["BY", "holm"] = "BY"
-    max_missing: float = 0.10
-    bootstrap_reps: int = 9999
-    bootstrap_seed: int = 0
     planned_slices: tuple[tuple[int, str], ...] | None = None
     block_known_gap: bool = True
-    fragile_range: float = 0.6
-    triage_top_k: int = 20
-    triage_rerun_seeds: int = 20
-    power: float = 0.8
-    stop_rule: Literal["fixed", "one_extension", "sequential"] = "fixed"
+    fragile_range: float = Field(default=0.6, gt=0.0, le=1.0)
+    triage_top_k: int = Field(default=20, ge=0)
+    triage_rerun_seeds: int = Field(default=20, ge=1)
+    power: float = Field(default=0.8, gt=0.0, lt=1.0)
     planned_cases: tuple[str, ...] | None = None
     planned_seeds: tuple[int, ...] | None = None
     # The cases planned in a slice whose position carries an evidence spacing ("0.5~far"): the
@@ -75,58 +75,45 @@ class GatePlan:
     # positions only). None: the planned cases, as in every other slice.
     spaced_cases: tuple[str, ...] | None = None
 
-    @property
-    def bootstrap_resamples(self) -> int:
-        """:attr:`bootstrap_reps` under the analysis plan's name (:func:`plan_violations` reads it)."""
-        return self.bootstrap_reps
+    def __init__(self, **data: Any) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:
+            error = spec_error_from_validation(exc, file=None)
+            field = error.field
+            if field == "bootstrap_resamples" and "bootstrap_reps" in data:
+                field = "bootstrap_reps"  # the name the caller gave
+            raise SpecError(f"invalid gate plan: {error.message}", field=field, fix=error.fix) from None
 
-    def __post_init__(self) -> None:
-        names = {"bootstrap_resamples": "bootstrap_reps"}
-        for name, problem, fix in plan_violations(
-            self,
-            regression_method=self.regression_method
-            if self.regression_method in REGRESSION_METHODS
-            else "BY",
-            n_slices=None if self.planned_slices is None else len(set(self.planned_slices)),
+    @property
+    def bootstrap_reps(self) -> int:
+        """B, under the gate's historical name."""
+        return self.bootstrap_resamples
+
+    @model_validator(mode="after")
+    def _check_design(self) -> GatePlan:
+        n_slices = None if self.planned_slices is None else len(set(self.planned_slices))
+        self.raise_violations(n_slices=n_slices, regression_method=self.regression_method)
+        distinct = "a non-empty list of distinct {}, or None"
+        for name, values in (("planned_cases", self.planned_cases), ("planned_seeds", self.planned_seeds)):
+            if values is not None and (not values or len(set(values)) != len(values)):
+                raise violation(f"invalid value {values!r}", field=name, fix=distinct.format(name[8:]))
+        spaced = self.spaced_cases
+        if spaced is not None and (
+            not spaced
+            or len(set(spaced)) != len(spaced)
+            or (self.planned_cases is not None and not set(spaced) <= set(self.planned_cases))
         ):
-            raise SpecError(f"invalid gate plan: {problem}", field=names.get(name, name), fix=fix)
-        checks: list[tuple[bool, str, str]] = [
-            (self.fdr_method in NI_METHODS, "fdr_method", f"one of {sorted(NI_METHODS)}"),
-            (
-                self.regression_method in REGRESSION_METHODS,
-                "regression_method",
-                f"one of {sorted(REGRESSION_METHODS)} (valid under arbitrary dependence)",
-            ),
-            (0.0 < self.fragile_range <= 1.0, "fragile_range", "a range in (0, 1]"),
-            (self.triage_top_k >= 0, "triage_top_k", "a non-negative count"),
-            (self.triage_rerun_seeds >= 1, "triage_rerun_seeds", "a positive seed count"),
-            (0.0 < self.power < 1.0, "power", "a power in (0, 1)"),
-            (
-                self.planned_cases is None
-                or (len(self.planned_cases) > 0 and len(set(self.planned_cases)) == len(self.planned_cases)),
-                "planned_cases",
-                "a non-empty list of distinct case ids, or None",
-            ),
-            (
-                self.planned_seeds is None
-                or (len(self.planned_seeds) > 0 and len(set(self.planned_seeds)) == len(self.planned_seeds)),
-                "planned_seeds",
-                "a non-empty list of distinct seeds, or None",
-            ),
-            (
-                self.spaced_cases is None
-                or (
-                    len(self.spaced_cases) > 0
-                    and len(set(self.spaced_cases)) == len(self.spaced_cases)
-                    and (self.planned_cases is None or set(self.spaced_cases) <= set(self.planned_cases))
-                ),
-                "spaced_cases",
-                "a non-empty list of distinct planned case ids (the multi-evidence cases), or None",
-            ),
-        ]
-        for ok, name, fix in checks:
-            if not ok:
-                raise SpecError(f"invalid gate plan value {getattr(self, name)!r}", field=name, fix=fix)
+            raise violation(
+                f"invalid value {spaced!r}",
+                field="spaced_cases",
+                fix=distinct.format("planned case ids (the multi-evidence cases)"),
+            )
+        return self
+
+    def replace(self, **changes: Any) -> GatePlan:
+        """This plan with ``changes``, validated again."""
+        return GatePlan(**{**dict(self), **changes})
 
     @property
     def look_alpha(self) -> float:
@@ -146,14 +133,41 @@ class GatePlan:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        out = dataclasses.asdict(self)
-        if self.planned_slices is not None:
-            out["planned_slices"] = [[length, position] for length, position in self.planned_slices]
-        for name in ("planned_cases", "planned_seeds", "spaced_cases"):
+        """The gate's parameters as verdict.json has always written them (same keys, same order)."""
+        out: dict[str, Any] = {}
+        for name in _DICT_FIELDS:
             value = getattr(self, name)
-            out[name] = None if value is None else list(value)
+            if name == "planned_slices" and value is not None:
+                value = [[length, position] for length, position in value]
+            elif isinstance(value, tuple):
+                value = list(value)
+            out[name] = value
         out["look_alpha"] = self.look_alpha
         return out
+
+
+#: The gate's parameters in verdict.json, in the order the report has always written them.
+_DICT_FIELDS = (
+    "margin",
+    "alpha",
+    "n_min",
+    "floor",
+    "fdr_method",
+    "regression_method",
+    "max_missing",
+    "bootstrap_reps",
+    "bootstrap_seed",
+    "planned_slices",
+    "block_known_gap",
+    "fragile_range",
+    "triage_top_k",
+    "triage_rerun_seeds",
+    "power",
+    "stop_rule",
+    "planned_cases",
+    "planned_seeds",
+    "spaced_cases",
+)
 
 
 def stable_seed(base: int, *parts: object) -> int:

@@ -229,7 +229,9 @@ def sequential_gate(
     that look's status, bounds and p-values, with a reason naming the look (it is INCONCLUSIVE in the
     final gate, which never sees its unsent cases; its p enters the final families as 1)."""
     history, decided = replay_looks(scored, plan, design, case_order, cases_of=cases_of)
-    final_plan = dataclasses.replace(plan, alpha=design.levels[-1], stop_rule="fixed")
+    final_plan = plan.replace(
+        alpha=design.levels[-1], stop_rule="fixed", looks=None, look_every=None, boundary=None
+    )
     result = gate(scored, final_plan)
     rows = {(r["length"], r["position"], h.look): r for h in history for r in h.slices}
     slices = []

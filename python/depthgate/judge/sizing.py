@@ -6,27 +6,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING
 
 import numpy as np
 from statsmodels.stats.power import TTestPower
 
 from depthgate.exceptions import InputError
 
+if TYPE_CHECKING:
+    from depthgate.judge.gate_plan import GatePlan
+
 __all__ = ["Sizing", "fisher_less", "sample_size_per_slice"]
-
-
-class _PlanSizing(Protocol):
-    """What :meth:`Sizing.of_plan` reads of a plan (``depthgate.judge.stats.GatePlan``)."""
-
-    @property
-    def margin(self) -> float: ...
-    @property
-    def look_alpha(self) -> float: ...
-    @property
-    def power(self) -> float: ...
-    @property
-    def n_min(self) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -48,7 +38,7 @@ class Sizing:
     inflation: float = 1.1
 
     @classmethod
-    def of_plan(cls, plan: _PlanSizing) -> Sizing:
+    def of_plan(cls, plan: GatePlan) -> Sizing:
         """The sizing a gate plan asks for: its margin, look alpha, power and n_min."""
         return cls(plan.margin, plan.look_alpha, plan.power, plan.n_min)
 

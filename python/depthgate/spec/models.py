@@ -10,7 +10,7 @@ The other spec models live beside it: cases and suites (:mod:`depthgate.spec.cas
 from __future__ import annotations
 
 import math
-from typing import Any, Literal, Protocol, TypeAlias
+from typing import Any, Literal, TypeAlias
 
 from pydantic import (
     Field,
@@ -59,35 +59,16 @@ def _smallest_q_factor(n_slices: int, method: RegressionMethod) -> float:
     return factor
 
 
-class PlanNumbers(Protocol):
-    """The numbers of a plan that :func:`plan_violations` checks: an :class:`AnalysisPlan`, or the
-    gate's own ``depthgate.judge.stats.GatePlan``."""
-
-    @property
-    def margin(self) -> float: ...
-    @property
-    def alpha(self) -> float: ...
-    @property
-    def n_min(self) -> int: ...
-    @property
-    def floor(self) -> float | None: ...
-    @property
-    def max_missing(self) -> float: ...
-    @property
-    def bootstrap_resamples(self) -> int: ...
-    @property
-    def stop_rule(self) -> str: ...
-
-
 def plan_violations(
-    plan: PlanNumbers, *, regression_method: RegressionMethod = "BY", n_slices: int | None = None
+    plan: AnalysisPlan, *, regression_method: RegressionMethod = "BY", n_slices: int | None = None
 ) -> list[tuple[str, str, str]]:
     """Every rule a plan must meet before anything runs, as (field, problem, fix); empty when valid.
 
     The single validator of the gate's parameters: :class:`AnalysisPlan` (and :class:`Matrix`, which
-    knows the number of slices) and ``depthgate.judge.stats.GatePlan`` both call it, so a
-    plan the matrix accepts is never refused by the gate after the requests were sent. The bootstrap
-    size is checked when the slice count is known, whatever the repeats: one seed per case uses
+    knows the number of slices) calls it, and so does the gate's ``depthgate.judge.gate_plan.GatePlan``
+    (an analysis plan with its frozen design), so a plan the matrix accepts is never refused by the gate
+    after the requests were sent. The bootstrap size is checked when the slice count is known, whatever
+    the repeats: one seed per case uses
     Newcombe-10 p-values, which have no 1/(B+1) floor, but one rule that does not depend on R keeps the
     matrix and the gate in agreement (the default B = 9999 serves up to 96 slices).
     """
@@ -254,14 +235,20 @@ class AnalysisPlan(_Frozen):
                 data.pop(name, None)
         return data
 
-    def violations(self, *, n_slices: int | None = None) -> list[tuple[str, str, str]]:
+    def violations(
+        self, *, n_slices: int | None = None, regression_method: RegressionMethod = "BY"
+    ) -> list[tuple[str, str, str]]:
         """:func:`plan_violations` of this plan (with the slice count when known), then the sequential
         stop rule's (:func:`depthgate.spec.sequential.sequential_violations`)."""
-        return plan_violations(self, n_slices=n_slices) + sequential_violations(
+        return plan_violations(
+            self, n_slices=n_slices, regression_method=regression_method
+        ) + sequential_violations(
             self.stop_rule, self.looks, self.look_every, self.boundary, self.primary_metric
         )
 
-    def raise_violations(self, *, n_slices: int | None = None, prefix: str = "") -> None:
+    def raise_violations(
+        self, *, n_slices: int | None = None, prefix: str = "", regression_method: RegressionMethod = "BY"
+    ) -> None:
         """Raise the first violation as a validation error on ``prefix + field``."""
-        for field, problem, fix in self.violations(n_slices=n_slices):
+        for field, problem, fix in self.violations(n_slices=n_slices, regression_method=regression_method):
             raise _violation(problem, field=f"{prefix}{field}", fix=fix)
