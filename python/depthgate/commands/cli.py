@@ -39,6 +39,7 @@ from depthgate.spec.limits import (
     MAX_LENGTH,
     MAX_POSITIONS,
     MAX_TOKENS,
+    count_problem,
     length_problem,
 )
 from depthgate.spec.paths import csv_ints, csv_list
@@ -584,14 +585,15 @@ def _check_args(args: argparse.Namespace) -> None:
         if len(set(args.lengths)) != len(args.lengths):
             raise InputError("a length is repeated", field="--lengths", fix="list each length once")
         if hasattr(args, "positions"):
-            if not args.positions:
-                raise InputError("no positions given", field="--positions", fix="pass --positions 0,0.5,1")
-            if len(args.positions) > MAX_POSITIONS:
-                raise InputError(
-                    f"{len(args.positions)} positions, over the limit of {MAX_POSITIONS}",
-                    field="--positions",
-                    fix=f"give at most {MAX_POSITIONS} positions",
-                )
+            counted = count_problem(
+                len(args.positions),
+                MAX_POSITIONS,
+                "positions",
+                empty_fix="pass --positions 0,0.5,1",
+                over_fix=f"give at most {MAX_POSITIONS} positions",
+            )
+            if counted is not None:
+                raise InputError(counted[0], field="--positions", fix=counted[1])
             _positions_arg(args.positions, args.lengths)
             cases = getattr(args, "cases", None)
             if cases is not None and not getattr(args, "suite", None):

@@ -15,6 +15,7 @@ from pydantic import (
 from depthgate.spec.base import Frozen, StrictFloat, StrictInt, violation
 from depthgate.spec.limits import (
     MAX_CASES,
+    count_problem,
 )
 from depthgate.spec.text_checks import UniqueIds, check_id, check_inline, check_unit
 
@@ -364,14 +365,15 @@ class Suite(Frozen):
 
     @model_validator(mode="after")
     def _check_suite(self) -> Suite:
-        if not self.cases:
-            raise violation("must not be empty", field="cases", fix="add at least one case")
-        if len(self.cases) > MAX_CASES:
-            raise violation(
-                f"holds {len(self.cases)} cases, over the limit of {MAX_CASES}",
-                field="cases",
-                fix=f"split the suite into suites of at most {MAX_CASES} cases",
-            )
+        problem = count_problem(
+            len(self.cases),
+            MAX_CASES,
+            "cases",
+            empty_fix="add at least one case",
+            over_fix=f"split the suite into suites of at most {MAX_CASES} cases",
+        )
+        if problem is not None:
+            raise violation(problem[0], field="cases", fix=problem[1])
         first_index: dict[str, int] = {}
         for index, case in enumerate(self.cases):
             if case.id in first_index:

@@ -24,6 +24,7 @@ from depthgate.spec.limits import (
     MAX_LENGTH,
     MAX_POSITIONS,
     MAX_SEEDS,
+    count_problem,
     length_problem,
 )
 from depthgate.spec.models import AnalysisPlan
@@ -167,18 +168,17 @@ class Matrix(Frozen):
                 raise violation(
                     problem, field=f"lengths[{index}]", fix=f"give lengths of at most {MAX_LENGTH} tokens"
                 )
-        if len(self.positions) > MAX_POSITIONS:
-            raise violation(
-                f"lists {len(self.positions)} positions, over the limit of {MAX_POSITIONS}",
-                field="positions",
-                fix=f"list at most {MAX_POSITIONS} positions (split the study into several matrices)",
-            )
         if len(set(self.lengths)) != len(self.lengths):
             raise violation("contains a repeated length", field="lengths", fix="list each length once")
-        if not self.positions:
-            raise violation(
-                "must not be empty", field="positions", fix="list depths, e.g. [0.0, 0.25, 0.5, 0.75, 1.0]"
-            )
+        counted = count_problem(
+            len(self.positions),
+            MAX_POSITIONS,
+            "positions",
+            empty_fix="list depths, e.g. [0.0, 0.25, 0.5, 0.75, 1.0]",
+            over_fix=f"list at most {MAX_POSITIONS} positions (split the study into several matrices)",
+        )
+        if counted is not None:
+            raise violation(counted[0], field="positions", fix=counted[1])
         if len(set(self.positions)) != len(self.positions):
             raise violation("contains a repeated position", field="positions", fix="list each position once")
         longest = max(self.lengths)

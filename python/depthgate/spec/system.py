@@ -24,6 +24,7 @@ from depthgate.spec.limits import (
     MAX_SEEDS,
     MAX_TIMEOUT_S,
     MAX_TOKENS,
+    count_problem,
     summarise_urls,
 )
 from depthgate.spec.text_checks import check_id, check_prompt_text
@@ -64,14 +65,15 @@ class DecodeParams(Frozen):
 
     @model_validator(mode="after")
     def _check_decode(self) -> DecodeParams:
-        if not self.seeds:
-            raise violation("must not be empty", field="seeds", fix="list one seed per repeat, e.g. [0]")
-        if len(self.seeds) > MAX_SEEDS:
-            raise violation(
-                f"lists {len(self.seeds)} seeds, over the limit of {MAX_SEEDS}",
-                field="seeds",
-                fix=f"list at most {MAX_SEEDS} seeds (more cases buy more power than more seeds)",
-            )
+        problem = count_problem(
+            len(self.seeds),
+            MAX_SEEDS,
+            "seeds",
+            empty_fix="list one seed per repeat, e.g. [0]",
+            over_fix=f"list at most {MAX_SEEDS} seeds (more cases buy more power than more seeds)",
+        )
+        if problem is not None:
+            raise violation(problem[0], field="seeds", fix=problem[1])
         for index, seed in enumerate(self.seeds):
             if not 0 <= seed < 2**63:
                 raise violation(
