@@ -39,7 +39,7 @@ from depthgate.spec.limits import (
     MAX_LENGTH,
     MAX_POSITIONS,
     MAX_TOKENS,
-    count_problem,
+    count_problems,
     length_problem,
 )
 from depthgate.spec.paths import csv_ints, csv_list
@@ -585,15 +585,9 @@ def _check_args(args: argparse.Namespace) -> None:
         if len(set(args.lengths)) != len(args.lengths):
             raise InputError("a length is repeated", field="--lengths", fix="list each length once")
         if hasattr(args, "positions"):
-            counted = count_problem(
-                len(args.positions),
-                MAX_POSITIONS,
-                "positions",
-                empty_fix="pass --positions 0,0.5,1",
-                over_fix=f"give at most {MAX_POSITIONS} positions",
-            )
-            if counted is not None:
-                raise InputError(counted[0], field="--positions", fix=counted[1])
+            empty, over = "pass --positions 0,0.5,1", f"give at most {MAX_POSITIONS} positions"
+            for problem, fix in count_problems(len(args.positions), MAX_POSITIONS, "positions", empty, over):
+                raise InputError(problem, field="--positions", fix=fix)
             _positions_arg(args.positions, args.lengths)
             cases = getattr(args, "cases", None)
             if cases is not None and not getattr(args, "suite", None):

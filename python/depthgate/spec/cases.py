@@ -15,7 +15,7 @@ from pydantic import (
 from depthgate.spec.base import Frozen, StrictFloat, StrictInt, violation
 from depthgate.spec.limits import (
     MAX_CASES,
-    count_problem,
+    count_problems,
 )
 from depthgate.spec.text_checks import UniqueIds, check_id, check_inline, check_unit
 
@@ -365,15 +365,9 @@ class Suite(Frozen):
 
     @model_validator(mode="after")
     def _check_suite(self) -> Suite:
-        problem = count_problem(
-            len(self.cases),
-            MAX_CASES,
-            "cases",
-            empty_fix="add at least one case",
-            over_fix=f"split the suite into suites of at most {MAX_CASES} cases",
-        )
-        if problem is not None:
-            raise violation(problem[0], field="cases", fix=problem[1])
+        empty, over = "add at least one case", f"split the suite into suites of at most {MAX_CASES} cases"
+        for problem, fix in count_problems(len(self.cases), MAX_CASES, "cases", empty, over):
+            raise violation(problem, field="cases", fix=fix)
         first_index: dict[str, int] = {}
         for index, case in enumerate(self.cases):
             if case.id in first_index:

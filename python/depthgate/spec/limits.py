@@ -67,16 +67,14 @@ def length_problem(length: int) -> str | None:
     return None
 
 
-def count_problem(
-    count: int, limit: int, noun: str, *, empty_fix: str, over_fix: str
-) -> tuple[str, str] | None:
-    """(problem, fix) when a list the spec reads (``count`` ``noun``) is empty or over ``limit``, else
-    None: one wording for every bounded list (issue #21: sizes are bounded before work starts)."""
+def count_problems(count: int, limit: int, noun: str, empty_fix: str, over_fix: str) -> list[tuple[str, str]]:
+    """[(problem, fix)] when a list the spec reads (``count`` ``noun``) is empty or over ``limit``, else
+    []: one wording for every bounded list (issue #21: sizes are bounded before work starts)."""
     if count == 0:
-        return "must not be empty", empty_fix
+        return [("must not be empty", empty_fix)]
     if count > limit:
-        return f"lists {count} {noun}, over the limit of {limit}", over_fix
-    return None
+        return [(f"lists {count} {noun}, over the limit of {limit}", over_fix)]
+    return []
 
 
 def summarise_urls(urls: Sequence[str], *, first: int = 3) -> str:

@@ -24,7 +24,7 @@ from depthgate.spec.limits import (
     MAX_LENGTH,
     MAX_POSITIONS,
     MAX_SEEDS,
-    count_problem,
+    count_problems,
     length_problem,
 )
 from depthgate.spec.models import AnalysisPlan
@@ -170,15 +170,12 @@ class Matrix(Frozen):
                 )
         if len(set(self.lengths)) != len(self.lengths):
             raise violation("contains a repeated length", field="lengths", fix="list each length once")
-        counted = count_problem(
-            len(self.positions),
-            MAX_POSITIONS,
-            "positions",
-            empty_fix="list depths, e.g. [0.0, 0.25, 0.5, 0.75, 1.0]",
-            over_fix=f"list at most {MAX_POSITIONS} positions (split the study into several matrices)",
+        empty, over = (
+            "list depths, e.g. [0.0, 0.25, 0.5, 0.75, 1.0]",
+            f"list at most {MAX_POSITIONS} positions (split the study into several matrices)",
         )
-        if counted is not None:
-            raise violation(counted[0], field="positions", fix=counted[1])
+        for problem, fix in count_problems(len(self.positions), MAX_POSITIONS, "positions", empty, over):
+            raise violation(problem, field="positions", fix=fix)
         if len(set(self.positions)) != len(self.positions):
             raise violation("contains a repeated position", field="positions", fix="list each position once")
         longest = max(self.lengths)

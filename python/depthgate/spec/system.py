@@ -24,7 +24,7 @@ from depthgate.spec.limits import (
     MAX_SEEDS,
     MAX_TIMEOUT_S,
     MAX_TOKENS,
-    count_problem,
+    count_problems,
     summarise_urls,
 )
 from depthgate.spec.text_checks import check_id, check_prompt_text
@@ -65,15 +65,12 @@ class DecodeParams(Frozen):
 
     @model_validator(mode="after")
     def _check_decode(self) -> DecodeParams:
-        problem = count_problem(
-            len(self.seeds),
-            MAX_SEEDS,
-            "seeds",
-            empty_fix="list one seed per repeat, e.g. [0]",
-            over_fix=f"list at most {MAX_SEEDS} seeds (more cases buy more power than more seeds)",
+        empty, over = (
+            "list one seed per repeat, e.g. [0]",
+            f"list at most {MAX_SEEDS} seeds (more cases buy more power than more seeds)",
         )
-        if problem is not None:
-            raise violation(problem[0], field="seeds", fix=problem[1])
+        for problem, fix in count_problems(len(self.seeds), MAX_SEEDS, "seeds", empty, over):
+            raise violation(problem, field="seeds", fix=fix)
         for index, seed in enumerate(self.seeds):
             if not 0 <= seed < 2**63:
                 raise violation(
