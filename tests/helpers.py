@@ -15,12 +15,14 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
+import polars as pl
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
@@ -173,6 +175,28 @@ def completion(model: str, text: str, prompt_ids: list[int], **usage: int) -> di
     counted from them, plus any other ``usage`` fields."""
     choice = {"index": 0, "text": text, "finish_reason": "stop", "prompt_token_ids": prompt_ids}
     return {"model": model, "choices": [choice], "usage": {"prompt_tokens": len(prompt_ids), **usage}}
+
+
+class NotStatedReader(StubServer):
+    """A vLLM-shaped stub on 127.0.0.1 (labelled: not a model) that answers "not stated" and echoes the
+    prompt ids; enough to take a run to a verdict."""
+
+    def __init__(self) -> None:
+        class Handler(ModelsHandler):
+            max_model_len = 1024
+
+            def do_POST(self) -> None:
+                body = self.read_json()
+                self.send_json(completion(body["model"], " not stated", list(body["prompt"])))
+
+        super().__init__(Handler)
+
+
+def scored_frame(rows: Sequence[tuple[str, str, int, str, int, str]]) -> pl.DataFrame:
+    """(arm, case_id, length, position, seed, outcome) rows -> a scored-records frame (no safety hit)."""
+    schema = {"arm": pl.String, "case_id": pl.String, "length": pl.Int64, "position": pl.String}
+    schema |= {"seed": pl.Int64, "outcome": pl.String}
+    return pl.DataFrame(rows, schema=schema, orient="row").with_columns(pl.lit(False).alias("safety"))
 
 
 def small_smoke_matrix(*, cases: int = 2, lengths: str = "[480]", preamble: str = SHORT_PREAMBLE) -> str:

@@ -42,7 +42,7 @@ from depthgate.layout.layouts import BuildOptions, build_layouts, load_tokenizer
 from depthgate.spec._compat import tomllib
 from depthgate.spec.suites import builtin_suite
 from fixtures_paths import tokenizers_dir
-from helpers import ModelsHandler, StubServer, completion, stub_matrix
+from helpers import NotStatedReader, stub_matrix
 
 GPT2 = tokenizers_dir() / "gpt2" / "tokenizer.json"
 BAD = int(ExitCode.BAD_INPUT)
@@ -76,7 +76,7 @@ def good_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A real run folder (both arms, records, report) from a run against the stub server below; the
     gate cases tamper with copies of it."""
     root = tmp_path_factory.mktemp("good-run")
-    with _Reader() as reader:
+    with NotStatedReader() as reader:
         matrix = root / "m.toml"
         matrix.write_text(matrix_text(reader.port))
         code = main(["run", str(matrix), "--out", str(root / "run"), "--no-controls"])
@@ -553,21 +553,6 @@ def test_hostile_input(
 # A run whose template raises leaves no run folder; after the template is fixed the same folder runs.
 
 
-class _Reader(StubServer):
-    """A vLLM-shaped stub on 127.0.0.1 (labelled: not a model) that answers "not stated" and echoes the
-    prompt ids; enough to take a run to a verdict."""
-
-    def __init__(self) -> None:
-        class Handler(ModelsHandler):
-            max_model_len = 1024
-
-            def do_POST(self) -> None:
-                body = self.read_json()
-                self.send_json(completion(body["model"], " not stated", list(body["prompt"])))
-
-        super().__init__(Handler)
-
-
 @pytest.mark.parametrize("precreated", [False, True], ids=["new-folder", "empty-folder"])
 def test_run_with_a_raising_template_leaves_nothing_and_the_fixed_template_runs(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], precreated: bool
@@ -577,7 +562,7 @@ def test_run_with_a_raising_template_leaves_nothing_and_the_fixed_template_runs(
     run = tmp_path / "run"
     if precreated:
         run.mkdir()
-    with _Reader() as reader:
+    with NotStatedReader() as reader:
         matrix = tmp_path / "m.toml"
         matrix.write_text(matrix_text(reader.port, candidate_extra='chat_template = "turns.jinja"'))
         assert main(["run", str(matrix), "--out", str(run), "--no-controls"]) == BAD

@@ -14,6 +14,7 @@ import pytest
 
 from depthgate.commands.cli import main
 from depthgate.exceptions import ExitCode
+from depthgate.judge.controls import CATEGORIES
 from fixtures_paths import tokenizers_dir
 
 TOK = tokenizers_dir()
@@ -205,14 +206,7 @@ def test_run_end_to_end_on_the_embedded_model_and_resume(
     # Controls ran beside the matrix and every case of both arms got a failure class.
     controls = verdict["controls"]
     assert sum(controls["counts"].values()) == 2 * 2
-    assert {c["category"] for c in controls["cases"]} <= {
-        "task_or_model",
-        "hallucination",
-        "position_or_assembly",
-        "ok",
-        "serving_path",
-        "unknown",
-    }
+    assert {c["category"] for c in controls["cases"]} <= set(CATEGORIES)
     assert "Controls" in (run_dir / "report" / "summary.md").read_text()
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert (

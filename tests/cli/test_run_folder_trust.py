@@ -30,21 +30,9 @@ from depthgate.commands.cli import main
 from depthgate.exceptions import ExitCode
 from depthgate.run.records import RECORDS_FILE, read_records
 from fixtures_paths import tokenizers_dir
-from helpers import ModelsHandler, StubServer, completion, stub_matrix
+from helpers import NotStatedReader, stub_matrix
 
 GPT2 = tokenizers_dir() / "gpt2" / "tokenizer.json"
-
-
-class _Reader(StubServer):
-    def __init__(self) -> None:
-        class Handler(ModelsHandler):
-            max_model_len = 1024
-
-            def do_POST(self) -> None:
-                body = self.read_json()
-                self.send_json(completion(body["model"], " not stated", list(body["prompt"])))
-
-        super().__init__(Handler)
 
 
 def _matrix(port: int) -> str:
@@ -63,7 +51,7 @@ def _matrix(port: int) -> str:
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """A whole run and the single shard (1/1) of the same matrix, both complete."""
     root = tmp_path_factory.mktemp("trust")
-    with _Reader() as reader:
+    with NotStatedReader() as reader:
         matrix = root / "m.toml"
         matrix.write_text(_matrix(reader.port))
         whole, shard = root / "whole", root / "shard"

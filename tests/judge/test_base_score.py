@@ -19,7 +19,7 @@ from depthgate.judge.base_score import short_base
 from depthgate.judge.effective_length import effective_length
 from depthgate.spec.loading import load_matrix
 from depthgate.spec.models import AnalysisPlan
-from helpers import free_port
+from helpers import free_port, scored_frame
 
 Z = 1.959963984540054  # two-sided 95 %
 
@@ -33,24 +33,7 @@ def _wilson(p: float, n: float) -> tuple[float, float]:
 
 def _records(rows: list[tuple[str, str, int, str, str]], attempts: list[int] | None = None) -> pl.DataFrame:
     """(arm, case, length, position, outcome) rows, seed 0."""
-    frame = pl.DataFrame(
-        {
-            "arm": [r[0] for r in rows],
-            "case_id": [r[1] for r in rows],
-            "length": [r[2] for r in rows],
-            "position": [r[3] for r in rows],
-            "seed": [0] * len(rows),
-            "outcome": [r[4] for r in rows],
-        },
-        schema={
-            "arm": pl.String,
-            "case_id": pl.String,
-            "length": pl.Int64,
-            "position": pl.String,
-            "seed": pl.Int64,
-            "outcome": pl.String,
-        },
-    )
+    frame = scored_frame([(arm, case, length, pos, 0, outcome) for arm, case, length, pos, outcome in rows])
     if attempts is not None:
         frame = frame.with_columns(pl.Series("attempts", attempts, dtype=pl.Int64))
     return frame

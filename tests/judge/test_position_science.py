@@ -38,6 +38,7 @@ from depthgate.judge.power import (
 )
 from depthgate.judge.power_sim import draw_design, simulate_gate_power
 from depthgate.judge.stats import GatePlan, Sizing, sample_size_per_slice
+from helpers import scored_frame
 
 ARMS = ("baseline", "candidate")
 #: The spec's sizing table (section 3): the bare t-test n, no n_min, no inflation.
@@ -50,18 +51,7 @@ TABLE = Sizing(margin=0.10, alpha=0.05, n_min=0, inflation=1.0)
 
 def records(rows: Sequence[tuple[str, str, int, str, int, str]]) -> pl.DataFrame:
     """(arm, case_id, length, position, seed, outcome) rows -> a scored-records frame."""
-    return pl.DataFrame(
-        rows,
-        schema={
-            "arm": pl.String,
-            "case_id": pl.String,
-            "length": pl.Int64,
-            "position": pl.String,
-            "seed": pl.Int64,
-            "outcome": pl.String,
-        },
-        orient="row",
-    ).with_columns(pl.lit(False).alias("safety"))
+    return scored_frame(rows)
 
 
 def controls(rows: Sequence[tuple[str, str, int, str]], kind: str = "evidence_only") -> pl.DataFrame:

@@ -39,44 +39,38 @@ def check_records_belong(
     ``layout_ids`` or whose ``layout_id`` is not among that arm's layouts."""
     if records.height == 0:
         return
-    where = str(folder)
+
+    def refuse(bad: pl.DataFrame, field: str, what: str) -> None:
+        if bad.height:
+            raise InputError(f"{bad.height} {what}", file=str(folder), field=field, fix=fix)
+
     foreign = records.filter(pl.col("run_id") != run_id)
-    if foreign.height:
-        raise InputError(
-            f"{foreign.height} record(s) belong to another run ({_listed(foreign['run_id'])}), not "
-            f"{run_id!r} of manifest.json",
-            file=where,
-            field="run_id",
-            fix=fix,
-        )
+    refuse(
+        foreign,
+        "run_id",
+        f"record(s) belong to another run ({_listed(foreign['run_id'])}), not {run_id!r} of manifest.json",
+    )
     if manifest_digest is not None and "manifest_digest" in records.columns:
         other = records.filter(pl.col("manifest_digest") != manifest_digest)
-        if other.height:
-            raise InputError(
-                f"{other.height} record(s) were written under another manifest "
-                f"({_listed(other['manifest_digest'])})",
-                file=where,
-                field="manifest_digest",
-                fix=fix,
-            )
+        refuse(
+            other,
+            "manifest_digest",
+            f"record(s) were written under another manifest ({_listed(other['manifest_digest'])})",
+        )
     arms = sorted(layout_ids)
     stray = records.filter(~pl.col("arm").is_in(arms))
-    if stray.height:
-        raise InputError(
-            f"{stray.height} record(s) under an arm this run does not have ({_listed(stray['arm'])}; the "
-            f"arms are {', '.join(arms)})",
-            file=where,
-            field="arm",
-            fix=fix,
-        )
+    refuse(
+        stray,
+        "arm",
+        f"record(s) under an arm this run does not have ({_listed(stray['arm'])}; the arms are "
+        f"{', '.join(arms)})",
+    )
     for arm, ids in layout_ids.items():
         known = sorted({str(i) for i in ids})
         unknown = records.filter((pl.col("arm") == arm) & ~pl.col("layout_id").is_in(known))
-        if unknown.height:
-            raise InputError(
-                f"{unknown.height} {arm} record(s) for layouts this run never built "
-                f"({_listed(unknown['layout_id'])}; not in {arm}/layouts.parquet)",
-                file=where,
-                field="layout_id",
-                fix=fix,
-            )
+        refuse(
+            unknown,
+            "layout_id",
+            f"{arm} record(s) for layouts this run never built ({_listed(unknown['layout_id'])}; not in "
+            f"{arm}/layouts.parquet)",
+        )

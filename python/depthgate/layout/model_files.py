@@ -42,7 +42,7 @@ from depthgate.spec.files import (
     atomic_write_bytes,
     cache_dir,
     import_extra,
-    read_json,
+    read_json_object,
     sha256_file,
 )
 from depthgate.spec.paths import resolve_relative
@@ -114,15 +114,7 @@ def is_model_reference(spec: str, *, base_dir: Path | None = None) -> bool:
 
 
 def _read_config(path: Path) -> dict[str, Any]:
-    data = read_json(path, _CONFIG_READ)
-    if not isinstance(data, dict):
-        raise InputError(
-            f"expected a JSON object, found {type(data).__name__}",
-            file=str(path),
-            field="tokenizer",
-            fix="give the model's own tokenizer_config.json",
-        )
-    return data
+    return read_json_object(path, _CONFIG_READ, "give the model's own tokenizer_config.json")
 
 
 def _token(value: object) -> str | None:

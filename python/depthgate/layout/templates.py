@@ -31,7 +31,7 @@ import jinja2.parser
 import jinja2.sandbox
 
 from depthgate.exceptions import TemplateError
-from depthgate.spec.files import ReadFailures, read_json, read_utf8
+from depthgate.spec.files import ReadFailures, read_json_object, read_utf8
 
 __all__ = [
     "DEFAULT_PINNED_DATE",
@@ -266,14 +266,7 @@ def _read_text(path: Path) -> str:
 
 
 def _read_json_object(path: Path) -> dict[str, Any]:
-    data = read_json(path, _TEMPLATE_READ)
-    if not isinstance(data, dict):
-        raise TemplateError(
-            f"expected a JSON object, found {type(data).__name__}",
-            file=str(path),
-            fix="pass a tokenizer_config.json or chat_template.json",
-        )
-    return data
+    return read_json_object(path, _TEMPLATE_READ, "pass a tokenizer_config.json or chat_template.json")
 
 
 def _token_string(value: object, *, path: Path, name: str) -> str | None:

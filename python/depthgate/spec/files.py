@@ -90,6 +90,16 @@ def read_json(path: Path, failures: ReadFailures) -> Any:
     return parse_json(read_utf8(path, failures), path, failures)
 
 
+def read_json_object(path: Path, failures: ReadFailures, fix: str) -> dict[str, Any]:
+    """:func:`read_json` of a file that must hold a JSON object; anything else raises ``failures.error``
+    naming the file, ``failures.field`` and ``fix``."""
+    data = read_json(path, failures)
+    if not isinstance(data, dict):
+        found = f"expected a JSON object, found {type(data).__name__}"
+        raise failures.error(found, file=str(path), field=failures.field, fix=fix)
+    return data
+
+
 def parse_json(text: str, path: Path, failures: ReadFailures, *, line: int | None = None) -> Any:
     """``text`` (the content of ``path``, or its line ``line`` for JSONL) as a JSON value whose every
     string is encodable UTF-8; failures raise ``failures.error`` naming the file (``path:line``)."""
