@@ -38,7 +38,13 @@ def llama_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaServ
         server.stop()
 
 
+ROLES = (("baseline", "base"), ("candidate", "cand"))
+
+
 def _matrix(url: str, tokenizer: str, tmp_path: Path) -> Path:
+    arm = 'backend = "llamacpp"\nmodel = "gemma3-270m"\ntokenizer = "{}"\nendpoint = "{}"\n'
+    arm += 'runtime = {{ prompt_format = "text" }}\n\n'
+    arms = "".join(f'[{role}]\nname = "{name}"\n' + arm.format(tokenizer, url) for role, name in ROLES)
     text = f"""
 name = "parity"
 suite = {{ kind = "builtin", cases = 2, seed = 0, language = "en" }}
@@ -50,21 +56,7 @@ max_tokens = 4
 seeds = [0]
 stop = ["\\n"]
 
-[baseline]
-name = "base"
-backend = "llamacpp"
-model = "gemma3-270m"
-tokenizer = "{tokenizer}"
-endpoint = "{url}"
-runtime = {{ prompt_format = "text" }}
-
-[candidate]
-name = "cand"
-backend = "llamacpp"
-model = "gemma3-270m"
-tokenizer = "{tokenizer}"
-endpoint = "{url}"
-runtime = {{ prompt_format = "text" }}
+{arms}
 
 [plan]
 margin = 0.20
