@@ -21,7 +21,14 @@ bash scripts/setup_vllm.sh
 cargo test --release -p depthgate-core
 # Every import points down the pipeline (contracts in pyproject.toml [tool.importlinter]).
 .venv/bin/lint-imports
-.venv/bin/python -m pytest -q -p no:cacheprovider "$@"
+# Everything but the real-model checks on one pytest-xdist worker per core, a file per worker (its
+# module fixtures — servers, built layouts — start once); then the real-model checks alone, in one
+# process, so a model never shares the two cores with another test's work.
+# Exit 5 is "nothing selected" (arguments that pick tests of one phase only).
+phase() { "$@" || { rc=$?; [ "$rc" -eq 5 ] || exit "$rc"; }; }
+phase .venv/bin/python -m pytest -q -p no:cacheprovider -n auto --dist loadfile \
+  -m "not (slow_model or smoke_model or bench or vllm)" "$@"
+phase .venv/bin/python -m pytest -q -p no:cacheprovider -m smoke_model "$@"
 # DEPTHGATE_REQUIRE_VLLM=1: a missing engine or model fails these tests instead of skipping them.
 DEPTHGATE_REQUIRE_VLLM=1 scripts/vllm/python -m pytest -q -p no:cacheprovider -o addopts="" \
   --strict-markers -m vllm tests/vllm "$@"

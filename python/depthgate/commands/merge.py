@@ -45,7 +45,7 @@ from depthgate.run.records import (
     RECORDS_FILE,
     read_records,
 )
-from depthgate.spec.files import ReadFailures, read_json, read_parquet
+from depthgate.spec.files import ReadFailures, read_json, read_parquet, require_file
 
 __all__ = ["MergeSummary", "merge_runs"]
 
@@ -72,12 +72,11 @@ class MergeSummary:
 
 
 def _read_json(path: Path, what: str) -> dict[str, Any]:
-    if not path.is_file():
-        raise InputError(
-            f"no {path.name}: not a shard folder of `depthgate run --shard i/N`",
-            file=str(path.parent),
-            fix=f"pass the --out folders of every shard ({what})",
-        )
+    message, fix = (
+        f"no {path.name}: not a shard folder of `depthgate run --shard i/N`",
+        f"pass the --out folders of every shard ({what})",
+    )
+    require_file(path, InputError, message, fix, where=path.parent)
     failures = ReadFailures(
         InputError,
         missing=(f"no {path.name}", "rerun that shard"),

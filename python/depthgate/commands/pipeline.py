@@ -54,7 +54,7 @@ from depthgate.layout.layouts import (
     read_layouts,
 )
 from depthgate.spec.cases import Suite
-from depthgate.spec.files import ReadFailures, read_json
+from depthgate.spec.files import ReadFailures, read_json, require_file
 from depthgate.spec.loading import load_matrix, parse_spec
 from depthgate.spec.manifest import RunManifest
 from depthgate.spec.matrix import Matrix
@@ -486,12 +486,8 @@ def _frozen_run(
             file=str(run),
             fix="join every shard folder with `depthgate merge DIR_1 … DIR_N --out DIR`, then gate DIR",
         )
-    if not manifest_path.is_file():
-        raise InputError(
-            "no manifest.json in the run folder",
-            file=str(run),
-            fix="pass a folder written by `depthgate run`",
-        )
+    fix = "pass a folder written by `depthgate run`"
+    require_file(manifest_path, InputError, "no manifest.json in the run folder", fix, where=Path(run))
     manifest = read_json(manifest_path, _run_file_failures("manifest.json"))
     frozen = parse_spec(RunManifest, manifest, file=str(manifest_path))
     lengths, positions = list(frozen.lengths), list(frozen.positions)

@@ -20,7 +20,7 @@ from depthgate.judge.power import DesignParameters, PowerPlan, pilot_parameters,
 from depthgate.judge.stats import Sizing
 from depthgate.layout.layouts import parse_positions
 from depthgate.spec.cases import Suite
-from depthgate.spec.files import read_parquet
+from depthgate.spec.files import read_parquet, require_file
 from depthgate.spec.matrix import Matrix
 from depthgate.spec.models import look_alpha
 from depthgate.spec.positions import split_position_label
@@ -158,12 +158,8 @@ def _gated_lengths_only(run: Path, scored: pl.DataFrame) -> pl.DataFrame:
 def read_pilot(run: str | Path) -> pl.DataFrame:
     """A finished run's scored records (``RUN/scored.parquet``)."""
     path = Path(run) / "scored.parquet"
-    if not path.is_file():
-        raise InputError(
-            "no scored.parquet in the pilot run folder",
-            file=str(path),
-            fix="pass a run folder gated by `depthgate run` or `depthgate gate`",
-        )
+    fix = "pass a run folder gated by `depthgate run` or `depthgate gate`"
+    require_file(path, InputError, "no scored.parquet in the pilot run folder", fix)
     fix = "pass a run folder gated by `depthgate run` or `depthgate gate` (gate it again to rewrite the file)"
     scored = read_parquet(path, error=InputError, what="pilot's scored records", fix=fix, field="--pilot")
     scored = _gated_lengths_only(Path(run), scored)

@@ -32,10 +32,12 @@ from tokenizers.processors import TemplateProcessing
 
 from depthgate.exceptions import InfraError, InputError, TokenizerLoadError
 from depthgate.spec.files import (
+    GGUF_FIX,
     atomic_write_bytes,
     cache_dir,
     import_extra,
     named_failure,
+    require_file,
     sha256_file,
 )
 from depthgate.spec.paths import resolve_relative
@@ -166,12 +168,7 @@ def _gguf_fields(path: Path) -> dict[str, Any]:
     """The metadata fields of a GGUF file (named errors for a missing file, a missing ``gguf`` package
     and an unreadable file)."""
     shown = str(path)
-    if not path.is_file():
-        raise TokenizerLoadError(
-            "GGUF file not found",
-            file=shown,
-            fix="pass the path of an existing .gguf model file",
-        )
+    require_file(path, TokenizerLoadError, "GGUF file not found", GGUF_FIX)
     gguf: Any = import_extra(
         "gguf",
         error=InfraError,
@@ -474,10 +471,7 @@ def tokenizer_json_from_gguf(path: str | os.PathLike[str]) -> Path:
     vocabulary takes about 15 s once; loading the cached file takes about 1.5 s.
     """
     src = Path(path)
-    if not src.is_file():
-        raise TokenizerLoadError(
-            "GGUF file not found", file=str(src), fix="pass the path of an existing .gguf model file"
-        )
+    require_file(src, TokenizerLoadError, "GGUF file not found", GGUF_FIX)
     digest = gguf_sha256(src)
     target = cache_dir() / "tokenizers" / f"gguf-{digest}-c{CONVERTER_VERSION}.json"
     if target.is_file():
@@ -775,14 +769,8 @@ def resolve_tokenizer_path(spec: str, *, base_dir: Path | None = None) -> Path:
         # A model folder or hf:ORG/NAME@REV: its tokenizer.json with the BOS/EOS its config asks for.
         return resolve_model_files(spec, base_dir=base_dir).tokenizer_file
     path = resolve_relative(spec, base_dir)
-    if not path.is_file():
-        raise InputError(
-            "tokenizer file not found",
-            file=str(path),
-            field="tokenizer",
-            fix="pass the path of a tokenizer.json (or .json.gz), a model folder, hf:ORG/NAME@REV, "
-            "or 'gguf:' for the embedded model",
-        )
+    fix = "pass the path of a tokenizer.json (or .json.gz), a model folder, hf:ORG/NAME@REV, or 'gguf:' for "
+    require_file(path, InputError, "tokenizer file not found", fix + "the embedded model", field="tokenizer")
     if path.suffix == ".gz":
         target_json = cache_dir() / "tokenizers" / f"{_sha256_file(path)}.json"
         if not target_json.is_file():

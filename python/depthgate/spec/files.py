@@ -83,6 +83,25 @@ def read_utf8(path: Path, failures: ReadFailures) -> str:
         f.raise_for(path, f.unreadable, strerror=exc.strerror or exc, exc=exc)
 
 
+#: The fix for a missing .gguf model file (the embedded backend and the GGUF tokenizer reader).
+GGUF_FIX = "pass the path of an existing .gguf model file"
+
+
+def require_file(
+    path: Path,
+    error: type[DepthgateError],
+    message: str,
+    fix: str,
+    *,
+    where: Path | None = None,
+    field: str | None = None,
+) -> None:
+    """Raise ``error(message)`` naming ``where`` (default: ``path``), ``field`` and ``fix`` unless
+    ``path`` is a file: the one check before a file is opened."""
+    if not path.is_file():
+        raise error(message, file=str(path if where is None else where), field=field, fix=fix)
+
+
 def read_json(path: Path, failures: ReadFailures) -> Any:
     """The file's JSON value; a file that cannot be read or parsed raises as :func:`read_utf8` does, and
     a string that is not encodable text (a lone surrogate such as ``"\\ud800"``) as

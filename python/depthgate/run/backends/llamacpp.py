@@ -32,7 +32,7 @@ from depthgate.layout.gguf_tokenizer import (
     tokenizer_from_gguf,
     verify_against_llamacpp,
 )
-from depthgate.spec.files import import_extra, named_failure
+from depthgate.spec.files import GGUF_FIX, import_extra, named_failure, require_file
 
 __all__ = ["EmbeddedLlamaBackend", "FinishReason", "Generation", "default_threads"]
 
@@ -107,10 +107,7 @@ class EmbeddedLlamaBackend:
         self._lib = llama_cpp
         path = Path(model_path) if model_path is not None else gemma_default_gguf()
         self._path = path
-        if not path.is_file():
-            raise InputError(
-                "model file not found", file=str(path), fix="pass the path of an existing .gguf model file"
-            )
+        require_file(path, InputError, "model file not found", GGUF_FIX)
         if isinstance(n_ctx, bool) or not isinstance(n_ctx, int) or n_ctx < 16:
             raise InputError(
                 f"n_ctx must be an integer ≥ 16, got {n_ctx!r}",
