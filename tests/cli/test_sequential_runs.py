@@ -1,0 +1,159 @@
+"""A ``stop_rule = "sequential"`` run through the CLI (issue #26): killed with SIGKILL while a look is in
+flight and resumed with the same command, it loses and duplicates nothing and ends with the
+uninterrupted run's look history and verdict; run as shards, merged look by look, it gives the
+unsharded run's verdict.
+
+The model behind 127.0.0.1 is a **stub** (labelled as such): a vLLM-shaped ``/v1/completions`` server
+that decodes the prompt ids with the real GPT-2 tokenizer and answers each case's question with its true
+value. Model ``deep-blind`` is the planted regression: it answers "not stated" when the evidence sits
+in the second half of the prompt (depth 1), so the depth-1 slice regresses and depth 0 does not.
+Every answer is delayed a little so that a kill lands mid-look.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+from tokenizers import Tokenizer
+
+from depthgate.commands.cli import main
+from depthgate.exceptions import ExitCode
+from depthgate.run.records import FINAL_STATUSES, read_records
+from depthgate.spec.suites import builtin_suite
+from fixtures_paths import tokenizers_dir
+from helpers import ModelsHandler, StubServer, completion, free_port, stub_matrix
+
+REPO = Path(__file__).resolve().parents[2]
+GPT2 = tokenizers_dir() / "gpt2" / "tokenizer.json"
+CASES = 24
+KEY = ["arm", "layout_id", "seed"]
+
+
+class DeepBlindReader(StubServer):
+    """Model ``good`` answers every case; ``deep-blind`` only when the answer sits in the prompt's
+    first half. ``delay_s`` per answer; ``requests`` counts the answers sent."""
+
+    def __init__(self, port: int, delay_s: float = 0.0) -> None:
+        tokenizer = Tokenizer.from_file(str(GPT2))
+        answers = {
+            c.query: c.required_claims[0].aliases[0] if c.required_claims else "not stated"
+            for c in builtin_suite(CASES).cases
+        }
+        self.requests = 0
+        self.delay_s = delay_s
+        lock = threading.Lock()
+        reader = self
+
+        class Handler(ModelsHandler):
+            models = ("good", "deep-blind")
+
+            def do_POST(self) -> None:
+                body = self.read_json()
+                ids = list(body["prompt"])
+                text = tokenizer.decode(ids)
+                answer = next((a for q, a in answers.items() if q in text), "not stated")
+                if body["model"] == "deep-blind" and text.find(answer) > len(text) // 2:
+                    answer = "not stated"
+                time.sleep(reader.delay_s)
+                with lock:
+                    reader.requests += 1
+                self.send_json(completion(body["model"], f" {answer}", ids, completion_tokens=3))
+
+        super().__init__(Handler, port)
+
+
+def _matrix(tmp: Path, port: int) -> Path:
+    text = stub_matrix(
+        "sequential-stub",
+        where=f'endpoint = "http://127.0.0.1:{port}"',
+        tokenizer=GPT2,
+        suite=f'{{ kind = "builtin", cases = {CASES}, seed = 0, language = "en" }}',
+        candidate_model="deep-blind",
+        resamples=499,
+    )
+    text += 'stop_rule = "sequential"\nlooks = [0.25, 0.5, 0.75, 1.0]\n'
+    path = tmp / "sequential.toml"
+    path.write_text(text)
+    return path
+
+
+def _verdict(run: Path) -> dict[str, Any]:
+    return dict(json.loads((run / "report" / "verdict.json").read_text()))
+
+
+def _keys(run: Path) -> pl.DataFrame:
+    records = read_records(run, dedup=False).filter(pl.col("status").is_in(list(FINAL_STATUSES)))
+    return records.select(*KEY)
+
+
+def _history(run: Path) -> list[Any]:
+    return list(json.loads((run / "looks.json").read_text())["looks"])
+
+
+def test_sigkill_mid_look_then_resume_loses_and_duplicates_nothing(tmp_path: Path) -> None:
+    port = free_port()
+    matrix = _matrix(tmp_path, port)
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    argv = ["run", str(matrix), "--no-controls", "--concurrency", "2"]
+    with DeepBlindReader(port, delay_s=0.04) as reader:
+        code = main([*argv, "--out", str(whole)])
+        verdict = _verdict(whole)
+        history = _history(whole)
+        sent = verdict["sequential"]["requests_sent"]
+        assert code == ExitCode.FAIL and reader.requests == sent
+        # The planted regression is decided early and not every planned request is sent; the look the
+        # kill lands in must exist: at least two looks.
+        assert sent < verdict["sequential"]["requests_planned"] and len(history) >= 1
+        first_look = 2 * history[0]["cases"] * len(history[0]["slices"])  # both arms, one seed
+        assert first_look < sent
+
+        # The same command in a child process, SIGKILLed once the server has answered past the first
+        # look: the second look is in flight.
+        reader.requests = 0
+        kill_after = first_look + (sent - first_look) // 2
+        env = {**os.environ, "PYTHONPATH": str(REPO / "python")}
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "depthgate", *argv, "--out", str(killed)],
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        try:
+            deadline = time.monotonic() + 240
+            while time.monotonic() < deadline and proc.poll() is None and reader.requests < kill_after:
+                time.sleep(0.005)
+            assert proc.poll() is None, f"the run ended before the kill: {proc.stderr.read()!r}"  # type: ignore[union-attr]
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            assert proc.stderr is not None
+            err = proc.stderr.read().decode()
+            proc.stderr.close()
+        assert proc.returncode == -signal.SIGKILL
+        assert "look 2/" in err and "look 3/" not in err  # killed while look 2 was being sent
+        landed = _keys(killed).height
+        assert first_look <= landed < sent, (first_look, landed, sent)
+        assert not (killed / "report").exists()
+
+        # Resume: the same command on the same folder.
+        assert main([*argv, "--out", str(killed)]) == code
+    keys = _keys(killed)
+    assert keys.height == keys.unique().height == sent  # nothing duplicated
+    assert keys.sort(KEY).equals(_keys(whole).sort(KEY))  # nothing lost: the very requests of the looks
+    assert _history(killed) == history
+    resumed = _verdict(killed)
+    assert resumed["verdict"] == verdict["verdict"]
+    assert resumed["slices"] == verdict["slices"]
+    assert resumed["sequential"] == verdict["sequential"]
