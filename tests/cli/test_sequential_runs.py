@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -23,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import polars as pl
+import pytest
 from tokenizers import Tokenizer
 
 from depthgate.commands.cli import main
@@ -157,3 +160,55 @@ def test_sigkill_mid_look_then_resume_loses_and_duplicates_nothing(tmp_path: Pat
     assert resumed["verdict"] == verdict["verdict"]
     assert resumed["slices"] == verdict["slices"]
     assert resumed["sequential"] == verdict["sequential"]
+
+
+def test_shards_run_look_by_look_and_merge_to_the_unsharded_verdict(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Round r: every shard sends its part of one look (``--after`` the previous round's merge), merge
+    joins them; after the last round ``gate`` gives the unsharded run's verdict from the same requests.
+    Shards of different rounds, a missing part of a look and ``--after`` without a shard are refused."""
+    port = free_port()
+    matrix = _matrix(tmp_path, port)
+    whole = tmp_path / "whole"
+    base = ["run", str(matrix), "--no-controls"]
+    with DeepBlindReader(port) as reader:
+        code = main([*base, "--out", str(whole)])
+        verdict = _verdict(whole)
+        looks = len(verdict["sequential"]["design"]["cases"])
+        reader.requests = 0
+        shards = [tmp_path / f"shard{i}" for i in (1, 2)]
+        after: list[str] = []
+        merged = tmp_path / "merged0"
+        seen: list[int] = []
+        for r in range(1, looks + 1):
+            for i, shard in enumerate(shards, start=1):
+                assert main([*base, "--out", str(shard), "--shard", f"{i}/2", *after]) == ExitCode.PASS
+            merged = tmp_path / f"merged{r}"
+            assert main(["merge", *map(str, shards), "--out", str(merged)]) == ExitCode.PASS
+            said = re.search(rf"sequential look (\d) of {looks}", capsys.readouterr().out)
+            assert said is not None
+            seen.append(int(said[1]))
+            after = ["--after", str(merged)]
+            if r == 1:
+                # a shard of round 2 merged with a shard of round 1: refused by name
+                round2 = tmp_path / "round2-shard1"
+                shutil.copytree(shards[0], round2)
+                before = reader.requests
+                assert main([*base, "--out", str(round2), "--shard", "1/2", *after]) == ExitCode.PASS
+                reader.requests = before  # the test's own extra shard is not the run's
+                mixed = ["merge", str(round2), str(shards[1]), "--out", str(tmp_path / "mixed")]
+                assert main(mixed) == ExitCode.BAD_INPUT
+                assert "shard-look.json" in capsys.readouterr().err
+        # look by look, then nothing once every slice is decided; no more requests than the unsharded run
+        decided_at = max(int(s["look"]) for s in verdict["sequential"]["slices"])
+        assert seen == [*range(1, decided_at + 1), *[decided_at] * (looks - decided_at)], seen
+        assert reader.requests == verdict["sequential"]["requests_sent"]
+    assert main(["gate", str(merged)]) == code
+    joined = _verdict(merged)
+    for key in ("verdict", "slices", "sequential"):
+        assert joined[key] == verdict[key], key
+    assert _keys(merged).sort(KEY).equals(_keys(whole).sort(KEY))
+    # --after belongs to a shard of a sequential run
+    assert main([*base, "--out", str(tmp_path / "x"), "--after", str(merged)]) == ExitCode.BAD_INPUT
+    assert "--after" in capsys.readouterr().err

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from pathlib import Path
 from statistics import NormalDist
 
 import numpy as np
@@ -77,11 +78,14 @@ def test_sequential_plan_fields_and_refused_combinations() -> None:
     with pytest.raises(ValueError, match="control_normalised"):
         AnalysisPlan(stop_rule="sequential", looks=[0.5, 1.0], primary_metric="control_normalised")
     for kwargs, name in (
-        ({"shard": (1, 2), "engine": "asyncio"}, "shards"),
         ({"shard": None, "engine": "ray"}, "ray"),
+        ({"shard": None, "engine": "asyncio", "after": Path("merged")}, "not a shard"),
     ):
         with pytest.raises(InputError, match=name):
             refuse_sequential(plan, file="m.toml", **kwargs)
+    with pytest.raises(InputError, match="stop_rule 'fixed'"):  # --after: a sequential plan's rounds only
+        refuse_sequential(AnalysisPlan(), shard=(1, 2), engine="asyncio", file="m.toml", after=Path("m"))
+    refuse_sequential(plan, shard=(1, 2), engine="asyncio", file="m.toml")  # shards run in rounds
     refuse_sequential(AnalysisPlan(), shard=(1, 2), engine="ray", file="m.toml")  # fixed: untouched
 
 
@@ -286,8 +290,8 @@ def test_run_looks_stops_sending_a_decided_slice(tmp_path) -> None:
     assert {r["case_id"] for _, r in sent[0]} == set(log["case_order"][:10])
 
 
-@pytest.mark.parametrize("extra", [["--shard", "1/2"], ["--engine", "ray"]])
-def test_run_refuses_a_sequential_plan_as_shards_or_on_ray_before_anything_is_built(
+@pytest.mark.parametrize("extra", [["--engine", "ray"], ["--after", "merged"]])
+def test_run_refuses_a_sequential_plan_on_ray_or_after_without_shard_before_anything_is_built(
     tmp_path, capsys, extra
 ) -> None:
     from pathlib import Path
@@ -298,5 +302,5 @@ def test_run_refuses_a_sequential_plan_as_shards_or_on_ray_before_anything_is_bu
     matrix = Path(__file__).resolve().parents[2] / "matrices" / "sequential-embedded.toml"
     out = tmp_path / "run"
     assert main(["run", str(matrix), "--out", str(out), "--no-controls", *extra]) == ExitCode.BAD_INPUT
-    assert "stop_rule 'sequential'" in capsys.readouterr().err
+    assert ("stop_rule 'sequential'" if "--engine" in extra else "--after") in capsys.readouterr().err
     assert not out.exists()

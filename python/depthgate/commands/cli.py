@@ -201,6 +201,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
             aa=args.aa,
             engine=args.engine,
             ray_actors=args.ray_actors,
+            after=args.after,
         )
     if args.shard is not None:
         state = "complete" if code == ExitCode.PASS else "incomplete: rerun this shard, it resumes"
@@ -421,6 +422,11 @@ def _add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--shard",
         type=_shard,
         help="i/N: run only shard i of N (pairs split by content); join with `depthgate merge`",
+    )
+    r.add_argument(
+        "--after",
+        help="with --shard and stop_rule = 'sequential': the merged folder of the previous round; the shard "
+        "sends its part of the next look (docs/gate-calibration.md §8.5)",
     )
     r.add_argument(
         "--aa",

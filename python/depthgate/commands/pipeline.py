@@ -181,7 +181,13 @@ def _prepare_arm(
 
 
 def _matrix_and_suite(
-    matrix_path: Path, *, aa: bool, controls: bool, shard: tuple[int, int] | None, engine: str
+    matrix_path: Path,
+    *,
+    aa: bool,
+    controls: bool,
+    shard: tuple[int, int] | None,
+    engine: str,
+    after: Path | None = None,
 ) -> tuple[Matrix, Suite]:
     """The matrix (its A/A form with ``aa``) and its suite; a plan whose primary metric needs the
     controls is refused when they are skipped, a sequential plan with shards or Ray (issue #26)."""
@@ -202,17 +208,30 @@ def _matrix_and_suite(
             field="plan.primary_metric",
             fix='drop --no-controls, or pre-register primary_metric = "pass"',
         )
-    refuse_sequential(matrix.plan, shard=shard, engine=engine, file=str(matrix_path))
+    refuse_sequential(matrix.plan, shard=shard, engine=engine, file=str(matrix_path), after=after)
     return matrix, suite
 
 
 def _matrix_sender(
-    matrix: Matrix, suite: Suite, out: Path, sent: _Sending, run_jobs: Callable[..., Any], options: RunOptions
+    matrix: Matrix,
+    suite: Suite,
+    out: Path,
+    sent: _Sending,
+    run_jobs: Callable[..., Any],
+    options: RunOptions,
+    after: Path | None = None,
 ) -> Callable[[], Any] | None:
     """How the matrix's jobs go out when not all at once: look by look for ``stop_rule = "sequential"``
     (issue #26, :func:`depthgate.commands.sequential.send_looks`); None otherwise."""
     if matrix.plan.stop_rule != "sequential":
         return None
+    if options.shard is not None:  # one look a round (commands/sequential_shards.py)
+        from depthgate.commands.sequential_shards import send_shard_round
+
+        return functools.partial(
+            send_shard_round,
+            *(matrix, suite, out, sent.jobs, run_jobs, sent.backends, options, sent.sources, after),
+        )
     from depthgate.commands.sequential import send_looks
 
     return functools.partial(
@@ -263,6 +282,7 @@ def run_matrix(
     aa: bool = False,
     engine: str = "asyncio",
     ray_actors: int | None = None,
+    after: str | Path | None = None,
 ) -> tuple[GateResult | None, ExitCode, Path]:
     """Build → pre-send check → run (paired, resumable) → score → gate → report.
 
@@ -272,13 +292,17 @@ def run_matrix(
     Returns ``(None, PASS or INFRA, out)`` for a shard. ``aa``: the baseline against a repeat of itself
     (:func:`depthgate.commands.plan.aa_matrix`); the gate then adds the A/A noise floor to the reports.
     ``engine = "ray"``: the requests run on Ray Data (:mod:`depthgate.run.ray_engine`), same jobs, same
-    record sink; ``ray_actors`` sizes its actor pool.
+    record sink; ``ray_actors`` sizes its actor pool. ``after``: a sharded ``stop_rule = "sequential"``
+    run's merged folder of the previous round (:mod:`depthgate.commands.sequential_shards`).
     """
     from depthgate.run.options import RunOptions
     from depthgate.run.records import compact
 
     matrix_path = Path(matrix_path)
-    matrix, suite = _matrix_and_suite(matrix_path, aa=aa, controls=controls, shard=shard, engine=engine)
+    after_dir = None if after is None else Path(after)
+    matrix, suite = _matrix_and_suite(
+        matrix_path, aa=aa, controls=controls, shard=shard, engine=engine, after=after_dir
+    )
     run_jobs = _engine(engine, matrix, matrix_path.parent, ray_actors)  # refused before anything is built
     out = Path(out_dir)
     arms = [
@@ -329,7 +353,8 @@ def run_matrix(
         if shard is not None:
             _freeze_shard(out, shard)
         sending = True
-        _send(sent, run_jobs, out, options, _matrix_sender(matrix, suite, out, sent, run_jobs, options))
+        sender = _matrix_sender(matrix, suite, out, sent, run_jobs, options, after_dir)
+        _send(sent, run_jobs, out, options, sender)
         print_endpoint_counts(out, sent.backends)
         for a in arms:
             if a.system.runtime.cache_control:
@@ -358,7 +383,12 @@ def _shard_exit(out: Path, matrix: Matrix, shard: tuple[int, int]) -> ExitCode:
     from depthgate.judge.health import infra_summary
     from depthgate.run.records import read_records
 
-    planned = shard_jobs(planned_jobs(out, matrix.decode.seeds), shard)
+    planned = planned_jobs(out, matrix.decode.seeds)
+    if matrix.plan.stop_rule == "sequential":  # this round's look, not the whole matrix
+        from depthgate.commands.sequential_shards import read_shard_look, scheduled_jobs
+
+        planned = scheduled_jobs(planned, read_shard_look(out))
+    planned = shard_jobs(planned, shard)
     return ExitCode.INFRA if infra_summary(read_records(out), planned).lost else ExitCode.PASS
 
 
