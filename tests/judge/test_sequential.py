@@ -77,16 +77,12 @@ def test_sequential_plan_fields_and_refused_combinations() -> None:
         AnalysisPlan(stop_rule="sequential", looks=[0.5, 0.9])
     with pytest.raises(ValueError, match="control_normalised"):
         AnalysisPlan(stop_rule="sequential", looks=[0.5, 1.0], primary_metric="control_normalised")
-    for kwargs, name in (
-        ({"shard": None, "engine": "ray"}, "ray"),
-        ({"shard": None, "engine": "asyncio", "after": Path("merged")}, "not a shard"),
-    ):
-        with pytest.raises(InputError, match=name):
-            refuse_sequential(plan, file="m.toml", **kwargs)
+    with pytest.raises(InputError, match="not a shard"):
+        refuse_sequential(plan, shard=None, file="m.toml", after=Path("merged"))
     with pytest.raises(InputError, match="stop_rule 'fixed'"):  # --after: a sequential plan's rounds only
-        refuse_sequential(AnalysisPlan(), shard=(1, 2), engine="asyncio", file="m.toml", after=Path("m"))
-    refuse_sequential(plan, shard=(1, 2), engine="asyncio", file="m.toml")  # shards run in rounds
-    refuse_sequential(AnalysisPlan(), shard=(1, 2), engine="ray", file="m.toml")  # fixed: untouched
+        refuse_sequential(AnalysisPlan(), shard=(1, 2), file="m.toml", after=Path("m"))
+    refuse_sequential(plan, shard=(1, 2), file="m.toml")  # shards run in rounds
+    refuse_sequential(AnalysisPlan(), shard=(1, 2), file="m.toml")  # fixed: untouched
 
 
 def _records(
@@ -290,10 +286,7 @@ def test_run_looks_stops_sending_a_decided_slice(tmp_path) -> None:
     assert {r["case_id"] for _, r in sent[0]} == set(log["case_order"][:10])
 
 
-@pytest.mark.parametrize("extra", [["--engine", "ray"], ["--after", "merged"]])
-def test_run_refuses_a_sequential_plan_on_ray_or_after_without_shard_before_anything_is_built(
-    tmp_path, capsys, extra
-) -> None:
+def test_run_refuses_after_without_shard_before_anything_is_built(tmp_path, capsys) -> None:
     from pathlib import Path
 
     from depthgate.commands.cli import main
@@ -301,6 +294,7 @@ def test_run_refuses_a_sequential_plan_on_ray_or_after_without_shard_before_anyt
 
     matrix = Path(__file__).resolve().parents[2] / "matrices" / "sequential-embedded.toml"
     out = tmp_path / "run"
+    extra = ["--after", "merged"]
     assert main(["run", str(matrix), "--out", str(out), "--no-controls", *extra]) == ExitCode.BAD_INPUT
-    assert ("stop_rule 'sequential'" if "--engine" in extra else "--after") in capsys.readouterr().err
+    assert "--after" in capsys.readouterr().err
     assert not out.exists()

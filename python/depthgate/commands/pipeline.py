@@ -186,11 +186,10 @@ def _matrix_and_suite(
     aa: bool,
     controls: bool,
     shard: tuple[int, int] | None,
-    engine: str,
     after: Path | None = None,
 ) -> tuple[Matrix, Suite]:
     """The matrix (its A/A form with ``aa``) and its suite; a plan whose primary metric needs the
-    controls is refused when they are skipped, a sequential plan with shards or Ray (issue #26)."""
+    controls is refused when they are skipped, ``--after`` outside a sharded sequential run (issue #26)."""
     from depthgate.commands.sequential import refuse_sequential
     from depthgate.spec.suites import resolve_suite
 
@@ -208,7 +207,7 @@ def _matrix_and_suite(
             field="plan.primary_metric",
             fix='drop --no-controls, or pre-register primary_metric = "pass"',
         )
-    refuse_sequential(matrix.plan, shard=shard, engine=engine, file=str(matrix_path), after=after)
+    refuse_sequential(matrix.plan, shard=shard, file=str(matrix_path), after=after)
     return matrix, suite
 
 
@@ -300,9 +299,7 @@ def run_matrix(
 
     matrix_path = Path(matrix_path)
     after_dir = None if after is None else Path(after)
-    matrix, suite = _matrix_and_suite(
-        matrix_path, aa=aa, controls=controls, shard=shard, engine=engine, after=after_dir
-    )
+    matrix, suite = _matrix_and_suite(matrix_path, aa=aa, controls=controls, shard=shard, after=after_dir)
     run_jobs = _engine(engine, matrix, matrix_path.parent, ray_actors)  # refused before anything is built
     out = Path(out_dir)
     arms = [

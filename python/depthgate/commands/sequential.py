@@ -48,11 +48,11 @@ NEAR_CEILING = 0.99
 
 
 def refuse_sequential(
-    plan: AnalysisPlan, *, shard: tuple[int, int] | None, engine: str, file: str, after: Path | None = None
+    plan: AnalysisPlan, *, shard: tuple[int, int] | None, file: str, after: Path | None = None
 ) -> None:
-    """What a sequential plan does not run, refused by name before anything is built: the Ray engine;
-    ``--after`` (the merged folder of a sharded sequential run's previous round) without ``--shard`` or
-    with another plan."""
+    """``--after`` (the merged folder of a sharded sequential run's previous round) without ``--shard``
+    or with another plan, refused by name before anything is built. (Both engines send look by look:
+    each look's jobs are one call of the engine's runner.)"""
     if after is not None and (shard is None or plan.stop_rule != "sequential"):
         raise InputError(
             "--after names the merged folder of the previous round of a sharded sequential run; this run "
@@ -60,16 +60,6 @@ def refuse_sequential(
             file=file,
             field="--after",
             fix='drop --after, or use it with --shard i/N on a matrix with stop_rule = "sequential"',
-        )
-    if plan.stop_rule != "sequential":
-        return
-    if engine != "asyncio":
-        raise InputError(
-            f"stop_rule 'sequential' is not supported by the {engine} engine (it sends the whole matrix "
-            "in one dataset)",
-            file=file,
-            field="plan.stop_rule",
-            fix='use --engine asyncio for a sequential plan, or stop_rule = "fixed" on Ray',
         )
 
 

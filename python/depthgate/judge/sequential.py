@@ -53,8 +53,12 @@ __all__ = [
     "slice_decision",
 ]
 
-Boundary = Literal["obrien-fleming", "confidence-sequence"]
-BOUNDARIES: tuple[str, ...] = ("obrien-fleming", "confidence-sequence")
+Boundary = Literal["obrien-fleming", "haybittle-peto", "power-4", "confidence-sequence"]
+BOUNDARIES: tuple[str, ...] = ("obrien-fleming", "haybittle-peto", "power-4", "confidence-sequence")
+#: Haybittle-Peto: the nominal one-sided level of every interim look (the textbook p < .001, z 3.09).
+HAYBITTLE_PETO_INTERIM = 0.001
+#: The exponent of the Kim-DeMets power spending function alpha t^rho of ``"power-4"``.
+POWER_RHO = 4.0
 FloatArray = npt.NDArray[np.float64]
 
 # Grid of the recursive integration (Armitage-McPherson-Rowe): step and lower cut of the Brownian
@@ -131,8 +135,18 @@ def _excess(crossing: Callable[[float], float], target: float, bound: float) -> 
     return crossing(bound) - target
 
 
+def _spent(family: str, t: float, alpha: float) -> float:
+    """The alpha a spending family has spent by information fraction ``t`` (Haybittle-Peto spends
+    everything left at the last look; its interim bounds are fixed, not spent)."""
+    if family == "power-4":
+        return alpha * float(min(t, 1.0) ** POWER_RHO)
+    if family == "haybittle-peto":
+        return alpha
+    return obf_spending(t, alpha)
+
+
 @lru_cache(maxsize=256)
-def _obf_levels(fractions: tuple[float, ...], alpha: float) -> tuple[float, ...]:
+def _spending_levels(fractions: tuple[float, ...], alpha: float, family: str) -> tuple[float, ...]:
     levels: list[float] = []
     spent_before = 0.0
     # Sub-density of W(t) on the grid over the paths that have not crossed yet (None before look 1).
@@ -140,7 +154,7 @@ def _obf_levels(fractions: tuple[float, ...], alpha: float) -> tuple[float, ...]
     density: FloatArray | None = None
     t_prev = 0.0
     for t in fractions:
-        target = obf_spending(t, alpha) - spent_before
+        target = _spent(family, t, alpha) - spent_before
         dt = t - t_prev
         sd_t = math.sqrt(t)
         prior = density
@@ -150,7 +164,9 @@ def _obf_levels(fractions: tuple[float, ...], alpha: float) -> tuple[float, ...]
                 return float(_phi_upper(b / math.sqrt(dt)))
             return float(np.sum(f * _phi_upper((b - g) / math.sqrt(dt))) * _GRID_STEP)
 
-        if target <= 1e-15:
+        if family == "haybittle-peto" and t < 1.0:
+            bound = _z_upper(HAYBITTLE_PETO_INTERIM) * sd_t
+        elif target <= 1e-15:
             bound = 40.0 * sd_t
         else:
             bound = _solve(functools.partial(_excess, crossing, target), -_GRID_SDS * sd_t, 40.0 * sd_t)
@@ -175,8 +191,8 @@ def nominal_levels(
     levels spend at most ``alpha`` in total); confidence sequence: ``alpha`` at every look (the
     wealth's running maximum is compared with 1/alpha, Ville's inequality holds it at any look)."""
     key = tuple(float(t) for t in fractions)
-    if boundary == "obrien-fleming":
-        return _obf_levels(key, float(alpha))
+    if boundary in ("obrien-fleming", "haybittle-peto", "power-4"):
+        return _spending_levels(key, float(alpha), boundary)
     if boundary == "confidence-sequence":
         return tuple(float(alpha) for _ in key)
     raise ValueError(f"unknown boundary {boundary!r}; use one of {list(BOUNDARIES)}")
