@@ -201,7 +201,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
             aa=args.aa,
             engine=args.engine,
             ray_actors=args.ray_actors,
-            after=args.after,
+            after=Path(args.after) if args.after else None,
         )
     if args.shard is not None:
         state = "complete" if code == ExitCode.PASS else "incomplete: rerun this shard, it resumes"

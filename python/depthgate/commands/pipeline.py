@@ -84,6 +84,8 @@ class _Sending:
     sources: dict[str, LayoutStore] = field(default_factory=dict)
     control_sources: dict[str, LayoutStore] = field(default_factory=dict)
     canary_sources: dict[str, LayoutStore] = field(default_factory=dict)
+    #: A sharded sequential run's previous round (``run --after``, commands/sequential_shards.py).
+    after: Path | None = None
 
 
 def _prepare_arm(
@@ -218,7 +220,6 @@ def _matrix_sender(
     sent: _Sending,
     run_jobs: Callable[..., Any],
     options: RunOptions,
-    after: Path | None = None,
 ) -> Callable[[], Any] | None:
     """How the matrix's jobs go out when not all at once: look by look for ``stop_rule = "sequential"``
     (issue #26, :func:`depthgate.commands.sequential.send_looks`); None otherwise."""
@@ -229,7 +230,7 @@ def _matrix_sender(
 
         return functools.partial(
             send_shard_round,
-            *(matrix, suite, out, sent.jobs, run_jobs, sent.backends, options, sent.sources, after),
+            *(matrix, suite, out, sent.jobs, run_jobs, sent.backends, options, sent.sources, sent.after),
         )
     from depthgate.commands.sequential import send_looks
 
@@ -281,7 +282,7 @@ def run_matrix(
     aa: bool = False,
     engine: str = "asyncio",
     ray_actors: int | None = None,
-    after: str | Path | None = None,
+    after: Path | None = None,
 ) -> tuple[GateResult | None, ExitCode, Path]:
     """Build → pre-send check → run (paired, resumable) → score → gate → report.
 
@@ -291,26 +292,23 @@ def run_matrix(
     Returns ``(None, PASS or INFRA, out)`` for a shard. ``aa``: the baseline against a repeat of itself
     (:func:`depthgate.commands.plan.aa_matrix`); the gate then adds the A/A noise floor to the reports.
     ``engine = "ray"``: the requests run on Ray Data (:mod:`depthgate.run.ray_engine`), same jobs, same
-    record sink; ``ray_actors`` sizes its actor pool. ``after``: a sharded ``stop_rule = "sequential"``
-    run's merged folder of the previous round (:mod:`depthgate.commands.sequential_shards`).
+    record sink; ``ray_actors`` sizes its actor pool. ``after``: see ``_Sending.after``.
     """
     from depthgate.run.options import RunOptions
     from depthgate.run.records import compact
 
     matrix_path = Path(matrix_path)
-    after_dir = None if after is None else Path(after)
-    matrix, suite = _matrix_and_suite(matrix_path, aa=aa, controls=controls, shard=shard, after=after_dir)
+    matrix, suite = _matrix_and_suite(matrix_path, aa=aa, controls=controls, shard=shard, after=after)
     run_jobs = _engine(engine, matrix, matrix_path.parent, ray_actors)  # refused before anything is built
     out = Path(out_dir)
     arms = [
         arm_setup(arm, sys_, matrix_path.parent)
         for arm, sys_ in zip(ARMS, (matrix.baseline, matrix.candidate), strict=True)
     ]
-    # A run folder this call starts (no manifest yet) is removed again when anything fails before the first
-    # request (a template that raises, a backend that cannot start): nothing recorded, nothing frozen.
+    # A folder this call starts (no manifest yet) is removed again when anything fails before a request.
     fresh = None if (out / MANIFEST).is_file() else CreatedPaths(out)
     sending = False
-    sent = _Sending()
+    sent = _Sending(after=after)
     try:
         manifest = freeze_manifest(out, build_manifest(matrix, matrix_path, suite, arms, aa=aa))
         freeze_suite(out, suite)
@@ -350,8 +348,7 @@ def run_matrix(
         if shard is not None:
             _freeze_shard(out, shard)
         sending = True
-        sender = _matrix_sender(matrix, suite, out, sent, run_jobs, options, after_dir)
-        _send(sent, run_jobs, out, options, sender)
+        _send(sent, run_jobs, out, options, _matrix_sender(matrix, suite, out, sent, run_jobs, options))
         print_endpoint_counts(out, sent.backends)
         for a in arms:
             if a.system.runtime.cache_control:
