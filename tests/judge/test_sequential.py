@@ -43,6 +43,29 @@ def test_obrien_fleming_levels_match_the_published_lan_demets_bounds() -> None:
     assert nominal_levels(LOOKS, 0.05, "confidence-sequence") == (0.05,) * 4
 
 
+def test_every_spending_family_spends_alpha_on_a_brownian_motion() -> None:
+    """The recursion's levels, checked against the process they are computed for: 400,000 simulated
+    Brownian motions under H0 observed at the looks cross some look's level with probability alpha (MC
+    SE .0003), and each family has its known shape."""
+    rng = np.random.default_rng(26)
+    steps = rng.standard_normal((400_000, 4)) * np.sqrt(np.diff([0.0, *LOOKS]))
+    z = np.cumsum(steps, axis=1) / np.sqrt(LOOKS)
+    for family in ("obrien-fleming", "power-4", "haybittle-peto"):
+        levels = nominal_levels(LOOKS, 0.05, family)
+        bounds = [-NormalDist().inv_cdf(p) for p in levels]
+        crossed = float(np.mean(np.any(z > np.asarray(bounds), axis=1)))
+        assert crossed == pytest.approx(0.05, abs=0.0012), family
+    assert nominal_levels(LOOKS, 0.05, "haybittle-peto")[:3] == pytest.approx((0.001,) * 3)
+    power4 = nominal_levels(LOOKS, 0.05, "power-4")
+    assert power4 == pytest.approx((0.0002, 0.00302, 0.01481, 0.04671), abs=2e-5)
+    # the last look keeps more of alpha than O'Brien-Fleming's .0427
+    assert nominal_levels(LOOKS, 0.05, "power-4")[-1] > nominal_levels(LOOKS, 0.05)[-1] + 0.004
+    for family in ("power-4", "haybittle-peto"):  # a plan that names the family gets its levels
+        plan = AnalysisPlan(stop_rule="sequential", looks=list(LOOKS), boundary=family)
+        design = SequentialDesign.of(40, plan.alpha, looks=plan.looks, every=None, boundary=plan.boundary)
+        assert design.levels == nominal_levels(LOOKS, 0.05, family)
+
+
 def test_look_schedule_in_cases() -> None:
     assert cases_at_looks(LOOKS, 40) == (10, 20, 30, 40)
     assert cases_at_looks(LOOKS, 6) == (2, 3, 5, 6)

@@ -13,6 +13,11 @@ boundary family:
   gate's own slice statistic is then used unchanged at the look's level: non-inferiority is shown when
   the slice's one-sided (1 - alpha_k) lower bound is > -M; a regression is confirmed when the
   regression family's adjusted q <= alpha_k (the same spending on the regression side).
+* ``"power-4"``: the same recursion with the Kim-DeMets power spending function alpha t^4, which spends
+  less before the last look than O'Brien-Fleming (four equal looks at .05: .0002, .0030, .0148, .0467
+  against .00009, .0055, .0219, .0427), so the last look's level stays closer to the fixed design's;
+* ``"haybittle-peto"``: every interim look at the fixed nominal level .001 (z 3.09), the last look at
+  the level that spends what is left (.0494 after three interim looks);
 * ``"confidence-sequence"``: an anytime-valid test by betting on the paired per-case differences
   d_i in [-1, 1] (Waudby-Smith & Ramdas 2023, predictable aGRAPA bets): the wealth of a bettor against
   H0: delta <= -M is a non-negative supermartingale under H0, so by Ville's inequality stopping when it
