@@ -119,10 +119,10 @@ def test_sigkill_mid_look_then_resume_loses_and_duplicates_nothing(tmp_path: Pat
         first_look = 2 * history[0]["cases"] * len(history[0]["slices"])  # both arms, one seed
         assert first_look < sent
 
-        # The same command in a child process, SIGKILLed once the server has answered past the first
-        # look: the second look is in flight.
+        # The same command in a child process, SIGKILLed once the server has answered three requests of
+        # the second look: it is in flight.
         reader.requests = 0
-        kill_after = first_look + (sent - first_look) // 2
+        kill_after = first_look + 3  # look 2 sends 12 (6 new cases of the one open slice, both arms)
         env = {**os.environ, "PYTHONPATH": str(REPO / "python")}
         proc = subprocess.Popen(
             [sys.executable, "-m", "depthgate", *argv, "--out", str(killed)],
