@@ -60,6 +60,10 @@ def test_every_spending_family_spends_alpha_on_a_brownian_motion() -> None:
     assert power4 == pytest.approx((0.0002, 0.00302, 0.01481, 0.04671), abs=2e-5)
     # the last look keeps more of alpha than O'Brien-Fleming's .0427
     assert nominal_levels(LOOKS, 0.05, "power-4")[-1] > nominal_levels(LOOKS, 0.05)[-1] + 0.004
+    # a plan that names no family gets power-4 (the default since §8.6 measured its power)
+    unnamed = AnalysisPlan(stop_rule="sequential", looks=list(LOOKS))
+    design = SequentialDesign.of(40, 0.05, looks=unnamed.looks, every=None, boundary=unnamed.boundary)
+    assert design.boundary == "power-4" and design.levels == power4
     for family in ("power-4", "haybittle-peto"):  # a plan that names the family gets its levels
         plan = AnalysisPlan(stop_rule="sequential", looks=list(LOOKS), boundary=family)
         design = SequentialDesign.of(40, plan.alpha, looks=plan.looks, every=None, boundary=plan.boundary)

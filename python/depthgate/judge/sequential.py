@@ -46,6 +46,7 @@ from depthgate.judge.stats import slice_statistics
 
 __all__ = [
     "BOUNDARIES",
+    "DEFAULT_BOUNDARY",
     "LookDecision",
     "betting_wealth",
     "cases_at_looks",
@@ -64,6 +65,9 @@ BOUNDARIES: tuple[str, ...] = ("obrien-fleming", "haybittle-peto", "power-4", "c
 HAYBITTLE_PETO_INTERIM = 0.001
 #: The exponent of the Kim-DeMets power spending function alpha t^rho of ``"power-4"``.
 POWER_RHO = 4.0
+#: The family a plan gets when it names none: the one whose power stays within .02 of the fixed design in
+#: every simulated cell (docs/gate-calibration.md §8.6; O'Brien-Fleming fell .032 short).
+DEFAULT_BOUNDARY = "power-4"
 FloatArray = npt.NDArray[np.float64]
 
 # Grid of the recursive integration (Armitage-McPherson-Rowe): step and lower cut of the Brownian
