@@ -183,6 +183,7 @@ def render(rows: list[dict]) -> str:
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     designs = list(dict.fromkeys(d for r in rows for d in r.get("designs", DEFAULT_DESIGNS)))
+    sized = {d for r in rows if r["delta_m"] == -1.0 for d in r.get("designs", DEFAULT_DESIGNS)}
     worst_size = {d: 0.0 for d in designs}
     held = total = 0
     for r in sorted(rows, key=lambda r: (r["mu"], r["seeds"], r["n"], -r["delta_m"])):
@@ -215,7 +216,7 @@ def render(rows: list[dict]) -> str:
         f"M = {MARGIN}, "
         f"α = {ALPHA} one-sided, looks at {', '.join(f'{t:g}' for t in LOOKS)} of the cases, BY regression "
         f"family over the release's slices. Largest P(PASS) at δ = −M: "
-        + ", ".join(f"{d} {v:.3f}" for d, v in worst_size.items())
+        + ", ".join(f"{d} {v:.3f}" for d, v in worst_size.items() if d in sized)
         + f"; {NAMES.get(SHIPPED, SHIPPED)} size cells within α + 2 MC-SE: {held} of {total}."
     )
     return head + "\n\n" + "\n".join(lines)
