@@ -186,7 +186,9 @@ def test_shards_run_look_by_look_and_merge_to_the_unsharded_verdict(
                 assert main([*base, "--out", str(shard), "--shard", f"{i}/2", *after]) == ExitCode.PASS
             merged = tmp_path / f"merged{r}"
             assert main(["merge", *map(str, shards), "--out", str(merged)]) == ExitCode.PASS
-            said = re.search(rf"sequential look (\d) of {looks}", capsys.readouterr().out)
+            out = capsys.readouterr().out
+            assert "shard again with --after MERGED_r" in out  # what a shard says comes next
+            said = re.search(rf"sequential look (\d) of {looks}", out)
             assert said is not None
             seen.append(int(said[1]))
             after = ["--after", str(merged)]

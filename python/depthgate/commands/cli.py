@@ -206,7 +206,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.shard is not None:
         state = "complete" if code == ExitCode.PASS else "incomplete: rerun this shard, it resumes"
         print(f"shard {args.shard[0]}/{args.shard[1]} {state} (exit {int(code)}) → {html}")
-        print("next: depthgate merge DIR_1 … DIR_N --out DIR, then depthgate gate DIR")
+        if (html / "shard-look.json").is_file():  # a sequential run's round (commands/sequential_shards.py)
+            print(
+                "next: depthgate merge DIR_1 … DIR_N --out MERGED_r (a new folder each round), then every "
+                "shard again with --after MERGED_r; after the last round depthgate gate MERGED_r"
+            )
+        else:
+            print("next: depthgate merge DIR_1 … DIR_N --out DIR, then depthgate gate DIR")
         return code
     assert result is not None
     _print_verdict(result, code, html)
