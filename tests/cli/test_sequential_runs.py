@@ -98,6 +98,11 @@ def _keys(run: Path) -> pl.DataFrame:
     return records.select(*KEY)
 
 
+def history_cases(merged: Path) -> int:
+    """The cases of a merged round's first look (from the frozen schedule the shards wrote)."""
+    return int(json.loads((merged.parent / "shard1" / "shard-look.json").read_text())["cases"][0])
+
+
 def _history(run: Path) -> list[Any]:
     return list(json.loads((run / "looks.json").read_text())["looks"])
 
@@ -202,6 +207,15 @@ def test_shards_run_look_by_look_and_merge_to_the_unsharded_verdict(
                 mixed = ["merge", str(round2), str(shards[1]), "--out", str(tmp_path / "mixed")]
                 assert main(mixed) == ExitCode.BAD_INPUT
                 assert "shard-look.json" in capsys.readouterr().err
+                # a shard that lost its part of the look: refused against the round's schedule
+                lost = tmp_path / "lost-shard1"
+                shutil.copytree(shards[0], lost)
+                shutil.rmtree(lost / "records")
+                (lost / "records.parquet").unlink()
+                gap = ["merge", str(lost), str(shards[1]), "--out", str(tmp_path / "gap")]
+                assert main(gap) == ExitCode.BAD_INPUT
+                want = re.search(r"shard 1/2 has (\d+) of (\d+) planned", capsys.readouterr().err)
+                assert want is not None and int(want[1]) == int(want[2]) <= 2 * 2 * history_cases(merged)
         # look by look, then nothing once every slice is decided; no more requests than the unsharded run
         decided_at = max(int(s["look"]) for s in verdict["sequential"]["slices"])
         assert seen == [*range(1, decided_at + 1), *[decided_at] * (looks - decided_at)], seen
