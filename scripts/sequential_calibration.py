@@ -58,7 +58,15 @@ DEFAULT_LOOKS = (0.25, 0.5, 0.75, 1.0)
 LOOKS = DEFAULT_LOOKS
 ALPHA = 0.05
 KAPPA = 2.0
-DESIGNS = ("fixed", "obrien-fleming", "confidence-sequence")
+DEFAULT_DESIGNS = ("fixed", "obrien-fleming", "confidence-sequence")
+DESIGNS = DEFAULT_DESIGNS
+#: The sequential design the summary line and the size count are about (--shipped).
+SHIPPED = "obrien-fleming"
+NAMES = {
+    "obrien-fleming": "O'Brien–Fleming",
+    "haybittle-peto": "Haybittle–Peto",
+    "power-4": "power spending ρ = 4",
+}
 #: Non-binding futility at alpha (unadjusted regression p) at every interim look (--no-futility: off).
 FUTILITY = True
 
@@ -149,6 +157,7 @@ def run_cell(mu, seeds, n, delta_m, sims, reps, slices) -> dict:
         "delta_m": delta_m,
         "sims": sims,
         "slices": slices,
+        "designs": list(DESIGNS),
     }
     for design, t in tallies.items():
         m = t["cases"] / sims
@@ -173,15 +182,17 @@ def render(rows: list[dict]) -> str:
         "| release PASS | requests / fixed |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    worst_size = {d: 0.0 for d in DESIGNS}
+    designs = list(dict.fromkeys(d for r in rows for d in r.get("designs", DEFAULT_DESIGNS)))
+    sized = {d for r in rows if r["delta_m"] == -1.0 for d in r.get("designs", DEFAULT_DESIGNS)}
+    worst_size = {d: 0.0 for d in designs}
     held = total = 0
     for r in sorted(rows, key=lambda r: (r["mu"], r["seeds"], r["n"], -r["delta_m"])):
         count = r["sims"] * r["slices"]
-        for design in DESIGNS:
+        for design in r.get("designs", DEFAULT_DESIGNS):
             x = r[design]
             if r["delta_m"] == -1.0:
                 worst_size[design] = max(worst_size[design], x["pass"])
-                if design == "obrien-fleming":
+                if design == SHIPPED:
                     total += 1
                     held += x["pass"] <= ALPHA + 2 * _se(ALPHA, count)
             lines.append(
@@ -194,18 +205,19 @@ def render(rows: list[dict]) -> str:
             )
     sims = sorted({(r["sims"], r["slices"]) for r in rows})
     at_zero = [r for r in rows if r["delta_m"] == 0.0]
-    shortfall = max((r["fixed"]["pass"] - r["obrien-fleming"]["pass"] for r in at_zero), default=0.0)
-    shares = {k: [r["obrien-fleming"]["share"] for r in rows if r["delta_m"] == k] for k in (0.0, -1.0, -3.0)}
+    shortfall = max((r["fixed"]["pass"] - r[SHIPPED]["pass"] for r in at_zero), default=0.0)
+    shares = {k: [r[SHIPPED]["share"] for r in rows if r["delta_m"] == k] for k in (0.0, -1.0, -3.0)}
     head_shares = "; ".join(f"δ = {k:g}M: {min(v):.2f}–{max(v):.2f}" for k, v in shares.items() if v)
     head = (
-        f"O'Brien–Fleming against the fixed design on the same data: largest power (A/A P(PASS)) shortfall "
+        f"{NAMES.get(SHIPPED, SHIPPED)} against the fixed design on the same data: largest power "
+        "(A/A P(PASS)) shortfall "
         f"{shortfall:.3f}; its requests as a share of the fixed design's, over the cells: {head_shares}. "
         f"Replicates (releases × slices per release): {', '.join(f'{a} × {b}' for a, b in sims)}; "
         f"M = {MARGIN}, "
         f"α = {ALPHA} one-sided, looks at {', '.join(f'{t:g}' for t in LOOKS)} of the cases, BY regression "
         f"family over the release's slices. Largest P(PASS) at δ = −M: "
-        + ", ".join(f"{d} {v:.3f}" for d, v in worst_size.items())
-        + f"; O'Brien–Fleming size cells within α + 2 MC-SE: {held} of {total}."
+        + ", ".join(f"{d} {v:.3f}" for d, v in worst_size.items() if d in sized)
+        + f"; {NAMES.get(SHIPPED, SHIPPED)} size cells within α + 2 MC-SE: {held} of {total}."
     )
     return head + "\n\n" + "\n".join(lines)
 
@@ -245,15 +257,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--delta", type=float, nargs="*", default=list(DELTAS), help="true delta in units of M")
     ap.add_argument("--render", action="store_true", help="write the table into docs/gate-calibration.md")
     ap.add_argument("--no-futility", action="store_true", help="no futility stop (the first, PASS-only grid)")
+    ap.add_argument(
+        "--designs", nargs="*", default=list(DEFAULT_DESIGNS[1:]), help="sequential designs beside 'fixed'"
+    )
+    ap.add_argument("--shipped", default="obrien-fleming", help="the design the summary line is about")
+    ap.add_argument("--marker", default=None, help="doc marker to write (default: by futility and looks)")
     ap.add_argument("--looks", type=float, nargs="*", default=list(DEFAULT_LOOKS), help="look fractions")
     args = ap.parse_args(argv)
-    global FUTILITY, LOOKS
+    global FUTILITY, LOOKS, DESIGNS, SHIPPED
     FUTILITY = not args.no_futility
     LOOKS = tuple(args.looks)
+    DESIGNS = ("fixed", *args.designs)
+    SHIPPED = args.shipped
     done = {
         (r["mu"], r["seeds"], r["n"], r["delta_m"], r["sims"], r["slices"])
         for r in _load(args.results)
-        if tuple(r.get("looks", DEFAULT_LOOKS)) == LOOKS and r.get("futility", False) == FUTILITY
+        if tuple(r.get("looks", DEFAULT_LOOKS)) == LOOKS
+        and r.get("futility", False) == FUTILITY
+        and tuple(r.get("designs", DEFAULT_DESIGNS)) == DESIGNS
     }
     started = time.monotonic()
     for mu, seeds, n, delta_m in itertools.product(args.mu, args.seeds, args.cases, args.delta):
@@ -270,10 +291,12 @@ def main(argv: list[str] | None = None) -> int:
         rows = [
             r
             for r in _load(args.results)
-            if r.get("futility", False) == FUTILITY and tuple(r.get("looks", DEFAULT_LOOKS)) == LOOKS
+            if r.get("futility", False) == FUTILITY
+            and tuple(r.get("looks", DEFAULT_LOOKS)) == LOOKS
+            and SHIPPED in r.get("designs", DEFAULT_DESIGNS)
         ]
         suffix = "" if LOOKS == DEFAULT_LOOKS else "-looks-" + "-".join(f"{t:g}" for t in LOOKS)
-        write_doc(render(rows), MARKERS[FUTILITY] + suffix)
+        write_doc(render(rows), args.marker or MARKERS[FUTILITY] + suffix)
     return 0
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from pathlib import Path
 from statistics import NormalDist
 
 import numpy as np
@@ -42,6 +43,33 @@ def test_obrien_fleming_levels_match_the_published_lan_demets_bounds() -> None:
     assert nominal_levels(LOOKS, 0.05, "confidence-sequence") == (0.05,) * 4
 
 
+def test_every_spending_family_spends_alpha_on_a_brownian_motion() -> None:
+    """The recursion's levels, checked against the process they are computed for: 400,000 simulated
+    Brownian motions under H0 observed at the looks cross some look's level with probability alpha (MC
+    SE .0003), and each family has its known shape."""
+    rng = np.random.default_rng(26)
+    steps = rng.standard_normal((400_000, 4)) * np.sqrt(np.diff([0.0, *LOOKS]))
+    z = np.cumsum(steps, axis=1) / np.sqrt(LOOKS)
+    for family in ("obrien-fleming", "power-4", "haybittle-peto"):
+        levels = nominal_levels(LOOKS, 0.05, family)
+        bounds = [-NormalDist().inv_cdf(p) for p in levels]
+        crossed = float(np.mean(np.any(z > np.asarray(bounds), axis=1)))
+        assert crossed == pytest.approx(0.05, abs=0.0012), family
+    assert nominal_levels(LOOKS, 0.05, "haybittle-peto")[:3] == pytest.approx((0.001,) * 3)
+    power4 = nominal_levels(LOOKS, 0.05, "power-4")
+    assert power4 == pytest.approx((0.0002, 0.00302, 0.01481, 0.04671), abs=2e-5)
+    # the last look keeps more of alpha than O'Brien-Fleming's .0427
+    assert nominal_levels(LOOKS, 0.05, "power-4")[-1] > nominal_levels(LOOKS, 0.05)[-1] + 0.004
+    # a plan that names no family gets power-4 (the default since §8.6 measured its power)
+    unnamed = AnalysisPlan(stop_rule="sequential", looks=list(LOOKS))
+    design = SequentialDesign.of(40, 0.05, looks=unnamed.looks, every=None, boundary=unnamed.boundary)
+    assert design.boundary == "power-4" and design.levels == power4
+    for family in ("power-4", "haybittle-peto"):  # a plan that names the family gets its levels
+        plan = AnalysisPlan(stop_rule="sequential", looks=list(LOOKS), boundary=family)
+        design = SequentialDesign.of(40, plan.alpha, looks=plan.looks, every=None, boundary=plan.boundary)
+        assert design.levels == nominal_levels(LOOKS, 0.05, family)
+
+
 def test_look_schedule_in_cases() -> None:
     assert cases_at_looks(LOOKS, 40) == (10, 20, 30, 40)
     assert cases_at_looks(LOOKS, 6) == (2, 3, 5, 6)
@@ -76,13 +104,12 @@ def test_sequential_plan_fields_and_refused_combinations() -> None:
         AnalysisPlan(stop_rule="sequential", looks=[0.5, 0.9])
     with pytest.raises(ValueError, match="control_normalised"):
         AnalysisPlan(stop_rule="sequential", looks=[0.5, 1.0], primary_metric="control_normalised")
-    for kwargs, name in (
-        ({"shard": (1, 2), "engine": "asyncio"}, "shards"),
-        ({"shard": None, "engine": "ray"}, "ray"),
-    ):
-        with pytest.raises(InputError, match=name):
-            refuse_sequential(plan, file="m.toml", **kwargs)
-    refuse_sequential(AnalysisPlan(), shard=(1, 2), engine="ray", file="m.toml")  # fixed: untouched
+    with pytest.raises(InputError, match="not a shard"):
+        refuse_sequential(plan, shard=None, file="m.toml", after=Path("merged"))
+    with pytest.raises(InputError, match="stop_rule 'fixed'"):  # --after: a sequential plan's rounds only
+        refuse_sequential(AnalysisPlan(), shard=(1, 2), file="m.toml", after=Path("m"))
+    refuse_sequential(plan, shard=(1, 2), file="m.toml")  # shards run in rounds
+    refuse_sequential(AnalysisPlan(), shard=(1, 2), file="m.toml")  # fixed: untouched
 
 
 def _records(
@@ -286,10 +313,7 @@ def test_run_looks_stops_sending_a_decided_slice(tmp_path) -> None:
     assert {r["case_id"] for _, r in sent[0]} == set(log["case_order"][:10])
 
 
-@pytest.mark.parametrize("extra", [["--shard", "1/2"], ["--engine", "ray"]])
-def test_run_refuses_a_sequential_plan_as_shards_or_on_ray_before_anything_is_built(
-    tmp_path, capsys, extra
-) -> None:
+def test_run_refuses_after_without_shard_before_anything_is_built(tmp_path, capsys) -> None:
     from pathlib import Path
 
     from depthgate.commands.cli import main
@@ -297,6 +321,7 @@ def test_run_refuses_a_sequential_plan_as_shards_or_on_ray_before_anything_is_bu
 
     matrix = Path(__file__).resolve().parents[2] / "matrices" / "sequential-embedded.toml"
     out = tmp_path / "run"
+    extra = ["--after", "merged"]
     assert main(["run", str(matrix), "--out", str(out), "--no-controls", *extra]) == ExitCode.BAD_INPUT
-    assert "stop_rule 'sequential'" in capsys.readouterr().err
+    assert "--after" in capsys.readouterr().err
     assert not out.exists()

@@ -259,3 +259,25 @@ def test_killed_ray_run_resumes_with_nothing_lost_or_doubled(
     mine, theirs = _verdict(out), _verdict(asyncio_run)
     for key in SAME:
         assert mine[key] == theirs[key], key
+
+
+def test_a_sequential_plan_runs_look_by_look_on_ray_as_on_asyncio(tmp_path: Path) -> None:
+    """``stop_rule = "sequential"`` on Ray (issue #26): each look's jobs are one Ray Data run; the looks,
+    the requests sent (fewer than planned: the planted regression is decided early) and the verdict are
+    the asyncio engine's. The stub of tests/cli/test_sequential_runs.py on 127.0.0.1 (labelled there)."""
+    from test_sequential_runs import KEY, DeepBlindReader, _keys
+    from test_sequential_runs import _matrix as sequential_matrix
+
+    port = free_port()
+    matrix = sequential_matrix(tmp_path, port)
+    argv = ["run", str(matrix), "--no-controls"]
+    with DeepBlindReader(port) as reader:
+        code = main([*argv, "--out", str(tmp_path / "asyncio")])
+        sent, reader.requests = reader.requests, 0
+        assert main([*argv, "--out", str(tmp_path / "ray"), "--engine", "ray"]) == code
+        assert reader.requests == sent
+    asyncio_doc, ray_doc = _verdict(tmp_path / "asyncio"), _verdict(tmp_path / "ray")
+    assert sent == ray_doc["sequential"]["requests_sent"] < ray_doc["sequential"]["requests_planned"]
+    for key in ("verdict", "slices", "sequential"):
+        assert ray_doc[key] == asyncio_doc[key], key
+    assert _keys(tmp_path / "ray").sort(KEY).equals(_keys(tmp_path / "asyncio").sort(KEY))

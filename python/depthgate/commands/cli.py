@@ -202,11 +202,18 @@ def _cmd_run(args: argparse.Namespace) -> int:
             aa=args.aa,
             engine=args.engine,
             ray_actors=args.ray_actors,
+            after=Path(args.after) if args.after else None,
         )
     if args.shard is not None:
         state = "complete" if code == ExitCode.PASS else "incomplete: rerun this shard, it resumes"
         print(f"shard {args.shard[0]}/{args.shard[1]} {state} (exit {int(code)}) → {html}")
-        print("next: depthgate merge DIR_1 … DIR_N --out DIR, then depthgate gate DIR")
+        if (html / "shard-look.json").is_file():  # a sequential run's round (commands/sequential_shards.py)
+            print(
+                "next: depthgate merge DIR_1 … DIR_N --out MERGED_r (a new folder each round), then every "
+                "shard again with --after MERGED_r; after the last round depthgate gate MERGED_r"
+            )
+        else:
+            print("next: depthgate merge DIR_1 … DIR_N --out DIR, then depthgate gate DIR")
         return code
     assert result is not None
     _print_verdict(result, code, html)
@@ -422,6 +429,11 @@ def _add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--shard",
         type=_shard,
         help="i/N: run only shard i of N (pairs split by content); join with `depthgate merge`",
+    )
+    r.add_argument(
+        "--after",
+        help="with --shard and stop_rule = 'sequential': the merged folder of the previous round; the shard "
+        "sends its part of the next look (docs/gate-calibration.md §8.5)",
     )
     r.add_argument(
         "--aa",

@@ -63,11 +63,21 @@ class MergeSummary:
     shards: int
     records: int
     control_records: int
+    #: A sequential run's round: (look the shards sent, looks planned); None for any other plan.
+    look: tuple[int, int] | None = None
 
     def line(self) -> str:
-        return (
+        head = (
             f"{self.out_dir}: {self.shards} shards merged, {self.records} records, "
-            f"{self.control_records} control records; next: depthgate gate {self.out_dir}"
+            f"{self.control_records} control records"
+        )
+        if self.look is None:
+            return f"{head}; next: depthgate gate {self.out_dir}"
+        return (
+            f"{head}, sequential look {self.look[0]} of {self.look[1]}; next round: depthgate run MATRIX "
+            f"--shard i/N --out DIR_i --after {self.out_dir} on every shard, then merge into a new folder "
+            f"(a round sends nothing once every slice is decided); after the last round: depthgate gate "
+            f"{self.out_dir}"
         )
 
 
@@ -201,10 +211,39 @@ def _check_overlaps(parts: Sequence[tuple[int, Path, pl.DataFrame]], count: int)
                 )
 
 
+def _sequential_round(dirs: Sequence[Path], manifest: dict[str, Any]) -> dict[str, Any] | None:
+    """The round the shards of a ``stop_rule = "sequential"`` run sent (their ``shard-look.json``, the
+    same in every shard: :mod:`depthgate.commands.sequential_shards`); None for any other plan."""
+    if (manifest.get("plan") or {}).get("stop_rule") != "sequential":
+        return None
+    from depthgate.commands.sequential_shards import SHARD_LOOK_FILE, read_shard_look
+
+    specs = [read_shard_look(d) for d in dirs]
+    for folder, spec in zip(dirs[1:], specs[1:], strict=True):
+        if spec != specs[0]:
+            raise InputError(
+                f"{SHARD_LOOK_FILE} says look {spec.get('look')} from other decisions than {dirs[0]}'s (look "
+                f"{specs[0].get('look')}): the shards ran different rounds of the sequential run",
+                file=str(folder / SHARD_LOOK_FILE),
+                field="--after",
+                fix="run every shard of a round with the same --after folder (none in the first round), "
+                "then merge them",
+            )
+    return specs[0]
+
+
 def _check_gaps(
-    dirs: Sequence[Path], parts: Sequence[tuple[int, Path, pl.DataFrame]], count: int, seeds: list[int]
+    dirs: Sequence[Path],
+    parts: Sequence[tuple[int, Path, pl.DataFrame]],
+    count: int,
+    seeds: list[int],
+    sequential: dict[str, Any] | None,
 ) -> None:
     planned = planned_jobs(dirs[0], seeds)
+    if sequential is not None:  # only what the round's looks scheduled (the rest is not sent by design)
+        from depthgate.commands.sequential_shards import scheduled_jobs
+
+        planned = scheduled_jobs(planned, sequential)
     for index, folder, records in parts:
         want = shard_jobs(planned, (index, count)).select("arm", "layout_id", "seed")
         have = _final(records).select("arm", "layout_id", pl.col("seed").cast(pl.Int64))
@@ -242,7 +281,8 @@ def merge_runs(shard_dirs: Sequence[str | Path], out_dir: str | Path) -> MergeSu
             "a new folder",
         )
     _check_overlaps(parts, count)
-    _check_gaps(dirs, parts, count, [int(s) for s in manifest["seeds"]])
+    sequential = _sequential_round(dirs, manifest)
+    _check_gaps(dirs, parts, count, [int(s) for s in manifest["seeds"]], sequential)
     control_parts = [(i, d, read_records(d / CONTROLS_DIR)) for i, d in zip(indices, dirs, strict=True)]
     _check_overlaps(control_parts, count)
 
@@ -262,7 +302,13 @@ def merge_runs(shard_dirs: Sequence[str | Path], out_dir: str | Path) -> MergeSu
         controls = pl.concat([p[2] for p in control_parts], how="vertical")
         if controls.height:
             _write_records(out / CONTROLS_DIR, controls)
-    return MergeSummary(out_dir=out, shards=count, records=records.height, control_records=controls.height)
+    return MergeSummary(
+        out_dir=out,
+        shards=count,
+        records=records.height,
+        control_records=controls.height,
+        look=None if sequential is None else (int(sequential["look"]), int(sequential["of"])),
+    )
 
 
 def _write_records(folder: Path, records: pl.DataFrame) -> None:

@@ -84,6 +84,8 @@ class _Sending:
     sources: dict[str, LayoutStore] = field(default_factory=dict)
     control_sources: dict[str, LayoutStore] = field(default_factory=dict)
     canary_sources: dict[str, LayoutStore] = field(default_factory=dict)
+    #: A sharded sequential run's previous round (``run --after``, commands/sequential_shards.py).
+    after: Path | None = None
 
 
 def _prepare_arm(
@@ -181,10 +183,15 @@ def _prepare_arm(
 
 
 def _matrix_and_suite(
-    matrix_path: Path, *, aa: bool, controls: bool, shard: tuple[int, int] | None, engine: str
+    matrix_path: Path,
+    *,
+    aa: bool,
+    controls: bool,
+    shard: tuple[int, int] | None,
+    after: Path | None = None,
 ) -> tuple[Matrix, Suite]:
     """The matrix (its A/A form with ``aa``) and its suite; a plan whose primary metric needs the
-    controls is refused when they are skipped, a sequential plan with shards or Ray (issue #26)."""
+    controls is refused when they are skipped, ``--after`` outside a sharded sequential run (issue #26)."""
     from depthgate.commands.sequential import refuse_sequential
     from depthgate.spec.suites import resolve_suite
 
@@ -202,17 +209,29 @@ def _matrix_and_suite(
             field="plan.primary_metric",
             fix='drop --no-controls, or pre-register primary_metric = "pass"',
         )
-    refuse_sequential(matrix.plan, shard=shard, engine=engine, file=str(matrix_path))
+    refuse_sequential(matrix.plan, shard=shard, file=str(matrix_path), after=after)
     return matrix, suite
 
 
 def _matrix_sender(
-    matrix: Matrix, suite: Suite, out: Path, sent: _Sending, run_jobs: Callable[..., Any], options: RunOptions
+    matrix: Matrix,
+    suite: Suite,
+    out: Path,
+    sent: _Sending,
+    run_jobs: Callable[..., Any],
+    options: RunOptions,
 ) -> Callable[[], Any] | None:
     """How the matrix's jobs go out when not all at once: look by look for ``stop_rule = "sequential"``
     (issue #26, :func:`depthgate.commands.sequential.send_looks`); None otherwise."""
     if matrix.plan.stop_rule != "sequential":
         return None
+    if options.shard is not None:  # one look a round (commands/sequential_shards.py)
+        from depthgate.commands.sequential_shards import send_shard_round
+
+        return functools.partial(
+            send_shard_round,
+            *(matrix, suite, out, sent.jobs, run_jobs, sent.backends, options, sent.sources, sent.after),
+        )
     from depthgate.commands.sequential import send_looks
 
     return functools.partial(
@@ -263,6 +282,7 @@ def run_matrix(
     aa: bool = False,
     engine: str = "asyncio",
     ray_actors: int | None = None,
+    after: Path | None = None,
 ) -> tuple[GateResult | None, ExitCode, Path]:
     """Build → pre-send check → run (paired, resumable) → score → gate → report.
 
@@ -272,24 +292,23 @@ def run_matrix(
     Returns ``(None, PASS or INFRA, out)`` for a shard. ``aa``: the baseline against a repeat of itself
     (:func:`depthgate.commands.plan.aa_matrix`); the gate then adds the A/A noise floor to the reports.
     ``engine = "ray"``: the requests run on Ray Data (:mod:`depthgate.run.ray_engine`), same jobs, same
-    record sink; ``ray_actors`` sizes its actor pool.
+    record sink; ``ray_actors`` sizes its actor pool. ``after``: see ``_Sending.after``.
     """
     from depthgate.run.options import RunOptions
     from depthgate.run.records import compact
 
     matrix_path = Path(matrix_path)
-    matrix, suite = _matrix_and_suite(matrix_path, aa=aa, controls=controls, shard=shard, engine=engine)
+    matrix, suite = _matrix_and_suite(matrix_path, aa=aa, controls=controls, shard=shard, after=after)
     run_jobs = _engine(engine, matrix, matrix_path.parent, ray_actors)  # refused before anything is built
     out = Path(out_dir)
     arms = [
         arm_setup(arm, sys_, matrix_path.parent)
         for arm, sys_ in zip(ARMS, (matrix.baseline, matrix.candidate), strict=True)
     ]
-    # A run folder this call starts (no manifest yet) is removed again when anything fails before the first
-    # request (a template that raises, a backend that cannot start): nothing recorded, nothing frozen.
+    # A folder this call starts (no manifest yet) is removed again when anything fails before a request.
     fresh = None if (out / MANIFEST).is_file() else CreatedPaths(out)
     sending = False
-    sent = _Sending()
+    sent = _Sending(after=after)
     try:
         manifest = freeze_manifest(out, build_manifest(matrix, matrix_path, suite, arms, aa=aa))
         freeze_suite(out, suite)
@@ -358,7 +377,12 @@ def _shard_exit(out: Path, matrix: Matrix, shard: tuple[int, int]) -> ExitCode:
     from depthgate.judge.health import infra_summary
     from depthgate.run.records import read_records
 
-    planned = shard_jobs(planned_jobs(out, matrix.decode.seeds), shard)
+    planned = planned_jobs(out, matrix.decode.seeds)
+    if matrix.plan.stop_rule == "sequential":  # this round's look, not the whole matrix
+        from depthgate.commands.sequential_shards import read_shard_look, scheduled_jobs
+
+        planned = scheduled_jobs(planned, read_shard_look(out))
+    planned = shard_jobs(planned, shard)
     return ExitCode.INFRA if infra_summary(read_records(out), planned).lost else ExitCode.PASS
 
 

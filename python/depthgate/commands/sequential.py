@@ -31,8 +31,11 @@ from depthgate.spec.positions import split_position_label
 
 __all__ = [
     "LOOKS_FILE",
+    "design_of",
     "gate_sequential",
+    "record_scorer",
     "refuse_sequential",
+    "run_gate_plan",
     "run_looks",
     "send_looks",
     "sent_jobs",
@@ -44,26 +47,19 @@ LOOKS_FILE = "looks.json"
 NEAR_CEILING = 0.99
 
 
-def refuse_sequential(plan: AnalysisPlan, *, shard: tuple[int, int] | None, engine: str, file: str) -> None:
-    """Shards and the Ray engine do not schedule looks: a sequential plan is refused there, by name,
-    before anything is built."""
-    if plan.stop_rule != "sequential":
-        return
-    if shard is not None:
+def refuse_sequential(
+    plan: AnalysisPlan, *, shard: tuple[int, int] | None, file: str, after: Path | None = None
+) -> None:
+    """``--after`` (the merged folder of a sharded sequential run's previous round) without ``--shard``
+    or with another plan, refused by name before anything is built. (Both engines send look by look:
+    each look's jobs are one call of the engine's runner.)"""
+    if after is not None and (shard is None or plan.stop_rule != "sequential"):
         raise InputError(
-            "stop_rule 'sequential' cannot run as shards: every look needs the records of all shards "
-            "before the next look is sent",
+            "--after names the merged folder of the previous round of a sharded sequential run; this run "
+            + ("is not a shard" if shard is None else f"has stop_rule {plan.stop_rule!r}"),
             file=file,
-            field="plan.stop_rule",
-            fix='run the sequential plan unsharded, or use stop_rule = "fixed" with --shard',
-        )
-    if engine != "asyncio":
-        raise InputError(
-            f"stop_rule 'sequential' is not supported by the {engine} engine (it sends the whole matrix "
-            "in one dataset)",
-            file=file,
-            field="plan.stop_rule",
-            fix='use --engine asyncio for a sequential plan, or stop_rule = "fixed" on Ray',
+            field="--after",
+            fix='drop --after, or use it with --shard i/N on a matrix with stop_rule = "sequential"',
         )
 
 
@@ -206,6 +202,45 @@ def write_look_log(section: Mapping[str, Any], out: Path) -> None:
     _write_log(out, json.loads(json.dumps(section, default=str)))
 
 
+def run_gate_plan(matrix: Matrix, suite: Suite) -> GatePlan:
+    """The gate plan a run of ``matrix`` replays its looks with (the one ``gate_run`` gates with)."""
+    from depthgate.commands.freeze import gate_plan
+    from depthgate.layout.layouts import parse_positions
+
+    labels = [p.label for p in parse_positions(matrix.position_values())]
+    placed = [c.id for c in suite.cases if c.decisive]
+    multi = {c.id for c in suite.cases if len(c.decisive) >= 2}
+    spaced = [c for c in placed if c in multi]
+    has_spacing = any(split_position_label(label)[1] != "adjacent" for label in labels)
+    return gate_plan(
+        matrix.plan,
+        list(matrix.lengths),
+        labels,
+        cases=placed,
+        seeds=matrix.decode.seeds,
+        spaced_cases=spaced if has_spacing else None,
+    )
+
+
+def record_scorer(records_dir: Path, suite: Suite, layouts_dir: Path) -> Callable[[], pl.DataFrame]:
+    """Scores every record in ``records_dir`` so far (layouts from ``layouts_dir``, the same build)."""
+    from depthgate.judge.oracle import score_records
+    from depthgate.layout.layouts import read_layouts
+    from depthgate.run.records import read_records
+
+    layouts = pl.concat(
+        [
+            read_layouts(layouts_dir / arm / "layouts.parquet", columns=["layout_id", "evidence_spans"])
+            for arm in ("baseline", "candidate")
+        ]
+    )
+
+    def score() -> pl.DataFrame:
+        return score_records(read_records(records_dir), suite, layouts)
+
+    return score
+
+
 def send_looks(
     matrix: Matrix,
     suite: Suite,
@@ -216,36 +251,11 @@ def send_looks(
     options: Any,
     sources: Mapping[str, Any],
 ) -> Any:
-    """The matrix sent look by look (:func:`run_looks`), scoring every record so far between looks."""
-    from depthgate.commands.freeze import gate_plan
-    from depthgate.judge.oracle import score_records
-    from depthgate.layout.layouts import parse_positions, read_layouts
-    from depthgate.run.records import read_records
-
-    labels = [p.label for p in parse_positions(matrix.position_values())]
-    placed = [c.id for c in suite.cases if c.decisive]
-    multi = {c.id for c in suite.cases if len(c.decisive) >= 2}
-    spaced = [c for c in placed if c in multi]
-    has_spacing = any(split_position_label(label)[1] != "adjacent" for label in labels)
-    gplan = gate_plan(
-        matrix.plan,
-        list(matrix.lengths),
-        labels,
-        cases=placed,
-        seeds=matrix.decode.seeds,
-        spaced_cases=spaced if has_spacing else None,
-    )
-    layouts = pl.concat(
-        [
-            read_layouts(out / arm / "layouts.parquet", columns=["layout_id", "evidence_spans"])
-            for arm in ("baseline", "candidate")
-        ]
-    )
-
-    def score() -> pl.DataFrame:
-        return score_records(read_records(out), suite, layouts)
+    """The matrix sent look by look (:func:`run_looks`), scoring every record so far between looks (a
+    shard sends one look a round instead: :mod:`depthgate.commands.sequential_shards`)."""
 
     def send(batch: list[tuple[str, Mapping[str, Any]]]) -> Any:
         return run_jobs(batch, backends, out, options, sources)
 
-    return run_looks(jobs, send, score, gplan, matrix.plan, options.run_id, out)
+    gplan = run_gate_plan(matrix, suite)
+    return run_looks(jobs, send, record_scorer(out, suite, out), gplan, matrix.plan, options.run_id, out)

@@ -13,6 +13,11 @@ boundary family:
   gate's own slice statistic is then used unchanged at the look's level: non-inferiority is shown when
   the slice's one-sided (1 - alpha_k) lower bound is > -M; a regression is confirmed when the
   regression family's adjusted q <= alpha_k (the same spending on the regression side).
+* ``"power-4"``: the same recursion with the Kim-DeMets power spending function alpha t^4, which spends
+  less before the last look than O'Brien-Fleming (four equal looks at .05: .0002, .0030, .0148, .0467
+  against .00009, .0055, .0219, .0427), so the last look's level stays closer to the fixed design's;
+* ``"haybittle-peto"``: every interim look at the fixed nominal level .001 (z 3.09), the last look at
+  the level that spends what is left (.0494 after three interim looks);
 * ``"confidence-sequence"``: an anytime-valid test by betting on the paired per-case differences
   d_i in [-1, 1] (Waudby-Smith & Ramdas 2023, predictable aGRAPA bets): the wealth of a bettor against
   H0: delta <= -M is a non-negative supermartingale under H0, so by Ville's inequality stopping when it
@@ -41,6 +46,7 @@ from depthgate.judge.stats import slice_statistics
 
 __all__ = [
     "BOUNDARIES",
+    "DEFAULT_BOUNDARY",
     "LookDecision",
     "betting_wealth",
     "cases_at_looks",
@@ -53,8 +59,15 @@ __all__ = [
     "slice_decision",
 ]
 
-Boundary = Literal["obrien-fleming", "confidence-sequence"]
-BOUNDARIES: tuple[str, ...] = ("obrien-fleming", "confidence-sequence")
+Boundary = Literal["obrien-fleming", "haybittle-peto", "power-4", "confidence-sequence"]
+BOUNDARIES: tuple[str, ...] = ("obrien-fleming", "haybittle-peto", "power-4", "confidence-sequence")
+#: Haybittle-Peto: the nominal one-sided level of every interim look (the textbook p < .001, z 3.09).
+HAYBITTLE_PETO_INTERIM = 0.001
+#: The exponent of the Kim-DeMets power spending function alpha t^rho of ``"power-4"``.
+POWER_RHO = 4.0
+#: The family a plan gets when it names none: the one whose power stays within .02 of the fixed design in
+#: every simulated cell (docs/gate-calibration.md §8.6; O'Brien-Fleming fell .032 short).
+DEFAULT_BOUNDARY = "power-4"
 FloatArray = npt.NDArray[np.float64]
 
 # Grid of the recursive integration (Armitage-McPherson-Rowe): step and lower cut of the Brownian
@@ -131,8 +144,18 @@ def _excess(crossing: Callable[[float], float], target: float, bound: float) -> 
     return crossing(bound) - target
 
 
+def _spent(family: str, t: float, alpha: float) -> float:
+    """The alpha a spending family has spent by information fraction ``t`` (Haybittle-Peto spends
+    everything left at the last look; its interim bounds are fixed, not spent)."""
+    if family == "power-4":
+        return alpha * float(min(t, 1.0) ** POWER_RHO)
+    if family == "haybittle-peto":
+        return alpha
+    return obf_spending(t, alpha)
+
+
 @lru_cache(maxsize=256)
-def _obf_levels(fractions: tuple[float, ...], alpha: float) -> tuple[float, ...]:
+def _spending_levels(fractions: tuple[float, ...], alpha: float, family: str) -> tuple[float, ...]:
     levels: list[float] = []
     spent_before = 0.0
     # Sub-density of W(t) on the grid over the paths that have not crossed yet (None before look 1).
@@ -140,7 +163,7 @@ def _obf_levels(fractions: tuple[float, ...], alpha: float) -> tuple[float, ...]
     density: FloatArray | None = None
     t_prev = 0.0
     for t in fractions:
-        target = obf_spending(t, alpha) - spent_before
+        target = _spent(family, t, alpha) - spent_before
         dt = t - t_prev
         sd_t = math.sqrt(t)
         prior = density
@@ -150,7 +173,9 @@ def _obf_levels(fractions: tuple[float, ...], alpha: float) -> tuple[float, ...]
                 return float(_phi_upper(b / math.sqrt(dt)))
             return float(np.sum(f * _phi_upper((b - g) / math.sqrt(dt))) * _GRID_STEP)
 
-        if target <= 1e-15:
+        if family == "haybittle-peto" and t < 1.0:
+            bound = _z_upper(HAYBITTLE_PETO_INTERIM) * sd_t
+        elif target <= 1e-15:
             bound = 40.0 * sd_t
         else:
             bound = _solve(functools.partial(_excess, crossing, target), -_GRID_SDS * sd_t, 40.0 * sd_t)
@@ -175,8 +200,8 @@ def nominal_levels(
     levels spend at most ``alpha`` in total); confidence sequence: ``alpha`` at every look (the
     wealth's running maximum is compared with 1/alpha, Ville's inequality holds it at any look)."""
     key = tuple(float(t) for t in fractions)
-    if boundary == "obrien-fleming":
-        return _obf_levels(key, float(alpha))
+    if boundary in ("obrien-fleming", "haybittle-peto", "power-4"):
+        return _spending_levels(key, float(alpha), boundary)
     if boundary == "confidence-sequence":
         return tuple(float(alpha) for _ in key)
     raise ValueError(f"unknown boundary {boundary!r}; use one of {list(BOUNDARIES)}")

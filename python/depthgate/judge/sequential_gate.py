@@ -24,6 +24,7 @@ import numpy as np
 import polars as pl
 
 from depthgate.judge.sequential import (
+    DEFAULT_BOUNDARY,
     cases_at_looks,
     look_fractions,
     look_outcome,
@@ -69,7 +70,7 @@ class SequentialDesign:
         counts = cases_at_looks(fractions, n_cases)
         # The information fraction of each look is its share of cases (ceil may move it a little).
         actual = tuple(c / n_cases for c in counts)
-        name = boundary or "obrien-fleming"
+        name = boundary or DEFAULT_BOUNDARY
         return cls(name, actual, counts, nominal_levels(actual, alpha, name))
 
     def to_dict(self) -> dict[str, Any]:

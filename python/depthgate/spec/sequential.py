@@ -2,7 +2,8 @@
 
 ``[plan] stop_rule = "sequential"`` pre-registers the looks, as information fractions
 (``looks = [0.25, 0.5, 0.75, 1.0]``) or as a look every K cases (``look_every = K``), and the boundary
-family (``boundary = "obrien-fleming"``, the default, or ``"confidence-sequence"``). The statistics
+family (``boundary = "power-4"``, the default: Kim-DeMets alpha t^4 spending; ``"obrien-fleming"``,
+``"haybittle-peto"`` or ``"confidence-sequence"``: docs/gate-calibration.md §8 measures each). The statistics
 are ``depthgate.judge.sequential``; this module only checks the plan before anything runs.
 """
 
@@ -13,7 +14,7 @@ from collections.abc import Sequence
 
 __all__ = ["BOUNDARY_NAMES", "MAX_LOOKS", "sequential_violations"]
 
-BOUNDARY_NAMES = ("obrien-fleming", "confidence-sequence")
+BOUNDARY_NAMES = ("obrien-fleming", "power-4", "haybittle-peto", "confidence-sequence")
 #: More looks buy almost nothing under O'Brien-Fleming spending and cost a gate evaluation each.
 MAX_LOOKS = 20
 

@@ -1,0 +1,156 @@
+"""A ``stop_rule = "sequential"`` run as shards (issue #26): one look per round, gated from the merge.
+
+A look needs the records of every shard before the next look can be decided, so a sharded sequential
+run goes in rounds. Round r: every shard runs ``depthgate run MATRIX --shard i/N --out DIR_i`` (round 1)
+or ``... --after MERGED_{r-1}`` (later rounds) and sends its part of **one** look; then ``depthgate
+merge DIR_1 … DIR_N --out MERGED_r`` joins them. A shard given ``--after`` replays the looks on the
+merged records (:func:`depthgate.judge.sequential_gate.replay_looks`, deterministic: the same history
+the unsharded run has) and sends its part of the next look for the slices still open, or nothing when
+every slice is decided or the last look has landed. Each shard writes what it was asked to send into
+``DIR_i/shard-look.json`` (the look and the decided slices it scheduled from); ``merge`` refuses shards
+of different rounds and checks each shard against that schedule instead of the full matrix. After the
+last round (at most as many rounds as looks; a round after the decision sends nothing)
+``depthgate gate MERGED_r`` gives the unsharded run's verdict.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from depthgate.commands.sequential import design_of, record_scorer, run_gate_plan
+from depthgate.exceptions import InputError
+from depthgate.judge.sequential_gate import replay_looks
+from depthgate.judge.stats import GatePlan
+from depthgate.run.looks import case_order, look_jobs
+from depthgate.spec.cases import Suite
+from depthgate.spec.files import ReadFailures, read_json
+from depthgate.spec.matrix import Matrix
+from depthgate.spec.models import AnalysisPlan
+
+__all__ = ["SHARD_LOOK_FILE", "read_shard_look", "scheduled_jobs", "send_shard_look", "send_shard_round"]
+
+SHARD_LOOK_FILE = "shard-look.json"
+
+
+def _prior(
+    after: Path | None, out: Path, gplan: GatePlan, plan: AnalysisPlan, order: Sequence[str], suite: Suite
+) -> tuple[int, dict[tuple[int, str], tuple[int, str]]]:
+    """The looks taken in the merged folder ``after`` (none before the first round) and its decisions."""
+    if after is None:
+        return 0, {}
+    manifest = after / "manifest.json"
+    failures = ReadFailures(
+        InputError,
+        missing=("no manifest.json: not a folder written by `depthgate merge`", "pass the merged folder"),
+        unreadable=("cannot read manifest.json ({strerror})", "pass the merged folder"),
+        not_json=("manifest.json is not valid JSON ({msg} at line {lineno})", "merge again"),
+    )
+    theirs, ours = read_json(manifest, failures), read_json(out / "manifest.json", failures)
+    if not isinstance(theirs, dict) or theirs.get("manifest_digest") != ours.get("manifest_digest"):
+        raise InputError(
+            "the --after folder holds another run (its frozen manifest differs from this shard's)",
+            file=str(manifest),
+            field="--after",
+            fix="pass the folder `depthgate merge` wrote from this run's shards in the previous round",
+        )
+    design = design_of(plan, len(order))
+    scored = record_scorer(after, suite, after)()
+    history, decided = replay_looks(scored, gplan, design, order)
+    return len(history), decided
+
+
+def send_shard_look(
+    jobs: Sequence[tuple[str, Mapping[str, Any]]],
+    send: Callable[[list[tuple[str, Mapping[str, Any]]]], Any],
+    gplan: GatePlan,
+    plan: AnalysisPlan,
+    run_id: str,
+    out: Path,
+    suite: Suite,
+    after: Path | None,
+) -> Any:
+    """One round of a sharded sequential run: this shard's part of the look after ``after``'s looks
+    (``send`` runs the shard's jobs only, resumable); ``shard-look.json`` says which look and from which
+    decisions, for ``merge``."""
+    cases = list(gplan.planned_cases or ())
+    design = design_of(plan, len(cases))
+    order = case_order(cases, run_id)
+    slices = list(dict.fromkeys(gplan.planned_slices or ()))
+    taken, decided = _prior(after, out, gplan, plan, order, suite)
+    open_slices = [s for s in slices if s not in decided]
+    look = min(taken + 1, len(design.counts)) if open_slices else taken
+    body = {
+        "look": look,
+        "of": len(design.counts),
+        "decided": [[s[0], s[1], at, what] for s, (at, what) in sorted(decided.items())],
+        "case_order": order,
+        "cases": list(design.counts),
+    }
+    tmp = out / (SHARD_LOOK_FILE + ".tmp")
+    tmp.write_text(json.dumps(body, indent=2, sort_keys=True), encoding="utf-8")
+    os.replace(tmp, out / SHARD_LOOK_FILE)
+    batch = look_jobs(jobs, order[: design.counts[look - 1]], open_slices) if open_slices else []
+    what = (
+        f"look {look}/{len(design.counts)}: cases 1–{design.counts[look - 1]} of {len(order)} in "
+        f"{len(open_slices)} open slice(s) ({len(batch)} layouts before the shard's split)"
+        if open_slices
+        else f"every slice decided by look {taken}: nothing to send"
+    )
+    print(f"depthgate: sequential shard, {what}", file=sys.stderr)
+    return send(batch)
+
+
+def read_shard_look(folder: Path) -> dict[str, Any]:
+    """A sequential shard folder's ``shard-look.json`` (a named error when absent: the shard never ran)."""
+    failures = ReadFailures(
+        InputError,
+        missing=(f"no {SHARD_LOOK_FILE}: this sequential shard never sent a look", "rerun that shard"),
+        unreadable=(f"cannot read {SHARD_LOOK_FILE} ({{strerror}})", "rerun that shard"),
+        not_json=(f"{SHARD_LOOK_FILE} is not valid JSON ({{msg}} at line {{lineno}})", "rerun that shard"),
+    )
+    data = read_json(folder / SHARD_LOOK_FILE, failures)
+    if not isinstance(data, dict) or not isinstance(data.get("look"), int):
+        raise InputError(
+            f"{SHARD_LOOK_FILE} names no look", file=str(folder / SHARD_LOOK_FILE), fix="rerun that shard"
+        )
+    return data
+
+
+def scheduled_jobs(planned: pl.DataFrame, spec: Mapping[str, Any]) -> pl.DataFrame:
+    """The planned jobs a round scheduled up to ``spec``'s look: per slice, the cases of the look it was
+    decided at, or of ``spec['look']`` while open (``spec``: a ``shard-look.json``)."""
+    look, order, counts = int(spec["look"]), list(spec["case_order"]), list(spec["cases"])
+    until = {(int(d[0]), str(d[1])): int(d[2]) for d in spec.get("decided", [])}
+    rank = {c: i for i, c in enumerate(order)}
+    mask = [
+        rank.get(str(c), len(order)) < counts[min(look, until.get((int(t), str(p)), look)) - 1]
+        for c, t, p in planned.select("case_id", "target_tokens", "position").iter_rows()
+    ]
+    return planned.filter(pl.Series(mask, dtype=pl.Boolean))
+
+
+def send_shard_round(
+    matrix: Matrix,
+    suite: Suite,
+    out: Path,
+    jobs: Sequence[tuple[str, Mapping[str, Any]]],
+    run_jobs: Callable[..., Any],
+    backends: Mapping[str, Any],
+    options: Any,
+    sources: Mapping[str, Any],
+    after: Path | None,
+) -> Any:
+    """The pipeline's sender for a shard of a sequential run (:func:`send_shard_look`)."""
+
+    def send(batch: list[tuple[str, Mapping[str, Any]]]) -> Any:
+        return run_jobs(batch, backends, out, options, sources)
+
+    gplan = run_gate_plan(matrix, suite)
+    return send_shard_look(jobs, send, gplan, matrix.plan, options.run_id, out, suite, after)
