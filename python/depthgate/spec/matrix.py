@@ -232,6 +232,21 @@ class Matrix(Frozen):
                 field="turns",
                 fix="give turns = 3, 5, 9 … (user/assistant alternate; the last turn is the user's question)",
             )
+        # "@turn:K" places the evidence in the middle of turn K's content: a conversation's turn only.
+        for index, position in enumerate(self.positions):
+            turn = PositionLabel.of(position).turn
+            if turn is not None and self.shape != "conversation":
+                raise violation(
+                    f'{position!r} places the evidence by turn, but shape is "single" (one turn)',
+                    field=f"positions[{index}]",
+                    fix='set shape = "conversation" with turns, or give a depth such as 0.5',
+                )
+            if turn is not None and self.turns is not None and turn > self.turns:
+                raise violation(
+                    f"{position!r} names turn {turn}, but the conversation has {self.turns} turns",
+                    field=f"positions[{index}]",
+                    fix=f"use @turn:1 … @turn:{self.turns}, or raise turns",
+                )
         if self.shape == "conversation" and any(
             s.chat_template is None for s in (self.baseline, self.candidate)
         ):
