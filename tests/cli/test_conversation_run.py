@@ -76,7 +76,7 @@ def test_conversation_matrix_runs_end_to_end_on_the_embedded_model(
         (POSITIONS, 'positions = [0.0, "@turn:3", 1.0]'),
         ("n_min = 6", "n_min = 2"),
         # the evidence-only control base: no short base lengths (they count requests, not turns)
-        ("[plan]\n", '[plan]\nbase_score = "control"\n'),
+        ("base_lengths = [500, 1000]", 'base_score = "control"'),
     )
     run = tmp_path / "run"
     code = main(["run", str(matrix), "--out", str(run)])
@@ -126,7 +126,7 @@ def test_an_mrcr_conversation_runs_and_is_scored_by_the_mrcr_rule(
         ),
         (POSITIONS, 'positions = [0.0, "@turn:3"]'),
         ("n_min = 6", "n_min = 2"),
-        ("[plan]\n", '[plan]\nbase_score = "control"\n'),
+        ("base_lengths = [500, 1000]", 'base_score = "control"'),
     )
     run = tmp_path / "run"
     code = main(["run", str(matrix), "--out", str(run)])

@@ -125,3 +125,12 @@ def test_a_matrix_file_names_the_file_field_and_fix(tmp_path: Path) -> None:
     with pytest.raises(SpecError, match=r"suite.*k = 6") as info:
         load_matrix(path)
     assert info.value.file == str(path) and "between 1 and 4" in (info.value.fix or "")
+
+
+def test_the_shipped_mrcr_matrix_asks_for_mrcr_conversations() -> None:
+    root = Path(__file__).resolve().parents[2]
+    matrix = load_matrix(root / "matrices" / "conversation-mrcr-embedded.toml")
+    assert matrix.shape == "conversation" and "@turn:3" in matrix.position_values()
+    suite = resolve_suite(matrix.suite)
+    assert len(suite.cases) == 8 and {len(c.decisive) for c in suite.cases} == {4}
+    assert all("second reply" in c.query for c in suite.cases)
