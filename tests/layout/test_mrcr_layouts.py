@@ -83,3 +83,24 @@ def test_mrcr_conversation_layouts_are_exact(
             if "/d" in s["evidence_id"]
         }
         assert len(distractor_turns) >= 2, distractor_turns
+
+
+def test_mrcr_cases_build_as_one_user_turn_too(tmp_path: Path) -> None:
+    """``pattern = "mrcr"`` without a conversation: the needles in order in the one slot, exact."""
+    suite = mrcr_suite(2, 1, needles=3, k=1)
+    tok = load_tokenizer(TOK / "smollm" / "tokenizer.json")
+    options = BuildOptions(
+        lengths=[768],
+        positions=parse_positions(["0", "1"]),
+        template=load_chat_template(TOK / "smollm" / "chat_template.jinja"),
+    )
+    out = tmp_path / "layouts.parquet"
+    build_layouts(suite, tok, options, out)
+    assert check_layouts(out, tok).ok
+    frame = pl.read_parquet(out)
+    assert set(frame["status"]) == {"ok"} and "turn_spans" not in frame.columns
+    for row in frame.iter_rows(named=True):
+        needles = sorted(
+            (s for s in row["evidence_spans"] if "/n" in s["evidence_id"]), key=lambda s: s["token_start"]
+        )
+        assert [s["evidence_id"][-2:] for s in needles] == ["n1", "n2", "n3"]
