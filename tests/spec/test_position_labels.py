@@ -42,7 +42,7 @@ def test_labels_are_ordered_depths_then_offsets_then_spacings() -> None:
 def test_the_gate_orders_labels_as_the_label_type_does() -> None:
     from depthgate.judge.stats import position_sort_key as gate_key
 
-    for label in [*LABELS, "junk", "junk~far", "@x", "-1", "1e-3"]:
+    for label in [*LABELS, "junk", "junk~far", "@x", "-1", "1e-3", "@turn:3", "@turn:10~far", "@turn:x"]:
         assert position_sort_key(label) == gate_key(label), label
 
 
@@ -77,4 +77,32 @@ def test_matrix_and_layout_labels_are_the_ones_they_always_were() -> None:
         "0.5~300tok",
         "1~300tok",
         "@100~300tok",
+    ]
+
+
+@pytest.mark.parametrize(("label", "turn"), [("@turn:1", 1), ("@turn:3", 3), ("@turn:12~far", 12)])
+def test_a_turn_label_names_its_turn(label: str, turn: int) -> None:
+    """``@turn:K`` (issue 25): the one label type parses it as a turn, not an offset, and round-trips it."""
+    parsed = PositionLabel.parse(label)
+    assert str(parsed) == label and parsed.turn == turn
+    assert parsed.offset is None and not parsed.is_offset
+    assert [p.turn for p in parse_positions([label])] == [turn]
+
+
+@pytest.mark.parametrize("label", ["@turn:0", "@turn:", "@turn:x", "@turn:-1", "@turn:01"])
+def test_a_malformed_turn_is_no_turn(label: str) -> None:
+    assert PositionLabel.parse(label).turn is None
+    with pytest.raises(ValueError, match="is not a position"):
+        Matrix.model_validate({"positions": [label]})
+
+
+def test_turn_labels_sort_after_offsets_by_turn_number() -> None:
+    shuffled = ["@turn:10", "@turn:2", "@5", "0.5", "@turn:1~near", "0.5~near"]
+    assert sorted(shuffled, key=position_sort_key) == [
+        "0.5",
+        "@5",
+        "@turn:2",
+        "@turn:10",
+        "0.5~near",
+        "@turn:1~near",
     ]

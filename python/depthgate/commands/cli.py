@@ -530,9 +530,10 @@ _MAXIMUM = {
 }
 
 
-def _positions_arg(values: Sequence[str], lengths: Sequence[int]) -> list[Position]:
+def _positions_arg(values: Sequence[str], lengths: Sequence[int], turns: int | None = None) -> list[Position]:
     """``--positions`` parsed (errors name ``--positions``); an offset at or beyond the longest length
-    could never be placed (every layout would be refused), so it is bad input too."""
+    could never be placed (every layout would be refused), so it is bad input too; so is ``@turn:K``
+    without a conversation of at least K turns (``--turns``: diff-template's; ``build`` has none)."""
     from depthgate.layout.layouts import parse_positions
 
     try:
@@ -546,6 +547,14 @@ def _positions_arg(values: Sequence[str], lengths: Sequence[int]) -> list[Positi
                 f"offset {position.label} is beyond the longest length {longest}: no layout could place it",
                 field="--positions",
                 fix="use an offset smaller than the longest --lengths, or a depth in [0, 1]",
+            )
+        if position.turn is not None and (turns is None or position.turn > turns):
+            has = "no conversation" if turns is None else f"a {turns}-turn conversation"
+            raise InputError(
+                f"{position.label} places the evidence in turn {position.turn}, but the build has {has}",
+                field="--positions",
+                fix="give a depth or an offset, or build a conversation of at least that many turns "
+                '(diff-template --turns N, or a matrix with shape = "conversation")',
             )
     return positions
 
@@ -600,7 +609,7 @@ def _check_args(args: argparse.Namespace) -> None:
             empty, over = "pass --positions 0,0.5,1", f"give at most {MAX_POSITIONS} positions"
             for problem, fix in count_problems(len(args.positions), MAX_POSITIONS, "positions", empty, over):
                 raise InputError(problem, field="--positions", fix=fix)
-            _positions_arg(args.positions, args.lengths)
+            _positions_arg(args.positions, args.lengths, getattr(args, "turns", None))
             cases = getattr(args, "cases", None)
             if cases is not None and not getattr(args, "suite", None):
                 layouts = cases * len(args.lengths) * len(args.positions)

@@ -109,8 +109,13 @@ class ArmSetup:
             verification="fast" if verification == "fast" else "full",
             window=self.system.window,
             max_output_tokens=matrix.decode.max_tokens,
-            conversation=Conversation(matrix.turns or 1) if matrix.shape == "conversation" else None,
+            conversation=matrix_conversation(matrix),
         )
+
+
+def matrix_conversation(matrix: Matrix) -> Conversation | None:
+    """The conversation shape a matrix asks for (issue 25), or None for one user turn."""
+    return Conversation(matrix.turns or 1) if matrix.shape == "conversation" else None
 
 
 def _snapshots(system: System, matrix_dir: Path) -> dict[str, Any]:

@@ -42,6 +42,7 @@ from depthgate.commands.freeze import (
     freeze_manifest,
     freeze_suite,
     gate_plan,
+    matrix_conversation,
     plan_digest,
 )
 from depthgate.commands.outputs import CreatedPaths
@@ -145,6 +146,7 @@ def _prepare_arm(
         assembler=a.system.assembler,
         window=backend.window,
         max_output_tokens=matrix.decode.max_tokens,
+        conversation=matrix_conversation(matrix),
     )
     guard_cases = functools.partial(guard, cases={c.id: c for c in suite.cases})
     sent.jobs.extend((a.arm, row) for row in _guarded_rows(layout_path, guard_cases))

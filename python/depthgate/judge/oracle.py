@@ -50,6 +50,8 @@ The oracle therefore reads the output the way the pilot did (research/gemma_posi
    it named (``forbidden_hits`` for a forbidden claim). The rule follows from the pattern: no other case
    field is involved, and case validation refuses conflict cases that set ``expected_fields`` ``value``
    or ``abstain``.
+   On an **MRCR** case (``evidence_pattern = "mrcr"``, spec/mrcr.py) the answer line passes when it holds
+   the asked (k-th) reply's code and no other reply's code anywhere (judge/mrcr.py).
 6. **Citations** anywhere in the output (``[doc-id]``, ``[a, b]``, ``(source: doc-id)``, ``（来源：doc-id）``)
    are checked against the evidence in the layout: citing an id that is not evidence in the layout, or a
    distractor's id, is a wrong citation and fails the run (no safety). Bracketed text counts as a citation
@@ -102,6 +104,7 @@ from depthgate.judge.answer_text import (
     unit_family,
 )
 from depthgate.judge.frames import require_columns
+from depthgate.judge.mrcr import judge_mrcr
 from depthgate.spec.cases import Case, Claim, Suite
 
 Outcome: TypeAlias = Literal["pass", "fail", "system_fail", "missing"]
@@ -455,7 +458,12 @@ class CaseOracle:
         if head is not None and head.kind == "forbidden" and head.claim_id is not None:
             forbidden.append(head.claim_id)
 
-        if self.conflict:
+        if self.case.evidence_pattern == "mrcr":
+            note, missing, forbidden, found = judge_mrcr(
+                events, self.required_ids, self.expected_display, raw_line
+            )
+            problems += found
+        elif self.conflict:
             note, missing, forbidden = self._judge_conflict(line, events, abstained, raw_line, problems)
         elif self.expects_abstention:
             note = _judge_abstention(head, abstained, raw_line, problems)

@@ -86,7 +86,7 @@ from depthgate.judge.slice_bounds import (
     slice_statistics,
 )
 from depthgate.spec.models import plan_violations
-from depthgate.spec.positions import spacing_rank, split_position_label
+from depthgate.spec.positions import PositionLabel, split_position_label
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -95,22 +95,10 @@ _TIE_TOLERANCE = 1e-12
 
 
 def position_sort_key(position: str) -> tuple[int, float, str]:
-    """Order positions: relative depths ("0.25") first, then absolute token offsets ("@1200"); positions
-    with an evidence spacing ("0.5~far") after the adjacent ones, grouped by spacing (near, far, gaps)."""
-    base, spacing = split_position_label(position)
-    if spacing != "adjacent":
-        kind, value, _ = position_sort_key(base)
-        return (3 * (1 + spacing_rank(spacing)) + kind, value, position)
-    try:
-        return (0, float(position), position)
-    except ValueError:
-        pass
-    if position.startswith("@"):
-        try:
-            return (1, float(position[1:]), position)
-        except ValueError:
-            pass
-    return (2, 0.0, position)
+    """Order positions: relative depths ("0.25") first, then absolute token offsets ("@1200"), then
+    conversation turns ("@turn:3", by K); positions with an evidence spacing ("0.5~far") after the
+    adjacent ones, grouped by spacing (near, far, gaps) — :meth:`PositionLabel.sort_key`."""
+    return PositionLabel.parse(position).sort_key()
 
 
 @dataclass(frozen=True)

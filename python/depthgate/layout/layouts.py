@@ -40,6 +40,7 @@ from depthgate.spec.cases import Case, Suite
 from depthgate.spec.filler import filler_pool, filler_units
 from depthgate.spec.positions import (
     SPACING_SEP,
+    TURN_PREFIX,
     PositionLabel,
     is_spacing_label,
     spacing_gap,
@@ -191,12 +192,9 @@ class Position:
         return spec
 
 
-#: A position by conversation turn: ``"@turn:3"`` (layout/conversation.py).
-TURN_PREFIX = "@turn:"
-
-
 def parse_positions(values: Sequence[float | str]) -> list[Position]:
-    """``0.5`` / ``"0.5"`` → depth; ``"@1200"`` → absolute offset; either may carry an evidence spacing,
+    """``0.5`` / ``"0.5"`` → depth; ``"@1200"`` → absolute offset; ``"@turn:3"`` → a conversation's turn;
+    any may carry an evidence spacing,
     ``"0.5~far"``, ``"@1200~near"``, ``"1~300tok"`` (``Matrix.position_values``)."""
     out: list[Position] = []
     for raw in values:
@@ -210,14 +208,14 @@ def parse_positions(values: Sequence[float | str]) -> list[Position]:
             )
         suffix = "" if spacing == "adjacent" else f"{SPACING_SEP}{spacing}"
         if text.startswith(TURN_PREFIX):
-            turn = text[len(TURN_PREFIX) :]
-            if not turn.isdigit() or int(turn) < 1:
+            turn = PositionLabel(text).turn
+            if turn is None:
                 raise InputError(
                     f"position {text!r} is not a turn",
                     field="positions",
-                    fix="write a turn as @turn:<K>, K >= 1",
+                    fix="write a turn as @turn:<K>, K >= 1 (a conversation's turn, counted from 1)",
                 )
-            out.append(Position(label=text + suffix, turn=int(turn), spacing=spacing))
+            out.append(Position(label=text + suffix, turn=turn, spacing=spacing))
             continue
         if text.startswith("@"):
             try:

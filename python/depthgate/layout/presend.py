@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -22,6 +23,7 @@ import polars as pl
 
 from depthgate import _core
 from depthgate.exceptions import TemplateError
+from depthgate.layout.conversation import Conversation
 from depthgate.layout.layouts import Tokenizer, case_frame
 from depthgate.layout.templates import ChatTemplate, Frame, raw_frame
 from depthgate.spec.cases import Case
@@ -92,19 +94,40 @@ def _reordered(row: Mapping[str, Any], texts: Mapping[str, str]) -> bool:
 _RAW_DIGEST = raw_frame(user_before="", user_after="").template_digest
 
 
-def _frame_violation(row: Mapping[str, Any], expected: Frame | TemplateError) -> tuple[str, str] | None:
-    """The layout's prompt must be ``prefix + context + suffix`` of the frame the system renders now."""
+def _frame_violation(
+    row: Mapping[str, Any], expected: Frame | TemplateError, turn_spans: Sequence[Mapping[str, Any]] = ()
+) -> tuple[str, str] | None:
+    """The layout's prompt must be ``prefix + context + suffix`` of the frame the system renders now; a
+    conversation's (issue 25) must also hold, between consecutive turns' recorded content spans, exactly
+    the separator the system's template renders there now (end of turn, role header, lead), and record
+    one span per turn. A conversation layout sent to a single-slot system, or the reverse, is a mismatch."""
     if isinstance(expected, TemplateError):
         return ("presend_frame_mismatch", f"the system's template cannot frame this case: {expected.message}")
     text = str(row["text"])
-    if text.startswith(expected.prefix) and text.endswith(expected.suffix):
-        return None
-    where = "start" if not text.startswith(expected.prefix) else "end"
-    return (
-        "presend_frame_mismatch",
-        f"the prompt's {where} differs from the frame the system renders now (template, preamble or "
-        "instruction changed since the build); rebuild the layout",
-    )
+    if not (text.startswith(expected.prefix) and text.endswith(expected.suffix)):
+        where = "start" if not text.startswith(expected.prefix) else "end"
+        return (
+            "presend_frame_mismatch",
+            f"the prompt's {where} differs from the frame the system renders now (template, preamble or "
+            "instruction changed since the build); rebuild the layout",
+        )
+    turns = len(expected.separators) + 1 if expected.separators else 0
+    if len(turn_spans) != turns:
+        shape = f"a {turns}-turn conversation" if turns else "a single-slot prompt"
+        return (
+            "presend_frame_mismatch",
+            f"the layout records {len(turn_spans)} turn spans but the system renders {shape}; rebuild the "
+            "layout with the matrix's shape and turns",
+        )
+    for k, separator in enumerate(expected.separators):
+        between = text[turn_spans[k]["char_end"] : turn_spans[k + 1]["char_start"]]
+        if between != separator:
+            return (
+                "presend_frame_mismatch",
+                f"the text between turns {k + 1} and {k + 2} differs from what the system's template renders "
+                "there now (turn markers, role header or lead changed since the build); rebuild the layout",
+            )
+    return None
 
 
 #: The core's detail for a layout with no evidence span at all (rust/depthgate-core/src/checks.rs).
@@ -125,6 +148,7 @@ def guard_layouts(
     cases: Mapping[str, Case] | None = None,
     bos_id: int | None = None,
     verify: bool = True,
+    conversation: Conversation | None = None,
 ) -> pl.DataFrame:
     """The pre-send gate of one system: every ``ok`` layout must be built under the system's tokenizer
     (digest), pass the Rust pre-send checks against the *served* window, the system's frame and the
@@ -139,7 +163,8 @@ def guard_layouts(
     ``template_digest`` (and ``pinned_date``) may be given instead of ``template`` by callers that only
     know the digest; the date is then checked when it is given or the digest is the raw frame's, and the
     frame only for the raw frame. ``bos_id`` defaults to the tokenizer's own (the id its post-processor
-    puts first), so a rendered BOS plus an added one is ``presend_doubled_bos``.
+    puts first), so a rendered BOS plus an added one is ``presend_doubled_bos``. ``conversation`` (issue
+    25): the frame is that conversation's, its separators checked at the layout's turn spans.
 
     A layout with any violation becomes ``refused`` with the most specific code as ``reason_code``
     (``verify_*`` / ``presend_*``, see :data:`REASON_PRIORITY`) and every violation in ``reason``. With
@@ -188,9 +213,9 @@ def guard_layouts(
                 ]
             found[i].extend((f"presend_{code}", detail) for code, detail in violations)
             if check_frames and cases is not None and block.case_ids[j] in cases:
-                mismatch = _frame_check(
-                    frames, cases, str(block.case_ids[j]), block.texts[j], template, preamble, assembler
-                )
+                system = _System(template, preamble, assembler, conversation)
+                case_id, text, turns = str(block.case_ids[j]), block.texts[j], block.turn_spans_of(j)
+                mismatch = _frame_check(frames, cases, case_id, text, turns, system)
                 if mismatch is not None:
                     found[i].append(mismatch)
             codes = {code for code, _ in found[i]}
@@ -228,25 +253,38 @@ def _contract(
     )
 
 
+@dataclass(frozen=True)
+class _System:
+    """What the frame a system renders now depends on besides the case."""
+
+    template: ChatTemplate | None
+    preamble: str
+    assembler: str
+    conversation: Conversation | None
+
+
 def _frame_check(
     frames: dict[str, Frame | TemplateError],
     cases: Mapping[str, Case],
     case_id: str,
     text: str,
-    template: ChatTemplate | None,
-    preamble: str,
-    assembler: str,
+    turn_spans: Sequence[Mapping[str, Any]],
+    system: _System,
 ) -> tuple[str, str] | None:
     """The frame violation of one layout's prompt against the frame its system renders now for its case
     (``frames`` caches them per case; a template that raises is the violation of every layout)."""
     if case_id not in frames:
         try:
             frames[case_id] = case_frame(
-                cases[case_id], template=template, preamble=preamble, assembler=assembler
+                cases[case_id],
+                template=system.template,
+                preamble=system.preamble,
+                assembler=system.assembler,
+                conversation=system.conversation,
             )
         except TemplateError as exc:
             frames[case_id] = exc
-    return _frame_violation({"text": text}, frames[case_id])
+    return _frame_violation({"text": text}, frames[case_id], turn_spans)
 
 
 def _with_violations(
@@ -381,6 +419,12 @@ class _Block:
         if all_rows:
             return cls(frame.slice(index[0], len(index)))
         return cls(frame[index])
+
+    def turn_spans_of(self, j: int) -> list[dict[str, Any]]:
+        """The layout's turn spans (issue 25); none for a single-slot layout or an older file."""
+        if "turn_spans" not in self.rows.columns:
+            return []
+        return list(self.rows["turn_spans"].slice(j, 1).to_list()[0] or [])
 
     def spans_of(self, j: int) -> list[dict[str, Any]]:
         return list(self.rows["evidence_spans"].slice(j, 1).to_list()[0] or [])

@@ -22,7 +22,7 @@ from depthgate.spec.text_checks import UniqueIds, check_id, check_inline, check_
 Language: TypeAlias = Literal["en", "zh"]
 TaskKind: TypeAlias = Literal["extraction", "qa"]
 EvidencePattern: TypeAlias = Literal[
-    "single", "override", "exception", "order", "negation", "absent", "conflict"
+    "single", "override", "exception", "order", "negation", "absent", "conflict", "mrcr"
 ]
 Risk: TypeAlias = Literal["low", "medium", "high"]
 EvidenceRole: TypeAlias = Literal["decisive", "competing"]

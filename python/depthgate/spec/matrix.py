@@ -28,6 +28,7 @@ from depthgate.spec.limits import (
     length_problem,
 )
 from depthgate.spec.models import AnalysisPlan
+from depthgate.spec.mrcr import mrcr_problems
 from depthgate.spec.positions import Position, PositionLabel, Spacing, spacing_gap, spacing_label
 from depthgate.spec.system import DecodeParams, System
 from depthgate.spec.text_checks import check_id
@@ -43,6 +44,38 @@ class BuiltinSuiteRef(Frozen):
     # With the `conflict` pattern (two unversioned sources disagree); the first 13 cases are the default
     # suite's, conflict cases come after them. Left out of the matrix digest when false.
     conflict: StrictBool = False
+    # Issue 25 item 3: pattern = "mrcr" generates MRCR cases instead (depthgate.spec.mrcr): the same
+    # request `needles` times, the question asks for the `k`-th reply. Left out of the digest by default.
+    pattern: Literal["default", "mrcr"] = "default"
+    needles: StrictInt | None = None
+    k: StrictInt | None = None
+
+    @model_validator(mode="after")
+    def _check_pattern(self) -> BuiltinSuiteRef:
+        if self.pattern != "mrcr":
+            for name in ("needles", "k"):
+                if getattr(self, name) is not None:
+                    raise violation(
+                        f'{name} is set but pattern is "{self.pattern}"',
+                        field=name,
+                        fix=f'set pattern = "mrcr", or drop {name}',
+                    )
+            return self
+        if self.needles is None or self.k is None:
+            raise violation(
+                'pattern "mrcr" needs needles and k',
+                field="needles" if self.needles is None else "k",
+                fix="give e.g. needles = 4, k = 2 (the question asks for the 2nd of 4 replies)",
+            )
+        if self.conflict:
+            raise violation(
+                'conflict cases and pattern "mrcr" cannot be mixed',
+                field="conflict",
+                fix='drop conflict, or pattern = "mrcr"',
+            )
+        for name, problem, fix in mrcr_problems(self.needles, self.k, self.language):
+            raise violation(problem, field=name, fix=fix)
+        return self
 
 
 class FileSuiteRef(Frozen):
@@ -229,6 +262,21 @@ class Matrix(Frozen):
                 field="turns",
                 fix="give turns = 3, 5, 9 … (user/assistant alternate; the last turn is the user's question)",
             )
+        # "@turn:K" places the evidence in the middle of turn K's content: a conversation's turn only.
+        for index, position in enumerate(self.positions):
+            turn = PositionLabel.of(position).turn
+            if turn is not None and self.shape != "conversation":
+                raise violation(
+                    f'{position!r} places the evidence by turn, but shape is "single" (one turn)',
+                    field=f"positions[{index}]",
+                    fix='set shape = "conversation" with turns, or give a depth such as 0.5',
+                )
+            if turn is not None and self.turns is not None and turn > self.turns:
+                raise violation(
+                    f"{position!r} names turn {turn}, but the conversation has {self.turns} turns",
+                    field=f"positions[{index}]",
+                    fix=f"use @turn:1 … @turn:{self.turns}, or raise turns",
+                )
         if self.shape == "conversation" and any(
             s.chat_template is None for s in (self.baseline, self.candidate)
         ):
@@ -247,8 +295,18 @@ class Matrix(Frozen):
         if len(set(labels)) != len(labels):
             raise violation("contains a repeated spacing", field="spacings", fix="list each spacing once")
         shortest = min(self.lengths)
+        # MRCR needles travel as one block: needles - 1 gaps must fit together (spec/mrcr.py).
+        needles = self.suite.needles if isinstance(self.suite, BuiltinSuiteRef) else None
         for index, spacing in enumerate(self.spacings):
             gap = spacing_gap(spacing, shortest)
+            if needles and (needles - 1) * gap > shortest // 2:
+                raise violation(
+                    f"{needles - 1} gaps of {gap} tokens between the {needles} MRCR needles cannot fit the "
+                    f"length {shortest} (at most half of it, {shortest // 2} tokens)",
+                    field=f"spacings[{index}]",
+                    fix=f"use a gap of at most {shortest // 2 // (needles - 1)} tokens, fewer needles, or "
+                    "longer lengths",
+                )
             if gap > shortest // 2:
                 raise violation(
                     f"a gap of {gap} tokens cannot fit the length {shortest} (at most half of it, "
@@ -301,4 +359,6 @@ class Matrix(Frozen):
             del data["shape"], data["turns"]
         if data["suite"].get("conflict") is False:
             del data["suite"]["conflict"]
+        if data["suite"].get("pattern") == "default":
+            del data["suite"]["pattern"], data["suite"]["needles"], data["suite"]["k"]
         return canonical_json(data)

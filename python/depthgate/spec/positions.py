@@ -1,5 +1,5 @@
 """Positions and evidence spacings as a matrix names them, and the position labels built from them
-(``"0.5"``, ``"@1200"``, ``"0.5~far"``)."""
+(``"0.5"``, ``"@1200"``, ``"@turn:3"``, ``"0.5~far"``)."""
 
 from __future__ import annotations
 
@@ -14,11 +14,19 @@ from pydantic import (
 from depthgate.spec.base import violation
 
 _ABSOLUTE_POSITION = re.compile(r"^@(0|[1-9][0-9]*)$")
+#: A position by conversation turn (issue 25): ``"@turn:3"``, the evidence in the middle of turn 3's
+#: content (a matrix with ``shape = "conversation"`` only; depthgate.layout.conversation).
+TURN_PREFIX = "@turn:"
+_TURN_POSITION = re.compile(r"^@turn:([1-9][0-9]*)$")
+_POSITION_FIX = (
+    "give a depth in [0, 1] such as 0.5, an absolute token offset such as '@512', or a conversation turn "
+    "such as '@turn:3'"
+)
 
 
 def _parse_position(value: Any) -> Any:
     if isinstance(value, bool):
-        raise violation(f"{value!r} is not a position", fix="give a depth in [0, 1] or '@<token offset>'")
+        raise violation(f"{value!r} is not a position", fix=_POSITION_FIX)
     if isinstance(value, int | float):
         depth = float(value)
         if not 0.0 <= depth <= 1.0:
@@ -28,13 +36,10 @@ def _parse_position(value: Any) -> Any:
             )
         return depth
     if isinstance(value, str):
-        if not _ABSOLUTE_POSITION.match(value):
-            raise violation(
-                f"{value!r} is not a position",
-                fix="give a depth in [0, 1] such as 0.5, or an absolute token offset such as '@512'",
-            )
+        if not (_ABSOLUTE_POSITION.match(value) or _TURN_POSITION.match(value)):
+            raise violation(f"{value!r} is not a position", fix=_POSITION_FIX)
         return value
-    raise violation(f"{value!r} is not a position", fix="give a depth in [0, 1] or '@<token offset>'")
+    raise violation(f"{value!r} is not a position", fix=_POSITION_FIX)
 
 
 Position: TypeAlias = Annotated[float | str, BeforeValidator(_parse_position)]
@@ -143,8 +148,14 @@ class PositionLabel:
 
     @property
     def is_offset(self) -> bool:
-        """The base names a token offset (``"@..."``), not a depth."""
-        return self.base.startswith("@")
+        """The base names a token offset (``"@..."``), not a depth or a turn."""
+        return self.base.startswith("@") and not self.base.startswith(TURN_PREFIX)
+
+    @property
+    def turn(self) -> int | None:
+        """The conversation turn K of an ``"@turn:K"`` label (K >= 1), else None."""
+        match = _TURN_POSITION.match(self.base)
+        return int(match.group(1)) if match else None
 
     @property
     def offset(self) -> int | None:
@@ -152,8 +163,9 @@ class PositionLabel:
         return int(self.base[1:]) if _ABSOLUTE_POSITION.match(self.base) else None
 
     def sort_key(self) -> tuple[int, float, str]:
-        """Order of labels in reports: relative depths first, then absolute token offsets (then anything
-        else); spaced labels after the adjacent ones, grouped by spacing (near, far, gaps by size)."""
+        """Order of labels in reports: relative depths first, then absolute token offsets, then turns by
+        number (then anything else); spaced labels after the adjacent ones, grouped by spacing (near,
+        far, gaps by size)."""
         label = str(self)
         kind, value = _base_order(self.base)
         if not self.adjacent:
@@ -166,6 +178,9 @@ def _base_order(base: str) -> tuple[int, float]:
         return (0, float(base))
     except ValueError:
         pass
+    match = _TURN_POSITION.match(base)
+    if match:
+        return (2, float(match.group(1)))
     if base.startswith("@"):
         try:
             return (1, float(base[1:]))

@@ -63,6 +63,7 @@ from depthgate.spec.incidents import import_incidents
 from depthgate.spec.limits import MAX_GENERATED_CASES
 from depthgate.spec.loading import load_suite
 from depthgate.spec.matrix import BuiltinSuiteRef, FileSuiteRef
+from depthgate.spec.mrcr import mrcr_suite
 
 FactType: TypeAlias = Literal["hotel_cap", "invoice_terms", "incident_contact", "expense_signoff"]
 
@@ -665,6 +666,9 @@ def split_suite(suite: Suite, holdout_fraction: float, seed: int) -> tuple[Suite
 
 def resolve_suite(ref: BuiltinSuiteRef | FileSuiteRef, *, base_dir: str | Path | None = None) -> Suite:
     """The suite a matrix refers to; relative paths resolve against ``base_dir``, the matrix dir."""
+    if isinstance(ref, BuiltinSuiteRef) and ref.pattern == "mrcr":
+        assert ref.needles is not None and ref.k is not None  # BuiltinSuiteRef's validation
+        return mrcr_suite(ref.cases, ref.seed, needles=ref.needles, k=ref.k, language=ref.language)
     if isinstance(ref, BuiltinSuiteRef):
         return builtin_suite(ref.cases, ref.seed, ref.language, conflict=ref.conflict)
     path = Path(ref.path)
