@@ -361,12 +361,16 @@ pub(super) fn build_case_length(
         .par_iter()
         .zip(ids)
         .map(|(position, id)| {
-            Ok(
-                match place(engine, spec, ctx, &haystack, length, position, id.clone())? {
-                    Ok(layout) => layout,
-                    Err(r) => refused_layout(engine, spec, ctx, id, length, position, r),
-                },
-            )
+            let target = Target {
+                haystack: &haystack,
+                length,
+                position,
+                layout_id: id.clone(),
+            };
+            Ok(match place(engine, spec, ctx, target)? {
+                Ok(layout) => layout,
+                Err(r) => refused_layout(engine, spec, ctx, id, length, position, r),
+            })
         })
         .collect()
 }

@@ -6,16 +6,22 @@ use super::*;
 /// How many of the nearest unit boundaries are tried for the moving block.
 pub(super) const MAX_BOUNDARY_TRIES: usize = 8;
 
+/// Where one layout goes: the case's haystack at one total length, one position, the layout's id.
+pub(super) struct Target<'h> {
+    pub haystack: &'h Haystack,
+    pub length: usize,
+    pub position: &'h PositionSpec,
+    pub layout_id: String,
+}
+
 /// Insert the moving block into the haystack at the position, build and check the final prompt.
 pub(super) fn place(
     engine: &LayoutEngine<'_, '_>,
     spec: &BatchSpec,
     ctx: &CaseContext<'_>,
-    haystack: &Haystack,
-    length: usize,
-    position: &PositionSpec,
-    layout_id: String,
+    target: Target<'_>,
 ) -> Result<std::result::Result<Layout, Refusal>> {
+    let (haystack, length, position) = (target.haystack, target.length, target.position);
     let (requested, allowed) = match requested_offset(haystack, length, position) {
         Ok(requested) => requested,
         Err(r) => return Ok(Err(r)),
@@ -49,9 +55,7 @@ pub(super) fn place(
             requested,
             k,
         };
-        return Ok(Ok(finish_layout(
-            engine, spec, ctx, haystack, length, position, layout_id, placed,
-        )));
+        return Ok(Ok(finish_layout(engine, spec, ctx, target, placed)));
     }
     Ok(Err(last_refusal.unwrap_or_else(|| {
         refuse(
@@ -294,17 +298,19 @@ struct PlacedPrompt<'a> {
 
 /// The layout of a placed prompt. The region is read from the final offsets (exact for every
 /// tokenizer family); the arithmetic before only chose the boundary.
-#[allow(clippy::too_many_arguments)]
 fn finish_layout(
     engine: &LayoutEngine<'_, '_>,
     spec: &BatchSpec,
     ctx: &CaseContext<'_>,
-    haystack: &Haystack,
-    length: usize,
-    position: &PositionSpec,
-    layout_id: String,
+    target: Target<'_>,
     placed: PlacedPrompt<'_>,
 ) -> Layout {
+    let Target {
+        haystack,
+        length,
+        position,
+        layout_id,
+    } = target;
     let (head, tail) = specials(engine, spec);
     let PlacedPrompt {
         measured,
