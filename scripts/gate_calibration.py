@@ -68,16 +68,26 @@ def draw(
 
 
 def run_cell(
-    mu: float, margin: float, seeds: int, n: int, loss: str, delta: float, sims: int, reps: int
+    mu: float,
+    margin: float,
+    seeds: int,
+    n: int,
+    loss: str,
+    delta: float,
+    sims: int,
+    reps: int,
+    salt: str = "",
 ) -> dict:
+    """One cell; ``salt`` (empty: the grid's own seeds) draws an independent replicate of the cell."""
     key = (mu, margin, seeds, n, loss, delta)
-    rng = np.random.default_rng(stable_seed(22, "calibration", *key))
+    tag = ("calibration", "boot") if not salt else (f"calibration:{salt}", f"boot:{salt}")
+    rng = np.random.default_rng(stable_seed(22, tag[0], *key))
     shown = 0
     for i in range(sims):
         yb, yc = draw(rng, mu, n, seeds, delta, loss)
-        shown += slice_lower(yb, yc, ALPHA, reps, stable_seed(22, "boot", *key, i)) > -margin
+        shown += slice_lower(yb, yc, ALPHA, reps, stable_seed(22, tag[1], *key, i)) > -margin
     rate = shown / sims
-    return {
+    row = {
         "mu": mu,
         "margin": margin,
         "seeds": seeds,
@@ -90,6 +100,9 @@ def run_cell(
         "mc_se": math.sqrt(max(rate * (1 - rate), 1e-12) / sims),
         "bootstrap_reps": reps,
     }
+    if salt:
+        row["salt"] = salt
+    return row
 
 
 def _load(path: Path) -> list[dict]:
@@ -164,10 +177,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, nargs="*", default=list(SEEDS))
     ap.add_argument("--cases", type=int, nargs="*", default=list(CASES))
     ap.add_argument("--loss", nargs="*", default=list(LOSSES))
+    ap.add_argument(
+        "--salt", default="", help="seed salt: an independent replicate of the cells (empty: the grid's)"
+    )
     ap.add_argument("--render", action="store_true", help="write the table into docs/gate-calibration.md")
     args = ap.parse_args(argv)
     done = {
-        (r["mu"], r["margin"], r["seeds"], r["n"], r["loss"], r["delta"], r["sims"])
+        (r["mu"], r["margin"], r["seeds"], r["n"], r["loss"], r["delta"], r["sims"], r.get("salt", ""))
         for r in _load(args.results)
     }
     started = time.monotonic()
@@ -175,10 +191,10 @@ def main(argv: list[str] | None = None) -> int:
         args.mu, args.margin, args.seeds, args.cases, args.loss
     ):
         for delta, sims in ((-margin, args.sims), (0.0, args.power_sims if loss == "broken" else 0)):
-            if sims <= 0 or (mu, margin, seeds, n, loss, delta, sims) in done:
+            if sims <= 0 or (mu, margin, seeds, n, loss, delta, sims, args.salt) in done:
                 continue
             t0 = time.monotonic()
-            row = run_cell(mu, margin, seeds, n, loss, delta, sims, args.reps)
+            row = run_cell(mu, margin, seeds, n, loss, delta, sims, args.reps, args.salt)
             row["seconds"] = round(time.monotonic() - t0, 1)
             with args.results.open("a") as fh:
                 fh.write(json.dumps(row) + "\n")

@@ -30,4 +30,5 @@ FULL_ONLY_TESTS = {
     "judge/test_stats.py::test_verdict_identical_across_processes",
     "layout/test_spacing.py::test_run_gates_each_spacing_as_its_own_slice",  # a CLI run
     "judge/test_conflict.py::test_a_conflict_suite_runs_through_the_cli",  # CLI runs
+    "judge/test_sparse_size.py::test_sparse_broken_loss_at_many_cases_holds_alpha",  # 4,000 slices (20 s)
 }

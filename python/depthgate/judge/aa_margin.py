@@ -34,7 +34,7 @@ import numpy as np
 import numpy.typing as npt
 from statsmodels.stats.proportion import proportion_confint
 
-from depthgate.judge.design_effect import shrunk_design_effect
+from depthgate.judge.design_effect import rs_alpha, shrunk_design_effect
 from depthgate.judge.percentile import bootstrap_percentile
 from depthgate.judge.rs_envelope import rs_grid
 from depthgate.judge.stats import (
@@ -154,10 +154,11 @@ def slice_lower(yb: FloatArray, yc: FloatArray, alpha: float, reps: int, seed: i
     a, b, c, d = run_counts(yb, yc)
     seeds = yb.shape[1]
     deff = paired_design_effect(yb, yc) if seeds > 1 else 1.0
-    lower = newcombe10_paired(a / deff, b / deff, c / deff, d / deff, 2.0 * alpha)[0]
+    alpha_n = rs_alpha(alpha, seeds)  # the gate's Newcombe-RS level (judge/design_effect.py)
+    lower = newcombe10_paired(a / deff, b / deff, c / deff, d / deff, 2.0 * alpha_n)[0]
     grid = rs_grid(yb, yc, deflate=seeds > 1)  # the gate's monotone envelope
     if grid is not None:
-        lower = min(lower, grid.lower(2.0 * alpha))
+        lower = min(lower, grid.lower(2.0 * alpha_n))
     if seeds <= 1:
         return float(lower)
     boot = bootstrap_percentile(yc.mean(axis=1) - yb.mean(axis=1), 0.10, alpha, reps, seed)

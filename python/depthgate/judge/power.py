@@ -48,7 +48,7 @@ import polars as pl
 from statsmodels.stats.power import TTestPower
 
 from depthgate.exceptions import InputError
-from depthgate.judge.design_effect import shrunk_design_effect
+from depthgate.judge.design_effect import rs_alpha, shrunk_design_effect
 from depthgate.judge.frames import FiniteRow, finite_fields
 from depthgate.judge.position import runs_frame
 from depthgate.judge.stats import (
@@ -218,8 +218,9 @@ def _newcombe_power(
         return 0.0, -1.0
     runs = n * seeds / (deff if seeds > 1 else 1.0)
     a, b, c, d = (v * runs for v in expected_table(design, true_delta))
-    lower, _ = newcombe10_paired(a, b, c, d, 2.0 * alpha)
-    z = statistics.NormalDist().inv_cdf(1.0 - alpha)
+    level = rs_alpha(alpha, seeds)  # the gate's Newcombe-RS level (judge/design_effect.py)
+    lower, _ = newcombe10_paired(a, b, c, d, 2.0 * level)
+    z = statistics.NormalDist().inv_cdf(1.0 - level)
     theta = (b - c) / runs
     se = (theta - lower) / z
     if se <= _EPS:
@@ -253,7 +254,7 @@ def _approx(
     deff = 1.0 + (seeds - 1) * tau2 / total if total > 0 else float(seeds)
     _, b, c, _ = expected_table(design, true_delta)
     if seeds > 1:  # the gate shrinks D toward R when few runs disagree (judge/design_effect.py)
-        deff = shrunk_design_effect(deff, (b + c) * n * seeds, seeds)
+        deff = shrunk_design_effect(deff, (b + c) * n * seeds, seeds, n * seeds)
     effect = _effect(margin, true_delta, sd)
     power_n, lower = _newcombe_power(design, n, seeds, margin, alpha, true_delta, deff)
     return _Approx(

@@ -38,7 +38,7 @@ from collections.abc import Callable
 import numpy as np
 import numpy.typing as npt
 
-from depthgate.judge.design_effect import PRIOR_RUNS
+from depthgate.judge.design_effect import prior_runs
 
 __all__ = ["RsGrid", "rs_grid"]
 
@@ -126,5 +126,6 @@ def rs_grid(yb: FloatArray, yc: FloatArray, *, deflate: bool) -> RsGrid | None:
     with np.errstate(divide="ignore", invalid="ignore"):
         d_hat = np.where(var_srs > 0, var_cluster / np.where(var_srs > 0, var_srs, 1.0), float(runs))
     d_hat = np.clip(d_hat, 1.0, float(runs))
-    deff = np.clip((m * d_hat + PRIOR_RUNS * runs) / (m + PRIOR_RUNS), 1.0, float(runs))
+    m0 = prior_runs(total)  # a constant of the slice: one more failure does not move it
+    deff = np.clip((m * d_hat + m0 * runs) / (m + m0), 1.0, float(runs))
     return RsGrid((a / deff, b / deff, c / deff, d / deff))

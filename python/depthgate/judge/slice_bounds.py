@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from depthgate.judge.design_effect import shrunk_design_effect
+from depthgate.judge.design_effect import rs_alpha, shrunk_design_effect
 from depthgate.judge.intervals import invert_bound, newcombe10_paired, newcombe_p_values, wilson_lower
 from depthgate.judge.monotone import monotone_floor_lower_bound
 from depthgate.judge.percentile import bootstrap_percentile
@@ -58,8 +58,9 @@ def paired_design_effect(baseline: npt.ArrayLike, candidate: npt.ArrayLike) -> f
     """Design effect D of the paired run-level difference, clipped to [1, runs per case] (section 2.2).
 
     D = R (no shrinkage below one observation per case) when there is no discordant run. The estimate is
-    shrunk toward R with the weight of six discordant runs (``depthgate.judge.design_effect``, issue
-    #22): a handful of discordant runs says nothing about clustering.
+    shrunk toward R with the weight of six discordant runs, or 3 % of the runs if more
+    (``depthgate.judge.design_effect``, issue #22): a handful of discordant runs says nothing about
+    clustering.
     """
     yb, yc = _as_runs(baseline), _as_runs(candidate)
     n = yb.shape[0]
@@ -70,7 +71,7 @@ def paired_design_effect(baseline: npt.ArrayLike, candidate: npt.ArrayLike) -> f
     var_cluster = float(d_case.var(ddof=1)) / n if n > 1 else math.inf
     var_srs = ((b + c) / total - ((b - c) / total) ** 2) / total
     deff = var_cluster / var_srs if var_srs > 0 else runs_per_case
-    return shrunk_design_effect(float(deff), b + c, runs_per_case)
+    return shrunk_design_effect(float(deff), b + c, runs_per_case, total)
 
 
 def floor_lower_bound(
@@ -160,12 +161,15 @@ def slice_statistics(
     runs_per_case = (a + b + c + d) / n
     deff = paired_design_effect(yb, yc) if planned > 1 else 1.0
     deflated = (a / deff, b / deff, c / deff, d / deff)
-    lower_n, upper_n = newcombe10_paired(*deflated, 2.0 * alpha)
+    alpha_n = rs_alpha(alpha, planned)  # Newcombe-RS lower bound at RS_LEVEL x alpha (design_effect.py)
+    lower_n = newcombe10_paired(*deflated, 2.0 * alpha_n)[0]
+    upper_n = newcombe10_paired(*deflated, 2.0 * alpha)[1]
     p_ni_n, p_reg_n = newcombe_p_values(*deflated, margin)
     grid = rs_grid(yb, yc, deflate=planned > 1)  # the monotone envelope (judge/rs_envelope.py)
     if grid is not None:
-        lower_n = min(lower_n, grid.lower(2.0 * alpha))
+        lower_n = min(lower_n, grid.lower(2.0 * alpha_n))
         p_ni_n = max(p_ni_n, invert_bound(grid.distance(margin)))
+    p_ni_n = min(p_ni_n * alpha / alpha_n, 1.0)  # LB_n > -M exactly when p_ni_n < alpha
     lower_boot: float | None = None
     if planned <= 1:
         lower, upper, p_ni, p_reg, method = lower_n, upper_n, p_ni_n, p_reg_n, METHOD_NEWCOMBE
