@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import socket
 import subprocess
 import sys
@@ -208,7 +209,7 @@ def small_smoke_matrix(*, cases: int = 2, lengths: str = "[480]", preamble: str 
     text = text.replace("positions = [0.0, 0.25, 0.5, 0.75, 1.0]", "positions = [0.0, 1.0]")
     # the evidence-only control as NoLiMa's base: no short base lengths beside the quick run's length
     text = text.replace("n_min = 8", 'n_min = 2\nbase_score = "control"')
-    text = text.replace("base_lengths = [512]", "")
+    text = re.sub(r"base_lengths = \[[0-9, ]*\]", "", text)
     text = text.replace("bootstrap_resamples = 999", "bootstrap_resamples = 199")
     start = text.index('preamble = """')
     end = text.index('"""', start + 14) + 3

@@ -4,6 +4,7 @@ exit codes and nothing half-written, and `depthgate run` on the real embedded mo
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from importlib import metadata
@@ -176,7 +177,7 @@ def _tiny_matrix(tmp_path: Path, *, n_min: int = 2) -> Path:
         "bootstrap_resamples = 999", "bootstrap_resamples = 199"
     )
     # the evidence-only control as NoLiMa's base: the run sends the gated length only
-    text = text.replace("base_lengths = [512]", 'base_score = "control"')
+    text = re.sub(r"base_lengths = \[[0-9, ]*\]", 'base_score = "control"', text)
     # A short preamble keeps the candidate inside 480 tokens.
     start = text.index('preamble = """')
     end = text.index('"""', start + 14) + 3
