@@ -25,22 +25,17 @@ Results are appended to a JSON-lines file (``--results``) cell by cell, so a run
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import math
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
+from calibration_cli import REPO, grid_parser, load_rows, write_block
 
 from depthgate.judge.aa_margin import slice_lower
 from depthgate.judge.stats import stable_seed
-
-REPO = Path(__file__).resolve().parents[1]
-DOC = REPO / "docs" / "gate-calibration.md"
-BEGIN, END = "<!-- calibration-grid:begin -->", "<!-- calibration-grid:end -->"
 
 MUS = (0.9, 0.95, 0.99, 0.995)
 MARGINS = (0.03, 0.05, 0.10)
@@ -105,12 +100,6 @@ def run_cell(
     return row
 
 
-def _load(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
 def render(rows: list[dict]) -> str:
     size = {(r["mu"], r["margin"], r["seeds"], r["n"], r["loss"]): r for r in rows if r["delta"] < 0}
     power = {(r["mu"], r["margin"], r["seeds"], r["n"], r["loss"]): r for r in rows if r["delta"] == 0}
@@ -155,36 +144,19 @@ def render(rows: list[dict]) -> str:
     return head + "\n\n" + "\n".join(lines)
 
 
-def write_doc(table: str) -> None:
-    text = DOC.read_text()
-    block = f"{BEGIN}\n{table}\n{END}"
-    if BEGIN in text and END in text:
-        start, stop = text.index(BEGIN), text.index(END) + len(END)
-        text = text[:start] + block + text[stop:]
-    else:
-        text = text.rstrip() + "\n\n## Calibration grid (scripts/gate_calibration.py)\n\n" + block + "\n"
-    DOC.write_text(text)
-
-
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--sims", type=int, default=0, help="replicates per size cell (0: run nothing)")
+    results = REPO / "docs" / "gate-calibration-grid.jsonl"
+    ap = grid_parser(__doc__, results, mus=MUS, seeds=SEEDS, cases=CASES)  # --sims: per size cell
     ap.add_argument("--power-sims", type=int, default=0, help="replicates per power cell (delta = 0)")
-    ap.add_argument("--reps", type=int, default=999, help="bootstrap resamples B")
-    ap.add_argument("--results", type=Path, default=REPO / "docs" / "gate-calibration-grid.jsonl")
-    ap.add_argument("--mu", type=float, nargs="*", default=list(MUS))
     ap.add_argument("--margin", type=float, nargs="*", default=list(MARGINS))
-    ap.add_argument("--seeds", type=int, nargs="*", default=list(SEEDS))
-    ap.add_argument("--cases", type=int, nargs="*", default=list(CASES))
     ap.add_argument("--loss", nargs="*", default=list(LOSSES))
     ap.add_argument(
         "--salt", default="", help="seed salt: an independent replicate of the cells (empty: the grid's)"
     )
-    ap.add_argument("--render", action="store_true", help="write the table into docs/gate-calibration.md")
     args = ap.parse_args(argv)
     done = {
         (r["mu"], r["margin"], r["seeds"], r["n"], r["loss"], r["delta"], r["sims"], r.get("salt", ""))
-        for r in _load(args.results)
+        for r in load_rows(args.results)
     }
     started = time.monotonic()
     for mu, margin, seeds, n, loss in itertools.product(
@@ -201,7 +173,11 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(row), flush=True)
     print(f"elapsed {time.monotonic() - started:.0f} s", file=sys.stderr)
     if args.render:
-        write_doc(render(_load(args.results)))
+        write_block(
+            render(load_rows(args.results)),
+            "calibration-grid",
+            "## Calibration grid (scripts/gate_calibration.py)",
+        )
     return 0
 
 

@@ -24,15 +24,14 @@ per slice, and the requests sent as a share of the fixed design's, each with its
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import math
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
+from calibration_cli import REPO, grid_parser, load_rows, write_block
 
 from depthgate.judge.sequential import (
     cases_at_looks,
@@ -43,8 +42,6 @@ from depthgate.judge.sequential import (
 )
 from depthgate.judge.stats import slice_statistics, stable_seed
 
-REPO = Path(__file__).resolve().parents[1]
-DOC = REPO / "docs" / "gate-calibration.md"
 #: The doc section each grid is written to: the first grid (no futility; the boundary comparison) and
 #: the shipped design (O'Brien-Fleming with non-binding futility).
 MARKERS = {False: "sequential-comparison", True: "sequential-grid"}
@@ -222,40 +219,11 @@ def render(rows: list[dict]) -> str:
     return head + "\n\n" + "\n".join(lines)
 
 
-def write_doc(table: str, marker: str) -> None:
-    text = DOC.read_text()
-    BEGIN, END = f"<!-- {marker}:begin -->", f"<!-- {marker}:end -->"
-    block = f"{BEGIN}\n{table}\n{END}"
-    if BEGIN in text and END in text:
-        start, stop = text.index(BEGIN), text.index(END) + len(END)
-        text = text[:start] + block + text[stop:]
-    else:
-        text = (
-            text.rstrip()
-            + "\n\n### 8.1 Simulation grid (scripts/sequential_calibration.py)\n\n"
-            + block
-            + "\n"
-        )
-    DOC.write_text(text)
-
-
-def _load(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--sims", type=int, default=0, help="releases per cell (0: run nothing)")
+    results = REPO / "docs" / "sequential-calibration.jsonl"
+    ap = grid_parser(__doc__, results, mus=MUS, seeds=SEEDS, cases=CASES)  # --sims: releases per cell
     ap.add_argument("--slices", type=int, default=4, help="slices per release (the regression family)")
-    ap.add_argument("--reps", type=int, default=999, help="bootstrap resamples B")
-    ap.add_argument("--results", type=Path, default=REPO / "docs" / "sequential-calibration.jsonl")
-    ap.add_argument("--mu", type=float, nargs="*", default=list(MUS))
-    ap.add_argument("--seeds", type=int, nargs="*", default=list(SEEDS))
-    ap.add_argument("--cases", type=int, nargs="*", default=list(CASES))
     ap.add_argument("--delta", type=float, nargs="*", default=list(DELTAS), help="true delta in units of M")
-    ap.add_argument("--render", action="store_true", help="write the table into docs/gate-calibration.md")
     ap.add_argument("--no-futility", action="store_true", help="no futility stop (the first, PASS-only grid)")
     ap.add_argument(
         "--designs", nargs="*", default=list(DEFAULT_DESIGNS[1:]), help="sequential designs beside 'fixed'"
@@ -271,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     SHIPPED = args.shipped
     done = {
         (r["mu"], r["seeds"], r["n"], r["delta_m"], r["sims"], r["slices"])
-        for r in _load(args.results)
+        for r in load_rows(args.results)
         if tuple(r.get("looks", DEFAULT_LOOKS)) == LOOKS
         and r.get("futility", False) == FUTILITY
         and tuple(r.get("designs", DEFAULT_DESIGNS)) == DESIGNS
@@ -290,13 +258,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.render:
         rows = [
             r
-            for r in _load(args.results)
+            for r in load_rows(args.results)
             if r.get("futility", False) == FUTILITY
             and tuple(r.get("looks", DEFAULT_LOOKS)) == LOOKS
             and SHIPPED in r.get("designs", DEFAULT_DESIGNS)
         ]
         suffix = "" if LOOKS == DEFAULT_LOOKS else "-looks-" + "-".join(f"{t:g}" for t in LOOKS)
-        write_doc(render(rows), args.marker or MARKERS[FUTILITY] + suffix)
+        write_block(
+            render(rows),
+            args.marker or MARKERS[FUTILITY] + suffix,
+            "### 8.1 Simulation grid (scripts/sequential_calibration.py)",
+        )
     return 0
 
 

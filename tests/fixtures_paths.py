@@ -22,6 +22,7 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 FIXTURES = HERE / "fixtures" / "tokenizers"
@@ -118,3 +119,14 @@ def fixtures_root() -> Path:
 def tokenizers_dir() -> Path:
     """``<materialized root>/tokenizers``: the layout of the original shared/tokenizers folder."""
     return fixtures_root() / "tokenizers"
+
+
+def reference_tokenizer(family: str) -> Any:
+    """The fixture family's tokenizer.json in the Python ``tokenizers`` package, with padding and
+    truncation off: the independent encoder the contract ``ids == encode(text)`` is checked with."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(tokenizers_dir() / family / "tokenizer.json"))
+    tok.no_padding()
+    tok.no_truncation()
+    return tok

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
+import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -200,6 +202,25 @@ def scored_frame(rows: Sequence[tuple[str, str, int, str, int, str]]) -> pl.Data
     return pl.DataFrame(rows, schema=schema, orient="row").with_columns(pl.lit(False).alias("safety"))
 
 
+def sigkill_when(proc: subprocess.Popen[bytes], ready: Callable[[], bool], timeout_s: float) -> str:
+    """SIGKILL ``proc`` (started with ``stderr=PIPE``) as soon as ``ready()`` holds, asserting that it
+    was still running then; returns its stderr. ``ready`` is polled every 5 ms for ``timeout_s``."""
+    try:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and proc.poll() is None and not ready():
+            time.sleep(0.005)
+        assert proc.poll() is None, f"the run ended before the kill: {proc.stderr.read()!r}"  # type: ignore[union-attr]
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        assert proc.stderr is not None
+        err = proc.stderr.read().decode()
+        proc.stderr.close()
+    return err
+
+
 def small_smoke_matrix(*, cases: int = 2, lengths: str = "[480]", preamble: str = SHORT_PREAMBLE) -> str:
     """The text of matrices/smoke.toml cut down for a quick run: ``cases`` cases at ``lengths``, depths 0
     and 1 only, ``n_min = 2``, 199 bootstrap resamples, and the candidate's long preamble replaced by
@@ -221,7 +242,8 @@ def stub_matrix(
     *,
     where: str,
     tokenizer: Path | str,
-    suite: str = '{ kind = "builtin", cases = 2, seed = 0, language = "en" }',
+    suite: str | None = None,
+    cases: int = 2,
     lengths: str = "[640]",
     positions: str = "[0.0, 1.0]",
     top: str = "",
@@ -236,7 +258,9 @@ def stub_matrix(
     """The text of a two-arm ``vllm-server`` matrix against stub servers: both arms serve model "good"
     with ``tokenizer`` at ``where`` (an ``endpoint = ...`` or ``endpoints = [...]`` line), 8 new tokens,
     seed 0, margin 0.20. ``top`` adds top-level lines, ``arm`` lines to both arm tables (before
-    ``where``), ``candidate`` lines (or subtables) after the candidate's table."""
+    ``where``), ``candidate`` lines (or subtables) after the candidate's table. ``suite`` (a TOML value)
+    replaces the built-in suite of ``cases`` cases."""
+    suite = suite or f'{{ kind = "builtin", cases = {cases}, seed = 0, language = "en" }}'
     candidate_tokenizer = tokenizer if candidate_tokenizer is None else candidate_tokenizer
 
     def arm_table(role: str, arm_name: str, model: str, tok: Path | str) -> str:

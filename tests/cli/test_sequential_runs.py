@@ -33,7 +33,7 @@ from depthgate.exceptions import ExitCode
 from depthgate.run.records import FINAL_STATUSES, read_records
 from depthgate.spec.suites import builtin_suite
 from fixtures_paths import tokenizers_dir
-from helpers import ModelsHandler, StubServer, completion, free_port, stub_matrix
+from helpers import ModelsHandler, StubServer, completion, free_port, sigkill_when, stub_matrix
 
 REPO = Path(__file__).resolve().parents[2]
 GPT2 = tokenizers_dir() / "gpt2" / "tokenizer.json"
@@ -79,7 +79,7 @@ def _matrix(tmp: Path, port: int) -> Path:
         "sequential-stub",
         where=f'endpoint = "http://127.0.0.1:{port}"',
         tokenizer=GPT2,
-        suite=f'{{ kind = "builtin", cases = {CASES}, seed = 0, language = "en" }}',
+        cases=CASES,
         candidate_model="deep-blind",
         resamples=499,
     )
@@ -136,19 +136,7 @@ def test_sigkill_mid_look_then_resume_loses_and_duplicates_nothing(tmp_path: Pat
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
         )
-        try:
-            deadline = time.monotonic() + 240
-            while time.monotonic() < deadline and proc.poll() is None and reader.requests < kill_after:
-                time.sleep(0.005)
-            assert proc.poll() is None, f"the run ended before the kill: {proc.stderr.read()!r}"  # type: ignore[union-attr]
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=30)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-            assert proc.stderr is not None
-            err = proc.stderr.read().decode()
-            proc.stderr.close()
+        err = sigkill_when(proc, lambda: reader.requests >= kill_after, 240)
         assert proc.returncode == -signal.SIGKILL
         assert "look 2/" in err and "look 3/" not in err  # killed while look 2 was being sent
         landed = _keys(killed).height

@@ -263,7 +263,7 @@ def _design_matrix(tmp_path: Path, cases: int, seeds: int, positions: int) -> Pa
         "design",
         where='endpoint = "http://127.0.0.1:9"',
         tokenizer=tokenizers_dir() / "gpt2" / "tokenizer.json",
-        suite=f'{{ kind = "builtin", cases = {cases}, seed = 0, language = "en" }}',
+        cases=cases,
         positions="[" + ", ".join(f"{i / positions:g}" for i in range(positions)) + "]",
         n_min=40,
         resamples=999,

@@ -296,11 +296,7 @@ def test_run_looks_stops_sending_a_decided_slice(tmp_path) -> None:
         stop_rule="sequential", looks=[0.25, 0.5, 0.75, 1.0], n_min=n, bootstrap_resamples=999
     )
     gplan = GatePlan(
-        n_min=n,
-        bootstrap_reps=999,
-        planned_slices=tuple(slices),
-        planned_cases=tuple(cases),
-        planned_seeds=(0,),
+        **dict(plan), planned_slices=tuple(slices), planned_cases=tuple(cases), planned_seeds=(0,)
     )
     run_looks(jobs, send, score, gplan, plan, "run-y", tmp_path)
     log = json.loads((tmp_path / LOOKS_FILE).read_text())

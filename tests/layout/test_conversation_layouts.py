@@ -23,7 +23,7 @@ from depthgate.layout.layouts import (
 )
 from depthgate.layout.templates import load_chat_template
 from depthgate.spec.suites import builtin_suite
-from fixtures_paths import tokenizers_dir
+from fixtures_paths import reference_tokenizer, tokenizers_dir
 
 TOK = tokenizers_dir()
 TPL = TOK / "chat-templates" / "llama.cpp-models-templates"
@@ -48,10 +48,7 @@ POSITIONS = parse_positions(["0", "0.5", "1", "@turn:1", "@turn:2", "@turn:5"])
 
 
 def _hf(family: str) -> HFTokenizer:
-    tok = HFTokenizer.from_file(str(TOK / family / "tokenizer.json"))
-    tok.no_padding()
-    tok.no_truncation()
-    return tok
+    return reference_tokenizer(family)
 
 
 def _build(

@@ -63,7 +63,7 @@ def run_tokenizer_upgrade(tmp: Path) -> Path:
         "chars",
         where=f'endpoint = "http://127.0.0.1:{port}"',
         tokenizer=GPT2,
-        suite=f'{{ kind = "builtin", cases = {CASES}, seed = 0, language = "en" }}',
+        cases=CASES,
         lengths=str(list(LENGTHS)),
         candidate_model="smollm",
         candidate_tokenizer=SMOLLM,

@@ -516,7 +516,7 @@ def _matrix(tmp: Path, urls: list[str], *, cases: int = 20, name: str = "pool.to
         "pool",
         where=f"endpoints = {json.dumps(urls)}",
         tokenizer=GPT2,
-        suite=f'{{ kind = "builtin", cases = {cases}, seed = 0, language = "en" }}',
+        cases=cases,
         candidate="\n[candidate.runtime]\nconcurrency = 2",
         resamples=499,
     )

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -24,7 +23,7 @@ from depthgate.commands.cli import main
 from depthgate.exceptions import ExitCode
 from depthgate.run import records as records_module
 from depthgate.run.records import FINAL_STATUSES, RECORD_KEY, read_records
-from helpers import free_port, small_smoke_matrix
+from helpers import free_port, sigkill_when, small_smoke_matrix
 
 pytest.importorskip("ray", reason="the ray extra is not installed (pip install 'depthgate[ray]')")
 
@@ -214,23 +213,13 @@ def test_killed_ray_run_resumes_with_nothing_lost_or_doubled(
         stderr=subprocess.PIPE,
     )
     records_dir = out / "records"
-    deadline = time.monotonic() + 300
     ray_pids: set[int] = set()
-    try:
-        while time.monotonic() < deadline and proc.poll() is None:
-            ray_pids |= _descendants(proc.pid)
-            if records_dir.is_dir() and any(records_dir.glob("part-*.parquet")):
-                break
-            time.sleep(0.05)
-        assert proc.poll() is None, f"the run ended before it could be killed: {proc.stderr.read()!r}"  # type: ignore[union-attr]
-        ray_pids |= _descendants(proc.pid)
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        assert proc.stderr is not None
-        proc.stderr.close()
+
+    def landed() -> bool:
+        ray_pids.update(_descendants(proc.pid))
+        return records_dir.is_dir() and any(records_dir.glob("part-*.parquet"))
+
+    sigkill_when(proc, landed, 300)
     before = read_records(out, dedup=False)
     assert 0 < before.filter(pl.col("status").is_in(FINAL_STATUSES)).height < TOTAL  # killed mid-way
 

@@ -116,7 +116,7 @@ def _matrix(tmp: Path, where: str, *, baseline: str = "good", candidate: str = "
         "serving",
         where=where,
         tokenizer=GPT2,
-        suite=f'{{ kind = "builtin", cases = {CASES}, seed = 0, language = "en" }}',
+        cases=CASES,
         candidate_model=candidate,
         top=top,
         resamples=499,

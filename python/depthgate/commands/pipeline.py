@@ -224,21 +224,25 @@ def _matrix_sender(
     options: RunOptions,
 ) -> Callable[[], Any] | None:
     """How the matrix's jobs go out when not all at once: look by look for ``stop_rule = "sequential"``
-    (issue #26, :func:`depthgate.commands.sequential.send_looks`); None otherwise."""
+    (issue #26, :func:`depthgate.commands.sequential.run_looks`; a shard sends one look a round:
+    :func:`depthgate.commands.sequential_shards.send_shard_look`); None otherwise."""
     if matrix.plan.stop_rule != "sequential":
         return None
+    from depthgate.commands.sequential import record_scorer, run_gate_plan, run_looks
+
+    def send(batch: list[tuple[str, Mapping[str, Any]]]) -> Any:
+        return run_jobs(batch, sent.backends, out, options, sent.sources)
+
+    gplan = run_gate_plan(matrix, suite)
     if options.shard is not None:  # one look a round (commands/sequential_shards.py)
-        from depthgate.commands.sequential_shards import send_shard_round
+        from depthgate.commands.sequential_shards import send_shard_look
 
         return functools.partial(
-            send_shard_round,
-            *(matrix, suite, out, sent.jobs, run_jobs, sent.backends, options, sent.sources, sent.after),
+            send_shard_look, sent.jobs, send, gplan, matrix.plan, options.run_id, out, suite, sent.after
         )
-    from depthgate.commands.sequential import send_looks
-
-    return functools.partial(
-        send_looks, matrix, suite, out, sent.jobs, run_jobs, sent.backends, options, sent.sources
-    )
+    # look by look, every record so far scored between looks
+    scorer = record_scorer(out, suite, out)
+    return functools.partial(run_looks, sent.jobs, send, scorer, gplan, matrix.plan, options.run_id, out)
 
 
 def _send(

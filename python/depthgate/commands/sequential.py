@@ -37,7 +37,6 @@ __all__ = [
     "refuse_sequential",
     "run_gate_plan",
     "run_looks",
-    "send_looks",
     "sent_jobs",
     "sequential_plan_lines",
     "write_look_log",
@@ -239,23 +238,3 @@ def record_scorer(records_dir: Path, suite: Suite, layouts_dir: Path) -> Callabl
         return score_records(read_records(records_dir), suite, layouts)
 
     return score
-
-
-def send_looks(
-    matrix: Matrix,
-    suite: Suite,
-    out: Path,
-    jobs: Sequence[tuple[str, Mapping[str, Any]]],
-    run_jobs: Callable[..., Any],
-    backends: Mapping[str, Any],
-    options: Any,
-    sources: Mapping[str, Any],
-) -> Any:
-    """The matrix sent look by look (:func:`run_looks`), scoring every record so far between looks (a
-    shard sends one look a round instead: :mod:`depthgate.commands.sequential_shards`)."""
-
-    def send(batch: list[tuple[str, Mapping[str, Any]]]) -> Any:
-        return run_jobs(batch, backends, out, options, sources)
-
-    gplan = run_gate_plan(matrix, suite)
-    return run_looks(jobs, send, record_scorer(out, suite, out), gplan, matrix.plan, options.run_id, out)

@@ -24,17 +24,16 @@ from typing import Any
 
 import polars as pl
 
-from depthgate.commands.sequential import design_of, record_scorer, run_gate_plan
+from depthgate.commands.sequential import design_of, record_scorer
 from depthgate.exceptions import InputError
 from depthgate.judge.sequential_gate import replay_looks
 from depthgate.judge.stats import GatePlan
 from depthgate.run.looks import case_order, look_jobs
 from depthgate.spec.cases import Suite
 from depthgate.spec.files import ReadFailures, read_json
-from depthgate.spec.matrix import Matrix
 from depthgate.spec.models import AnalysisPlan
 
-__all__ = ["SHARD_LOOK_FILE", "read_shard_look", "scheduled_jobs", "send_shard_look", "send_shard_round"]
+__all__ = ["SHARD_LOOK_FILE", "read_shard_look", "scheduled_jobs", "send_shard_look"]
 
 SHARD_LOOK_FILE = "shard-look.json"
 
@@ -134,23 +133,3 @@ def scheduled_jobs(planned: pl.DataFrame, spec: Mapping[str, Any]) -> pl.DataFra
         for c, t, p in planned.select("case_id", "target_tokens", "position").iter_rows()
     ]
     return planned.filter(pl.Series(mask, dtype=pl.Boolean))
-
-
-def send_shard_round(
-    matrix: Matrix,
-    suite: Suite,
-    out: Path,
-    jobs: Sequence[tuple[str, Mapping[str, Any]]],
-    run_jobs: Callable[..., Any],
-    backends: Mapping[str, Any],
-    options: Any,
-    sources: Mapping[str, Any],
-    after: Path | None,
-) -> Any:
-    """The pipeline's sender for a shard of a sequential run (:func:`send_shard_look`)."""
-
-    def send(batch: list[tuple[str, Mapping[str, Any]]]) -> Any:
-        return run_jobs(batch, backends, out, options, sources)
-
-    gplan = run_gate_plan(matrix, suite)
-    return send_shard_look(jobs, send, gplan, matrix.plan, options.run_id, out, suite, after)
