@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -34,6 +35,17 @@ def load_rows(path: Path) -> list[dict]:
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def timed_cell(path: Path, cell: Callable[[], dict]) -> None:
+    """Run one cell, add its wall seconds, append it to the results file and print it (a killed grid
+    resumes after its last finished cell)."""
+    t0 = time.monotonic()
+    row = cell()
+    row["seconds"] = round(time.monotonic() - t0, 1)
+    with path.open("a") as fh:
+        fh.write(json.dumps(row) + "\n")
+    print(json.dumps(row), flush=True)
 
 
 def write_block(table: str, marker: str, heading: str) -> None:

@@ -26,13 +26,12 @@ Results are appended to a JSON-lines file (``--results``) cell by cell, so a run
 from __future__ import annotations
 
 import itertools
-import json
 import math
 import sys
 import time
 
 import numpy as np
-from calibration_cli import REPO, grid_parser, load_rows, write_block
+from calibration_cli import REPO, grid_parser, load_rows, timed_cell, write_block
 
 from depthgate.judge.aa_margin import slice_lower
 from depthgate.judge.stats import stable_seed
@@ -165,12 +164,8 @@ def main(argv: list[str] | None = None) -> int:
         for delta, sims in ((-margin, args.sims), (0.0, args.power_sims if loss == "broken" else 0)):
             if sims <= 0 or (mu, margin, seeds, n, loss, delta, sims, args.salt) in done:
                 continue
-            t0 = time.monotonic()
-            row = run_cell(mu, margin, seeds, n, loss, delta, sims, args.reps, args.salt)
-            row["seconds"] = round(time.monotonic() - t0, 1)
-            with args.results.open("a") as fh:
-                fh.write(json.dumps(row) + "\n")
-            print(json.dumps(row), flush=True)
+            cell = (mu, margin, seeds, n, loss, delta, sims, args.reps, args.salt)
+            timed_cell(args.results, lambda cell=cell: run_cell(*cell))
     print(f"elapsed {time.monotonic() - started:.0f} s", file=sys.stderr)
     if args.render:
         write_block(

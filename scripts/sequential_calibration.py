@@ -25,13 +25,12 @@ per slice, and the requests sent as a share of the fixed design's, each with its
 from __future__ import annotations
 
 import itertools
-import json
 import math
 import sys
 import time
 
 import numpy as np
-from calibration_cli import REPO, grid_parser, load_rows, write_block
+from calibration_cli import REPO, grid_parser, load_rows, timed_cell, write_block
 
 from depthgate.judge.sequential import (
     cases_at_looks,
@@ -248,12 +247,8 @@ def main(argv: list[str] | None = None) -> int:
     for mu, seeds, n, delta_m in itertools.product(args.mu, args.seeds, args.cases, args.delta):
         if args.sims <= 0 or (mu, seeds, n, delta_m, args.sims, args.slices) in done:
             continue
-        t0 = time.monotonic()
-        row = run_cell(mu, seeds, n, delta_m, args.sims, args.reps, args.slices)
-        row["seconds"] = round(time.monotonic() - t0, 1)
-        with args.results.open("a") as fh:
-            fh.write(json.dumps(row) + "\n")
-        print(json.dumps(row), flush=True)
+        cell = (mu, seeds, n, delta_m, args.sims, args.reps, args.slices)
+        timed_cell(args.results, lambda cell=cell: run_cell(*cell))
     print(f"elapsed {time.monotonic() - started:.0f} s", file=sys.stderr)
     if args.render:
         rows = [
