@@ -9,8 +9,9 @@ from __future__ import annotations
 # outside smoke_model; the biggest items left out are Ray (92 s), the CLI folder (≈ 400 s) and
 # mypy.stubtest (61 s).
 FULL_ONLY_FOLDERS = ("cli", "vllm", "benchmarks")
-# Also outside the tier by their `slow_model` mark: cli/test_conversation_run.py's two runs of a
-# conversation matrix on the embedded model (issue 25: 149–171 s and 102–107 s measured on 2 shared cores).
+# Also outside the tier by their marks: cli/test_conversation_run.py's two runs of a conversation matrix
+# on the embedded model (issue 25: 149–171 s and 102–107 s measured on 2 shared cores): the first is
+# `smoke_model` (CI runs it, without controls), the MRCR one `slow_model`.
 FULL_ONLY_MODULES = {
     "run/test_ray_engine.py",  # Ray
     "run/test_shards.py",  # three CLI runs + merge

@@ -64,7 +64,8 @@ def test_bad_turn_positions_are_refused_by_file_field_and_fix(
     assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
 
 
-@pytest.mark.slow_model
+# smoke_model: the one real-model conversation run CI keeps (issue 25's "done when"; no controls).
+@pytest.mark.smoke_model
 def test_conversation_matrix_runs_end_to_end_on_the_embedded_model(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -79,7 +80,7 @@ def test_conversation_matrix_runs_end_to_end_on_the_embedded_model(
         ("base_lengths = [500, 1000]", 'base_score = "control"'),
     )
     run = tmp_path / "run"
-    code = main(["run", str(matrix), "--out", str(run)])
+    code = main(["run", str(matrix), "--out", str(run), "--no-controls"])
     out, err = capsys.readouterr()
     assert code in (ExitCode.PASS, ExitCode.FAIL, ExitCode.INCONCLUSIVE), err
     assert "worst position at 768 tokens" in out
