@@ -86,7 +86,7 @@ def _read_json(path: Path, what: str) -> dict[str, Any]:
         f"no {path.name}: not a shard folder of `depthgate run --shard i/N`",
         f"pass the --out folders of every shard ({what})",
     )
-    require_file(path, InputError, message, fix, where=path.parent)
+    require_file(path, InputError, message, fix=fix, file=str(path.parent))
     failures = ReadFailures(
         InputError,
         missing=(f"no {path.name}", "rerun that shard"),

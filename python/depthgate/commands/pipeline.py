@@ -517,7 +517,7 @@ def _frozen_run(
             fix="join every shard folder with `depthgate merge DIR_1 … DIR_N --out DIR`, then gate DIR",
         )
     fix = "pass a folder written by `depthgate run`"
-    require_file(manifest_path, InputError, "no manifest.json in the run folder", fix, where=Path(run))
+    require_file(manifest_path, InputError, "no manifest.json in the run folder", fix=fix, file=str(run))
     manifest = read_json(manifest_path, _run_file_failures("manifest.json"))
     frozen = parse_spec(RunManifest, manifest, file=str(manifest_path))
     lengths, positions = list(frozen.lengths), list(frozen.positions)

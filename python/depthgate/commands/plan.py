@@ -159,7 +159,7 @@ def read_pilot(run: str | Path) -> pl.DataFrame:
     """A finished run's scored records (``RUN/scored.parquet``)."""
     path = Path(run) / "scored.parquet"
     fix = "pass a run folder gated by `depthgate run` or `depthgate gate`"
-    require_file(path, InputError, "no scored.parquet in the pilot run folder", fix)
+    require_file(path, InputError, "no scored.parquet in the pilot run folder", fix=fix)
     fix = "pass a run folder gated by `depthgate run` or `depthgate gate` (gate it again to rewrite the file)"
     scored = read_parquet(path, error=InputError, what="pilot's scored records", fix=fix, field="--pilot")
     scored = _gated_lengths_only(Path(run), scored)

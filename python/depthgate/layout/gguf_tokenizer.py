@@ -168,7 +168,7 @@ def _gguf_fields(path: Path) -> dict[str, Any]:
     """The metadata fields of a GGUF file (named errors for a missing file, a missing ``gguf`` package
     and an unreadable file)."""
     shown = str(path)
-    require_file(path, TokenizerLoadError, "GGUF file not found", GGUF_FIX)
+    require_file(path, TokenizerLoadError, "GGUF file not found", fix=GGUF_FIX)
     gguf: Any = import_extra(
         "gguf",
         error=InfraError,
@@ -471,7 +471,7 @@ def tokenizer_json_from_gguf(path: str | os.PathLike[str]) -> Path:
     vocabulary takes about 15 s once; loading the cached file takes about 1.5 s.
     """
     src = Path(path)
-    require_file(src, TokenizerLoadError, "GGUF file not found", GGUF_FIX)
+    require_file(src, TokenizerLoadError, "GGUF file not found", fix=GGUF_FIX)
     digest = gguf_sha256(src)
     target = cache_dir() / "tokenizers" / f"gguf-{digest}-c{CONVERTER_VERSION}.json"
     if target.is_file():
@@ -770,7 +770,9 @@ def resolve_tokenizer_path(spec: str, *, base_dir: Path | None = None) -> Path:
         return resolve_model_files(spec, base_dir=base_dir).tokenizer_file
     path = resolve_relative(spec, base_dir)
     fix = "pass the path of a tokenizer.json (or .json.gz), a model folder, hf:ORG/NAME@REV, or 'gguf:' for "
-    require_file(path, InputError, "tokenizer file not found", fix + "the embedded model", field="tokenizer")
+    require_file(
+        path, InputError, "tokenizer file not found", fix=fix + "the embedded model", field="tokenizer"
+    )
     if path.suffix == ".gz":
         target_json = cache_dir() / "tokenizers" / f"{_sha256_file(path)}.json"
         if not target_json.is_file():

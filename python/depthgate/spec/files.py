@@ -21,9 +21,11 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from depthgate.exceptions import DepthgateError
+from depthgate.exceptions import DepthgateError, Where
 
 if TYPE_CHECKING:
+    from typing import Unpack  # Python 3.11; annotations are not evaluated at run time
+
     import polars as pl
 
 __all__ = [
@@ -87,19 +89,12 @@ def read_utf8(path: Path, failures: ReadFailures) -> str:
 GGUF_FIX = "pass the path of an existing .gguf model file"
 
 
-def require_file(
-    path: Path,
-    error: type[DepthgateError],
-    message: str,
-    fix: str,
-    *,
-    where: Path | None = None,
-    field: str | None = None,
-) -> None:
-    """Raise ``error(message)`` naming ``where`` (default: ``path``), ``field`` and ``fix`` unless
-    ``path`` is a file: the one check before a file is opened."""
+def require_file(path: Path, error: type[DepthgateError], message: str, **where: Unpack[Where]) -> None:
+    """Raise ``error(message, **where)`` unless ``path`` is a file: the one check before a file is
+    opened. The error names ``path`` unless ``where`` names another file (e.g. the run folder)."""
     if not path.is_file():
-        raise error(message, file=str(path if where is None else where), field=field, fix=fix)
+        where.setdefault("file", str(path))
+        raise error(message, **where)
 
 
 def read_json(path: Path, failures: ReadFailures) -> Any:

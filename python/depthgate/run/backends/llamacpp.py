@@ -107,7 +107,7 @@ class EmbeddedLlamaBackend:
         self._lib = llama_cpp
         path = Path(model_path) if model_path is not None else gemma_default_gguf()
         self._path = path
-        require_file(path, InputError, "model file not found", GGUF_FIX)
+        require_file(path, InputError, "model file not found", fix=GGUF_FIX)
         if isinstance(n_ctx, bool) or not isinstance(n_ctx, int) or n_ctx < 16:
             raise InputError(
                 f"n_ctx must be an integer ≥ 16, got {n_ctx!r}",
