@@ -1,5 +1,5 @@
 """A conversation matrix through the command line (issue 25): ``@turn:K`` positions refused by file,
-field and fix (exit 20, nothing written), and — ``slow_model`` — the smallest conversation matrix
+field and fix (exit 20, nothing written), and — ``smoke_model`` — the smallest conversation matrix
 (gemma-turns vs gemma-turns-v2 on the embedded Gemma-3-270M) built, verified with a full re-encode, run,
 gated and reported, with per-turn spans in the layouts and the worst-position report."""
 
@@ -64,7 +64,7 @@ def test_bad_turn_positions_are_refused_by_file_field_and_fix(
     assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
 
 
-# smoke_model: the one real-model conversation run CI keeps (issue 25's "done when"; no controls).
+# smoke_model: CI runs it (issue 25's "done when"; no controls): 39 s on 2 idle cores (2026-12-03).
 @pytest.mark.smoke_model
 def test_conversation_matrix_runs_end_to_end_on_the_embedded_model(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
@@ -113,7 +113,7 @@ def test_conversation_matrix_runs_end_to_end_on_the_embedded_model(
     assert json.loads((run / "report" / "verdict.json").read_text())["verdict"] == verdict["verdict"]
 
 
-@pytest.mark.slow_model
+@pytest.mark.smoke_model  # 38 s on 2 idle cores (2026-12-03)
 def test_an_mrcr_conversation_runs_and_is_scored_by_the_mrcr_rule(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
