@@ -55,27 +55,25 @@ def unit_contract_violation(text: str) -> str | None:
     return None
 
 
+_SPECIAL_FIX = "remove or reword it; prompt text must never contain chat or control tokens"
+_UNIT_FIX = (
+    "start the text with exactly one ' ' (or '\\n\\n' for a new section) and end it with a "
+    "non-whitespace character, e.g. ' The rate is 245 USD per night.'"
+)
+
+
 def check_prompt_text(text: str, *, field: str, case: str = "") -> None:
     token = find_special_token(text)
     if token is not None:
         raise violation(
-            f"contains the special-token-like string {token!r}",
-            field=field,
-            case=case,
-            fix="remove or reword it; prompt text must never contain chat or control tokens",
+            f"contains the special-token-like string {token!r}", field=field, case=case, fix=_SPECIAL_FIX
         )
 
 
 def check_unit(text: str, *, field: str, case: str = "") -> None:
     problem = unit_contract_violation(text)
     if problem is not None:
-        raise violation(
-            f"text {problem}",
-            field=field,
-            case=case,
-            fix="start the text with exactly one ' ' (or '\\n\\n' for a new section) and end it with a "
-            "non-whitespace character, e.g. ' The rate is 245 USD per night.'",
-        )
+        raise violation(f"text {problem}", field=field, case=case, fix=_UNIT_FIX)
     check_prompt_text(text, field=field, case=case)
 
 
