@@ -6,6 +6,7 @@ stub of tests/test_verdict_trust.py on 127.0.0.1) and with failures injected mid
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -209,11 +210,16 @@ write_reports(gate(scored, PLAN), scored, {str(out)!r}, manifest=MANIFEST)
     left = [p for p in out.parent.iterdir() if p.name != "report"]
     assert len(left) == 1 and left[0].name.startswith(".report.new-")  # hidden, beside it, never in it
     assert len(list(left[0].iterdir())) == 3  # three files written before the kill
+    # The next writer removes the dead writer's staging folder, and keeps a live writer's (this
+    # process's pid stands for a gate of the same folder running at the same time).
+    live = out.parent / f".report.new-{os.getpid()}-busy"
+    live.mkdir()
+    scored = synthetic_scored(seed=1)
+    write_reports(gate(scored, PLAN), scored, out, manifest=MANIFEST)
+    assert sorted(p.name for p in out.parent.iterdir()) == [live.name, "report"]
 
 
 def _env(tests: Path) -> dict[str, str]:
-    import os
-
     env = dict(os.environ)
     # this folder (test_report) and tests/ (helpers, fixtures_paths) for the child's imports
     folders = [str(tests), str(tests / "report")]

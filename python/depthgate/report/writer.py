@@ -3,10 +3,11 @@
 :func:`write_report_set` writes the rendered files into a staging folder beside ``out_dir`` (same parent,
 so the same file system), fsyncs them, then swaps the staging folder with ``out_dir`` in one
 ``renameat2(RENAME_EXCHANGE)`` (Linux ≥ 3.15 on ext4, xfs, btrfs, tmpfs, overlayfs). A crash before the
-swap leaves the old set in ``out_dir`` (and a hidden staging folder beside it); after the swap the new
-set is complete. Where the exchange is not available (another OS or file system), the swap is two
-renames (old aside, new in): a crash between them leaves ``out_dir`` missing and the old set in the
-hidden ``.<name>.old-*`` folder beside it, never a mixed set.
+swap leaves the old set in ``out_dir`` (and a hidden staging folder beside it, named with the writer's
+pid, which the next writer removes once that process is gone); after the swap the new set is complete.
+Where the exchange is not available (another OS or file system), the swap is two renames (old aside,
+new in): a crash between them leaves ``out_dir`` missing and the old set in the hidden ``.<name>.old-*``
+folder beside it, never a mixed set.
 
 A folder that holds anything but report files (``--report-dir .``) is never swapped whole: there every
 file is moved in with ``os.replace`` and ``verdict.json`` (removed first, moved last) is the commit
@@ -77,6 +78,30 @@ def _swap_in(staging: Path, out: Path) -> None:
     os.rename(aside, staging)
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
+
+
+def _sweep_stale(out: Path) -> None:
+    """Remove ``.<name>.new-<pid>-*`` staging folders of writers that were killed before their swap (a
+    staging folder without a pid in its name predates this rule and is stale too). A live writer's is
+    kept: two gates of one folder at once each keep their own."""
+    prefix = f".{out.name}.new-"
+    for entry in out.parent.iterdir():
+        if not (entry.name.startswith(prefix) and entry.is_dir()):
+            continue
+        pid = entry.name[len(prefix) :].split("-", 1)[0]
+        if pid.isdigit() and _alive(int(pid)):
+            continue
+        shutil.rmtree(entry, ignore_errors=True)
+
+
 def _only_reports(out: Path, names: Mapping[str, bytes]) -> bool:
     return all(entry.name in names for entry in out.iterdir())
 
@@ -111,7 +136,8 @@ def write_report_set(files: Mapping[str, bytes], out_dir: str | Path, *, commit:
     if not _only_reports(out, files):
         _move_each(files, out, commit)
         return out
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.new-", dir=out.parent))
+    _sweep_stale(out)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.new-{os.getpid()}-", dir=out.parent))
     try:
         for name, data in files.items():
             write_bytes(staging / name, data)
