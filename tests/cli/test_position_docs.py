@@ -18,6 +18,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 SHOWCASE = REPO / "docs" / "position-showcase"
+CONFLICT = REPO / "docs" / "conflict-embedded"
 DOC = REPO / "docs" / "position.md"
 RULER_THRESHOLD = 0.856  # RULER: Llama-2-7B's accuracy at 4K
 _STATUS = {
@@ -149,6 +150,41 @@ def page_lines(folder: Path = SHOWCASE) -> list[str]:
     ]
 
 
+def conflict_lines(folder: Path = CONFLICT) -> list[str]:
+    """The conflict section's answer table, counted from the shipped run's ``scored.parquet`` at the
+    gated length: a pass gives every value (or abstains); a fail that names a forbidden claim or no
+    source's value gave a value no source states; one missing source claim means the other was given."""
+    manifest = json.loads((folder / "manifest.json").read_text())
+    scored = pl.read_parquet(folder / "scored.parquet").filter(
+        (pl.col("status") == "ok") & pl.col("length").is_in(manifest["lengths"])
+    )
+    counts = {}
+    for arm in ("baseline", "candidate"):
+        c = dict.fromkeys(("all", "abstain", "first", "second", "unstated", "none"), 0)
+        for row in scored.filter(pl.col("arm") == arm).iter_rows(named=True):
+            missing = set(row["missing_claims"])
+            if row["outcome"] == "pass":
+                key = "abstain" if row["abstained"] else "all"
+            elif row["forbidden_hits"] or row["score_reason"].startswith("Gave "):
+                key = "unstated"
+            elif missing in ({"source_a"}, {"source_b"}):
+                key = "second" if missing == {"source_a"} else "first"
+            else:
+                key = "none"
+            c[key] += 1
+        counts[arm] = c
+    b, k = counts["baseline"], counts["candidate"]
+    return [
+        f"| every conflicting value (pass) | {b['all']} | {k['all']} |",
+        f"| an abstention or a flag of the disagreement (pass) | {b['abstain']} | {k['abstain']} |",
+        "| one source's value (fails, the other source's claim named missing) | "
+        f"{b['first'] + b['second']} (first source {b['first']}, second {b['second']}) | "
+        f"{k['first'] + k['second']} (first {k['first']}, second {k['second']}) |",
+        f"| a value no source states (a distractor's or another) | {b['unstated']} | {k['unstated']} |",
+        f'| no value at all (e.g. "the IT team.") | {b["none"]} | {k["none"]} |',
+    ]
+
+
 def noise_example() -> tuple[float, float, float]:
     """The old example's A/A design (docs/position-embedded: 12 cases x 10 slices x 1 seed, 0 flips in
     120 paired runs), each slice's baseline passes read from its shipped summary.md: the clustered exact
@@ -171,6 +207,14 @@ def test_every_showcase_number_on_the_page_comes_from_the_shipped_folder() -> No
     assert not missing, "\n".join(missing)
 
 
+def test_the_conflict_answer_table_comes_from_the_shipped_run() -> None:
+    lines = conflict_lines()
+    assert sum(int(line.split(" | ")[1].split()[0]) for line in lines) == 72  # every baseline record
+    page = DOC.read_text(encoding="utf-8")
+    missing = [line for line in lines if line not in page]
+    assert not missing, "\n".join(missing)
+
+
 def test_the_noise_floor_example_is_the_upper_bound_and_the_aa_pass_margin() -> None:
     upper, margin, prob = noise_example()
     # 0 flips in 120 runs: exact one-sided 95 % bound 1 - 0.05 ** (1 / 120) (no flip: design effect 1)
@@ -184,5 +228,6 @@ def test_the_noise_floor_example_is_the_upper_bound_and_the_aa_pass_margin() -> 
 if __name__ == "__main__":
     folder = Path(sys.argv[1]) if len(sys.argv) > 1 else SHOWCASE
     print("\n".join(page_lines(folder)))
+    print("\n".join(conflict_lines()))
     if len(sys.argv) <= 1 or "--noise" in sys.argv:
         print(noise_example())
