@@ -19,6 +19,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 SHOWCASE = REPO / "docs" / "position-showcase"
 CONFLICT = REPO / "docs" / "conflict-embedded"
+SPACING = REPO / "docs" / "position-spacing"
 DOC = REPO / "docs" / "position.md"
 RULER_THRESHOLD = 0.856  # RULER: Llama-2-7B's accuracy at 4K
 _STATUS = {
@@ -185,6 +186,25 @@ def conflict_lines(folder: Path = CONFLICT) -> list[str]:
     ]
 
 
+def spacing_lines(folder: Path = SPACING) -> list[str]:
+    """The spacing section's table from the shipped verdict (``position.spacing``): the measured gap range
+    per spacing in the header, per depth the baseline's two-evidence accuracy at each spacing and the
+    candidate's, which the page gives once because it is the same at every spacing."""
+    verdict = json.loads((folder / "report" / "verdict.json").read_text())
+    rows = verdict["position"]["spacing"]
+    gaps = {r["spacing"]: (r["gap_min"], r["gap_max"]) for r in rows}
+    out = [
+        f"| depth | baseline adjacent | near (gap {gaps['near'][0]}–{gaps['near'][1]}) | "
+        f"far (gap {gaps['far'][0]}–{gaps['far'][1]}) | query-first candidate, every spacing |"
+    ]
+    for depth in sorted({r["depth"] for r in rows}, key=float):
+        at = {(r["arm"], r["spacing"]): r["accuracy_multi"] for r in rows if r["depth"] == depth}
+        (candidate,) = {at[("candidate", sp)] for sp in ("adjacent", "near", "far")}
+        cells = [f"{at[('baseline', sp)]:.2f}" for sp in ("adjacent", "near", "far")]
+        out.append(f"| {depth} | " + " | ".join(cells) + f" | {candidate:.2f} |")
+    return out
+
+
 def noise_example() -> tuple[float, float, float]:
     """The old example's A/A design (docs/position-embedded: 12 cases x 10 slices x 1 seed, 0 flips in
     120 paired runs), each slice's baseline passes read from its shipped summary.md: the clustered exact
@@ -215,6 +235,12 @@ def test_the_conflict_answer_table_comes_from_the_shipped_run() -> None:
     assert not missing, "\n".join(missing)
 
 
+def test_the_spacing_table_comes_from_the_shipped_run() -> None:
+    page = DOC.read_text(encoding="utf-8")
+    missing = [line for line in spacing_lines() if line not in page]
+    assert not missing, "\n".join(missing)
+
+
 def test_the_noise_floor_example_is_the_upper_bound_and_the_aa_pass_margin() -> None:
     upper, margin, prob = noise_example()
     # 0 flips in 120 runs: exact one-sided 95 % bound 1 - 0.05 ** (1 / 120) (no flip: design effect 1)
@@ -229,5 +255,6 @@ if __name__ == "__main__":
     folder = Path(sys.argv[1]) if len(sys.argv) > 1 else SHOWCASE
     print("\n".join(page_lines(folder)))
     print("\n".join(conflict_lines()))
+    print("\n".join(spacing_lines()))
     if len(sys.argv) <= 1 or "--noise" in sys.argv:
         print(noise_example())
