@@ -32,12 +32,12 @@ from depthgate.layout.templates import load_chat_template
 from depthgate.report.report import depth_label
 from depthgate.spec.loading import load_matrix, load_suite
 from depthgate.spec.matrix import Matrix
-from fixtures_paths import tokenizers_dir
+from fixtures_paths import llamacpp_templates_dir, tokenizers_dir
 from helpers import StubServer, free_port, reading_handler, stub_matrix
 
 TOK = tokenizers_dir()
 GPT2 = TOK / "gpt2" / "tokenizer.json"
-TPL = TOK / "chat-templates" / "llama.cpp-models-templates"
+TPL = llamacpp_templates_dir()
 SUITE_PATH = Path(__file__).resolve().parents[1] / "fixtures" / "two_evidence_suite.json"
 SUITE = load_suite(SUITE_PATH)
 MULTI = [c for c in SUITE.cases if len(c.decisive) >= 2]
