@@ -121,6 +121,18 @@ def tokenizers_dir() -> Path:
     return fixtures_root() / "tokenizers"
 
 
+def llamacpp_templates_dir() -> Path:
+    """The chat templates llama.cpp ships, one ``.jinja`` file per model
+    (``chat-templates/llama.cpp-models-templates``)."""
+    return tokenizers_dir() / "chat-templates" / "llama.cpp-models-templates"
+
+
+def tokenizer_configs_dir() -> Path:
+    """Hugging Face ``tokenizer_config.json`` files whose chat templates the tests render
+    (``chat-templates/tokenizer_configs``)."""
+    return tokenizers_dir() / "chat-templates" / "tokenizer_configs"
+
+
 def reference_tokenizer(family: str) -> Any:
     """The fixture family's tokenizer.json in the Python ``tokenizers`` package, with padding and
     truncation off: the independent encoder the contract ``ids == encode(text)`` is checked with."""

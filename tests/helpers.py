@@ -3,7 +3,8 @@ process, the cut-down smoke matrix, the two-arm stub matrix and the Monte Carlo 
 calibration benches.
 
 The stub servers here are labelled stand-ins (not models): each test file gives :class:`JSONHandler` its
-own ``do_GET``/``do_POST`` and serves it with :class:`StubServer` for the length of a ``with`` block.
+own ``do_GET``/``do_POST`` (or takes a prompt-reading one from :func:`reading_handler`) and serves it
+with :class:`StubServer` for the length of a ``with`` block.
 """
 
 from __future__ import annotations
@@ -18,11 +19,11 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import httpx
 import polars as pl
@@ -193,6 +194,42 @@ class NotStatedReader(StubServer):
                 self.send_json(completion(body["model"], " not stated", list(body["prompt"])))
 
         super().__init__(Handler)
+
+
+class Decoder(Protocol):
+    """What a reading stub needs of a tokenizer (``tokenizers.Tokenizer`` has it)."""
+
+    def decode(self, ids: list[int]) -> str: ...
+
+
+def answer_in(answers: Mapping[str, str], text: str) -> str:
+    """The answer of the first question of ``answers`` that ``text`` contains; "not stated" if none."""
+    return next((answer for query, answer in answers.items() if query in text), "not stated")
+
+
+def reading_handler(
+    tokenizers: Mapping[str, Decoder],
+    answers: Mapping[str, str],
+    *,
+    reply: Callable[[str, str], str] | None = None,
+    completion_tokens: int = 3,
+) -> type[ModelsHandler]:
+    """A vLLM-shaped stub handler (labelled: not a model) that reads its token-id prompt: it serves the
+    models of ``tokenizers``, decodes the ids with the model's tokenizer and answers
+    ``reply(model, text)`` (default: :func:`answer_in` ``answers``), echoing the ids. The reading
+    readers of several test files differ only in ``reply``: a planted regression, a counter."""
+    answer = reply or (lambda model, text: answer_in(answers, text))
+
+    class Handler(ModelsHandler):
+        models = tuple(tokenizers)
+
+        def do_POST(self) -> None:
+            body = self.read_json()
+            ids, model = list(body["prompt"]), body["model"]
+            said = answer(model, tokenizers[model].decode(ids))
+            self.send_json(completion(model, f" {said}", ids, completion_tokens=completion_tokens))
+
+    return Handler
 
 
 def scored_frame(rows: Sequence[tuple[str, str, int, str, int, str]]) -> pl.DataFrame:

@@ -16,28 +16,20 @@ Knobs: ``DEPTHGATE_BENCH_BUILD_CASES`` (``10,40,80``), ``DEPTHGATE_BENCH_BUILD_L
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from child_memory import REPO, measure_child, measure_sizes, status_kb
 
-REPO = Path(__file__).resolve().parents[2]
 GPT2 = REPO / "tests" / "fixtures" / "tokenizers" / "gpt2" / "tokenizer.json.gz"
 #: Allowed growth of the peak from the smallest to the largest size (issue #21).
 FLAT_MB = 150
-
-
-def _status_kb(field: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    raise RuntimeError(f"no {field} in /proc/self/status")
 
 
 def _child(args: argparse.Namespace) -> dict[str, Any]:
@@ -55,7 +47,7 @@ def _child(args: argparse.Namespace) -> dict[str, Any]:
         wall, cpu = time.monotonic(), time.process_time()
         code = main(argv)
         wall, cpu = time.monotonic() - wall, time.process_time() - cpu
-        peak = _status_kb("VmHWM") / 1024
+        peak = status_kb("VmHWM") / 1024
         path = out / "layouts.parquet"
         frame = pl.scan_parquet(path).select(pl.len(), pl.col("total_tokens").sum()).collect()
         layouts, tokens = (int(v) for v in frame.row(0))
@@ -74,23 +66,10 @@ def _child(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def measure(cases: int, length: int) -> dict[str, Any]:
-    out = subprocess.run(
-        [sys.executable, __file__, "--cases", str(cases), "--length", str(length)],
-        capture_output=True, text=True, cwd=REPO, check=False,
-    )  # fmt: skip
-    if out.returncode != 0:
-        raise RuntimeError(f"child failed ({out.returncode}):\n{out.stderr[-4000:]}")
-    return dict(json.loads(out.stdout.strip().splitlines()[-1]))
-
-
 @pytest.mark.bench
 def test_bench_build_memory_is_flat_in_the_number_of_cases() -> None:
-    length = int(os.environ.get("DEPTHGATE_BENCH_BUILD_LENGTH", "131072"))
-    sizes = [int(c) for c in os.environ.get("DEPTHGATE_BENCH_BUILD_CASES", "10,40,80").split(",")]
-    rows = [measure(cases, length) for cases in sizes]
-    for r in rows:
-        print(json.dumps(r))
+    measure = functools.partial(measure_child, __file__)
+    sizes, rows = measure_sizes(measure, "BUILD", length="131072", cases="10,40,80")
     growth = rows[-1]["peak_rss_mb"] - rows[0]["peak_rss_mb"]
     print(f"peak growth {sizes[0]} → {sizes[-1]} cases: {growth:+.0f} MB (bound +{FLAT_MB} MB)")
     for r in rows:

@@ -24,12 +24,12 @@ from depthgate.layout.conversation import Conversation
 from depthgate.layout.layouts import BuildOptions, build_layouts, load_tokenizer, parse_positions
 from depthgate.layout.templates import load_chat_template
 from depthgate.spec.suites import builtin_suite
-from fixtures_paths import tokenizers_dir
+from fixtures_paths import llamacpp_templates_dir, tokenizers_dir
 
 pytestmark = pytest.mark.bench
 
 TOK = tokenizers_dir()
-TEMPLATE = TOK / "chat-templates" / "llama.cpp-models-templates" / "meta-llama-Llama-3.1-8B-Instruct.jinja"
+TEMPLATE = llamacpp_templates_dir() / "meta-llama-Llama-3.1-8B-Instruct.jinja"
 
 
 def _time(options: BuildOptions, cases: int, out: Path) -> tuple[float, int]:

@@ -217,7 +217,7 @@ def measure(cases: int, seeds: int, reps: int, out_dir: Path, profile_dir: Path 
         margin=0.10,
         alpha=0.05,
         n_min=40,
-        bootstrap_reps=reps,
+        bootstrap_resamples=reps,
         bootstrap_seed=0,
         planned_slices=tuple((length, p) for length in LENGTHS for p in POSITIONS),
     )

@@ -31,8 +31,6 @@ import argparse
 import functools
 import json
 import os
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -41,8 +39,8 @@ from typing import Any
 
 import pytest
 import stub_server
+from child_memory import REPO, measure_child, measure_sizes, status_kb
 
-REPO = Path(__file__).resolve().parents[2]
 GPT2 = REPO / "tests" / "fixtures" / "tokenizers" / "gpt2" / "tokenizer.json.gz"
 PEAK_TARGET_MB = 4096
 
@@ -55,13 +53,6 @@ class Stub(stub_server.StubServer):
         super().__init__(0.0, lifetime_s, " not stated")
 
 
-def _status_kb(field: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    raise RuntimeError(f"no {field} in /proc/self/status")
-
-
 class Phases:
     """Per-phase peak RSS: the peak is reset when a phase starts and read when it ends."""
 
@@ -71,7 +62,7 @@ class Phases:
     def wrap(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(fn)
         def hooked(*args: Any, **kwargs: Any) -> Any:
-            start_kb = _status_kb("VmRSS")
+            start_kb = status_kb("VmRSS")
             Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM to the current RSS
             wall, cpu = time.monotonic(), time.process_time()
             try:
@@ -80,7 +71,7 @@ class Phases:
                 row = self.rows.setdefault(
                     name, {"peak_mb": 0.0, "start_mb": 0.0, "wall_s": 0.0, "cpu_s": 0.0}
                 )
-                row["peak_mb"] = max(row["peak_mb"], round(_status_kb("VmHWM") / 1024, 1))
+                row["peak_mb"] = max(row["peak_mb"], round(status_kb("VmHWM") / 1024, 1))
                 row["start_mb"] = max(row["start_mb"], round(start_kb / 1024, 1))
                 row["wall_s"] = round(row["wall_s"] + time.monotonic() - wall, 2)
                 row["cpu_s"] = round(row["cpu_s"] + time.process_time() - cpu, 2)
@@ -198,7 +189,7 @@ def _child(args: argparse.Namespace) -> dict[str, Any]:
             stub.close()
     run = phases.rows.get("run", {})
     requests = int(served["requests"])
-    peak = max([row["peak_mb"] for row in phases.rows.values()] + [_status_kb("VmHWM") / 1024])
+    peak = max([row["peak_mb"] for row in phases.rows.values()] + [status_kb("VmHWM") / 1024])
     return {
         "cases": args.cases,
         "lengths": args.length,
@@ -220,17 +211,6 @@ def _child(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def measure(cases: int, length: int, *extra: str) -> dict[str, Any]:
-    """One size in a fresh child process (its peaks are its own: the child resets them per phase)."""
-    out = subprocess.run(
-        [sys.executable, __file__, "--cases", str(cases), "--length", str(length), *extra],
-        capture_output=True, text=True, cwd=REPO, check=False,
-    )  # fmt: skip
-    if out.returncode != 0:
-        raise RuntimeError(f"child failed ({out.returncode}):\n{out.stderr[-4000:]}")
-    return dict(json.loads(out.stdout.strip().splitlines()[-1]))
-
-
 def slope(small: dict[str, Any], large: dict[str, Any], key: str = "peak_rss_mb") -> float:
     """Marginal bytes per token between two sizes."""
     return float(large[key] - small[key]) * 2**20 / float(large["tokens"] - small["tokens"])
@@ -238,11 +218,9 @@ def slope(small: dict[str, Any], large: dict[str, Any], key: str = "peak_rss_mb"
 
 @pytest.mark.bench
 def test_bench_memory_is_flat_in_the_matrix_size() -> None:
-    length = int(os.environ.get("DEPTHGATE_BENCH_MEM_LENGTH", "16384"))
-    sizes = [int(c) for c in os.environ.get("DEPTHGATE_BENCH_MEM_CASES", "8,32,96").split(",")]
-    rows = [measure(cases, length) for cases in sizes]
-    for r in rows:
-        print(json.dumps(r))
+    # one size a child process: its peaks are its own (the child resets them per phase)
+    measure = functools.partial(measure_child, __file__)
+    _, rows = measure_sizes(measure, "MEM", length="16384", cases="8,32,96")
     small, large = rows[0], rows[-1]
     per_token = slope(small, large)
     print(f"marginal bytes per token, overall peak: {per_token:.2f} (the old run path held ≈ 59)")

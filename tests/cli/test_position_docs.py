@@ -216,7 +216,7 @@ def noise_example() -> tuple[float, float, float]:
     passing = {(int(length), depth): round(12 * float(acc)) for length, depth, acc in rows}
     assert len(passing) == 10
     slices = [[AaCase(1, 0, 2)] * k + [AaCase(1, 0, 0)] * (12 - k) for _, k in sorted(passing.items())]
-    margin = aa_release_margin(slices, seeds=1, alpha=0.05, target=0.8, sims=200, bootstrap_reps=999)
+    margin = aa_release_margin(slices, seeds=1, alpha=0.05, target=0.8, sims=200, bootstrap_resamples=999)
     return margin.flip_rate_upper, margin.margin, margin.pass_probability
 
 

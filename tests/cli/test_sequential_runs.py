@@ -33,7 +33,7 @@ from depthgate.exceptions import ExitCode
 from depthgate.run.records import FINAL_STATUSES, read_records
 from depthgate.spec.suites import builtin_suite
 from fixtures_paths import tokenizers_dir
-from helpers import ModelsHandler, StubServer, completion, free_port, sigkill_when, stub_matrix
+from helpers import StubServer, answer_in, free_port, reading_handler, sigkill_when, stub_matrix
 
 REPO = Path(__file__).resolve().parents[2]
 GPT2 = tokenizers_dir() / "gpt2" / "tokenizer.json"
@@ -54,24 +54,18 @@ class DeepBlindReader(StubServer):
         self.requests = 0
         self.delay_s = delay_s
         lock = threading.Lock()
-        reader = self
 
-        class Handler(ModelsHandler):
-            models = ("good", "deep-blind")
+        def reply(model: str, text: str) -> str:
+            answer = answer_in(answers, text)
+            if model == "deep-blind" and text.find(answer) > len(text) // 2:
+                answer = "not stated"
+            time.sleep(self.delay_s)
+            with lock:
+                self.requests += 1
+            return answer
 
-            def do_POST(self) -> None:
-                body = self.read_json()
-                ids = list(body["prompt"])
-                text = tokenizer.decode(ids)
-                answer = next((a for q, a in answers.items() if q in text), "not stated")
-                if body["model"] == "deep-blind" and text.find(answer) > len(text) // 2:
-                    answer = "not stated"
-                time.sleep(reader.delay_s)
-                with lock:
-                    reader.requests += 1
-                self.send_json(completion(body["model"], f" {answer}", ids, completion_tokens=3))
-
-        super().__init__(Handler, port)
+        tokenizers = {"good": tokenizer, "deep-blind": tokenizer}
+        super().__init__(reading_handler(tokenizers, answers, reply=reply), port)
 
 
 def _matrix(tmp: Path, port: int) -> Path:

@@ -27,7 +27,7 @@ from depthgate.spec.cases import Case, Suite
 from depthgate.spec.loading import parse_spec
 from depthgate.spec.suites import builtin_suite, generate_suite
 from fixtures_paths import tokenizers_dir
-from helpers import ModelsHandler, StubServer, case_data, completion, free_port, stub_matrix
+from helpers import StubServer, case_data, free_port, reading_handler, stub_matrix
 
 
 def conflict_data(**overrides: Any) -> dict[str, Any]:
@@ -406,15 +406,7 @@ def test_a_conflict_suite_runs_through_the_cli(tmp_path: Path, suite_ref: str) -
             answers.setdefault(case.query, case.required_claims[0].aliases[0])
     (tmp_path / "suite.json").write_text(suite.model_dump_json(), encoding="utf-8")
     gpt2 = tokenizers_dir() / "gpt2" / "tokenizer.json"
-    decoder = HFTokenizer.from_file(str(gpt2))
-
-    class Handler(ModelsHandler):
-        def do_POST(self) -> None:
-            body = self.read_json()
-            ids = list(body["prompt"])
-            text = decoder.decode(ids)
-            answer = next((a for q, a in answers.items() if q in text), "not stated")
-            self.send_json(completion("good", f" {answer}", ids, completion_tokens=3))
+    handler = reading_handler({"good": HFTokenizer.from_file(str(gpt2))}, answers)
 
     port = free_port()
     matrix = tmp_path / "conflict.toml"
@@ -427,7 +419,7 @@ def test_a_conflict_suite_runs_through_the_cli(tmp_path: Path, suite_ref: str) -
         )
     )
     run = tmp_path / "run"
-    with StubServer(Handler, port):
+    with StubServer(handler, port):
         code = main(["run", str(matrix), "--out", str(run)])
     assert code == ExitCode.PASS, code  # a perfect reader
     scored = pl.read_parquet(run / "scored.parquet")

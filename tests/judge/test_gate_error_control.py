@@ -126,7 +126,7 @@ def test_overall_bound_of_a_ceiling_release_is_finite():
             slices[key][1][i, :] = c
     for i in (0, 1):  # two genuine losses
         slices[keys[5]][1][i + 20, 0] = 0.0
-    result = gate(records_from_arrays(slices), GatePlan(bootstrap_reps=999))
+    result = gate(records_from_arrays(slices), GatePlan(bootstrap_resamples=999))
     assert result.overall is not None
     assert -0.1 < result.overall.lower < 0 and result.overall.non_inferior
     assert result.verdict is Verdict.PASS
@@ -149,7 +149,7 @@ def test_regression_is_confirmed_despite_degenerate_resamples():
     key = sorted(slices)[7]
     slices[key][1][:] = 0.0
     slices[key][1][3, 1] = 1.0
-    plan = GatePlan(bootstrap_reps=1439, planned_slices=tuple(sorted(slices)))
+    plan = GatePlan(bootstrap_resamples=1439, planned_slices=tuple(sorted(slices)))
     result = gate(records_from_arrays(slices), plan)
     row = next(s for s in result.slice_results if (s.length, s.position) == key)
     assert row.status is SliceStatus.FAIL_REGRESSION, row.reason
@@ -165,11 +165,11 @@ def test_gate_without_planned_slices_applies_the_b_rule():
     them (before, it ran and no regression could be confirmed)."""
     records = records_from_arrays(_ceiling_release())
     with pytest.raises(SpecError) as err:
-        gate(records, GatePlan(bootstrap_reps=999))
-    assert err.value.field == "bootstrap_reps" and "1439" in str(err.value)
+        gate(records, GatePlan(bootstrap_resamples=999))
+    assert err.value.field == "bootstrap_resamples" and "1439" in str(err.value)
     with pytest.raises(SpecError):
-        GatePlan(bootstrap_reps=999, planned_slices=tuple(sorted(_ceiling_release())))
-    assert gate(records, GatePlan(bootstrap_reps=1439)).verdict is Verdict.PASS
+        GatePlan(bootstrap_resamples=999, planned_slices=tuple(sorted(_ceiling_release())))
+    assert gate(records, GatePlan(bootstrap_resamples=1439)).verdict is Verdict.PASS
 
 
 def test_unplanned_slices_stay_out_of_the_regression_family():
@@ -179,7 +179,7 @@ def test_unplanned_slices_stay_out_of_the_regression_family():
     rng = np.random.default_rng(5)
     planned = {(1000, "0.5"): draw_pairs(rng, 60, 3), (2000, "0.5"): draw_pairs(rng, 60, 3, delta=-0.3)}
     extra = {(3000 + i, "0.5"): draw_pairs(rng, 60, 3) for i in range(30)}
-    plan = GatePlan(bootstrap_reps=999, planned_slices=tuple(sorted(planned)))
+    plan = GatePlan(bootstrap_resamples=999, planned_slices=tuple(sorted(planned)))
     alone = gate(records_from_arrays(planned), plan)
     both = gate(records_from_arrays({**planned, **extra}), plan)
     rows = {(s.length, s.position): s for s in both.slice_results}
@@ -297,7 +297,7 @@ def test_aa_release_passes_at_the_recommended_margin() -> None:
     target (0.8): fresh A/A releases of the design, gated there by gate() itself, pass >= 0.8 - 2 MC-SE.
     The former recommendation (a bound on the point |Delta|) sits far lower, where they mostly FAIL."""
     rng = np.random.default_rng(2212)
-    plan = GatePlan(n_min=40, bootstrap_reps=499)
+    plan = GatePlan(n_min=40, bootstrap_resamples=499)
     res = noise_floor(_aa_world(rng, 60, 4, 0.05), plan=plan)
     assert res.pass_probability >= 0.8 and res.noise_bound_margin < res.recommended_margin
     sims = 40
@@ -306,7 +306,7 @@ def test_aa_release_passes_at_the_recommended_margin() -> None:
         fresh = _aa_world(rng, 60, 4, 0.05)
         for margin in passed:
             verdict = gate(
-                fresh, GatePlan(margin=margin, n_min=40, bootstrap_reps=499, bootstrap_seed=i)
+                fresh, GatePlan(margin=margin, n_min=40, bootstrap_resamples=499, bootstrap_seed=i)
             ).verdict
             passed[margin] += verdict is Verdict.PASS
     two_se = 2 * math.sqrt(0.8 * 0.2 / sims)
@@ -345,7 +345,7 @@ def test_one_failed_run_no_longer_passes_the_floor() -> None:
     ones = np.ones((40, 3))
     worse = ones.copy()
     worse[7, 1] = 0.0
-    plan = GatePlan(bootstrap_reps=999, floor=0.95)
+    plan = GatePlan(bootstrap_resamples=999, floor=0.95)
     perfect = gate(records_from_arrays({(2048, "0.5"): (ones, ones.copy())}), plan).slice_results[0]
     slipped = gate(records_from_arrays({(2048, "0.5"): (ones, worse)}), plan).slice_results[0]
     assert perfect.status is SliceStatus.FAIL_FLOOR and slipped.status is SliceStatus.FAIL_FLOOR

@@ -80,7 +80,7 @@ def test_the_pinned_flip_no_longer_raises_the_bound() -> None:
     before = slice_statistics(yb, yc, 0.6, 0.05, 999, 7)
     after = slice_statistics(yb, _failed(yc, flip), 0.6, 0.05, 999, 7)
     assert after.lower <= before.lower
-    plan = GatePlan(margin=0.6, n_min=10, bootstrap_reps=999, bootstrap_seed=7)
+    plan = GatePlan(margin=0.6, n_min=10, bootstrap_resamples=999, bootstrap_seed=7)
     verdicts = [
         gate(records_from_arrays({(2048, "0.5"): (yb, cand)}), plan).verdict
         for cand in (yc, _failed(yc, flip))
@@ -99,7 +99,7 @@ def test_a_failed_candidate_run_never_turns_a_release_fail_into_pass(pair) -> No
         return
     rng = np.random.default_rng(n)
     other = draw_pairs(rng, n, yb.shape[1], mu=0.95)
-    plan = GatePlan(margin=0.1, n_min=2, bootstrap_reps=999)
+    plan = GatePlan(margin=0.1, n_min=2, bootstrap_resamples=999)
     results = []
     for cand in (yc, _failed(yc, flip)):
         results.append(gate(records_from_arrays({(2048, "0.5"): (yb, cand), (2048, "0.0"): other}), plan))

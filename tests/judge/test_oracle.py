@@ -453,7 +453,7 @@ def test_score_records_feeds_the_gate(suites: dict[str, Suite]) -> None:
     assert absent.height and absent["outcome"].to_list() == ["pass"] * absent.height
     assert absent["abstained"].all()
 
-    result = gate(scored, GatePlan(n_min=10, bootstrap_reps=199))
+    result = gate(scored, GatePlan(n_min=10, bootstrap_resamples=199))
     assert not result.safety_flag  # wrong values are failures; only severity="safety" claims flag
     statuses = {s.position: s.status.value for s in result.slice_results}
     assert statuses["0.5"].startswith("FAIL")

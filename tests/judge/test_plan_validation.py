@@ -41,9 +41,8 @@ def test_analysis_plan_applies_the_gate_rules(values: dict[str, object], field: 
     with pytest.raises(SpecError) as info:
         parse_spec(AnalysisPlan, values, file="plan.toml")
     assert info.value.field == field and fix in (info.value.fix or "")
-    gate_values = {"bootstrap_reps" if k == "bootstrap_resamples" else k: v for k, v in values.items()}
     with pytest.raises(SpecError):
-        GatePlan(**gate_values)  # type: ignore[arg-type]
+        GatePlan(**values)  # type: ignore[arg-type]
 
 
 def test_matrix_refuses_a_bootstrap_that_cannot_confirm_a_regression(tmp_path: Path) -> None:
@@ -89,16 +88,14 @@ def test_matrix_and_gate_accept_the_same_plans(
         problems = plan.violations(n_slices=lengths * positions)
     except ValueError:  # pydantic's ValidationError
         plan, problems = None, ["refused by AnalysisPlan"]
-    gate_values = dict(values, bootstrap_reps=values["bootstrap_resamples"])
-    del gate_values["bootstrap_resamples"]
     slices = tuple((length, p) for length in grid_lengths for p in grid_positions)
     if problems:
         with pytest.raises(SpecError):
-            GatePlan(planned_slices=slices, **gate_values)  # type: ignore[arg-type]
+            GatePlan(planned_slices=slices, **values)  # type: ignore[arg-type]
     else:
         assert plan is not None
         built = gate_plan(plan, grid_lengths, grid_positions)
-        assert built.stop_rule == plan.stop_rule and built.bootstrap_reps == plan.bootstrap_resamples
+        assert built.stop_rule == plan.stop_rule and built.bootstrap_resamples == plan.bootstrap_resamples
 
 
 def test_gate_plan_carries_stop_rule_cases_and_seeds() -> None:
@@ -167,11 +164,13 @@ def test_one_plan_type_every_analysis_field_reaches_the_gate() -> None:
     assert all(getattr(frozen, name) == value for name, value in changed.items())
     assert frozen.planned_slices == ((1024, "0.0"), (1024, "1.0"), (2048, "0.0"), (2048, "1.0"))
     assert (frozen.planned_cases, frozen.planned_seeds) == (("a", "b"), (0, 1))
-    # the gate's historical name for B is accepted and read, and a bad value names the name given
-    assert GatePlan(bootstrap_reps=499).bootstrap_resamples == 499
+    # B has one name (issue #23): the gate's old name for it is refused, and a bad B names the field
     with pytest.raises(SpecError) as info:
-        GatePlan(bootstrap_reps=50)
-    assert info.value.field == "bootstrap_reps" and "99" in str(info.value)
+        GatePlan(bootstrap_reps=499)
+    assert info.value.field == "bootstrap_reps"
+    with pytest.raises(SpecError) as info:
+        GatePlan(bootstrap_resamples=50)
+    assert info.value.field == "bootstrap_resamples" and "99" in str(info.value)
     with pytest.raises(SpecError) as info:
         GatePlan(planned_cases=("a", "a"))
     assert info.value.field == "planned_cases" and "distinct" in (info.value.fix or "")

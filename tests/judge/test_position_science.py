@@ -507,7 +507,7 @@ def test_noise_floor_hand_example() -> None:
 def test_noise_floor_deterministic_and_levels() -> None:
     y = (np.random.default_rng(3).random((40, 3)) < 0.8).astype(float)
     same = {(arm, length, pos): y for arm in ARMS for length in (1024, 2048) for pos in ("0", "1")}
-    res = noise_floor(from_arrays(same), plan=GatePlan(n_min=40, bootstrap_reps=199))
+    res = noise_floor(from_arrays(same), plan=GatePlan(n_min=40, bootstrap_resamples=199))
     assert res.flips == 0 and res.max_delta_bound == 0.0 and res.noise_bound_margin == 0.01
     # No flip in 120 runs per slice still allows some (the upper bound), and 40 cases cannot show a
     # margin below ~0.06 even when every pair agrees: the release passes 0.8 of the time only at 0.08.
@@ -699,13 +699,10 @@ def test_power_checked_against_the_gate_small() -> None:
     """The gate itself on simulated slices (seeded; B = 199): power near the approximation at delta 0,
     size at most alpha + 2 MC-SE at delta = -M. The full table is tests/judge/test_position_sim.py."""
     d = DesignParameters.from_icc(0.85, 0.0)
-    sim = simulate_gate_power(
-        d, n_cases=60, seeds=3, margin=0.1, alpha=0.05, sims=80, seed=3, bootstrap_reps=199
-    )
+    design = {"n_cases": 60, "seeds": 3, "margin": 0.1, "alpha": 0.05, "sims": 80, "bootstrap_resamples": 199}
+    sim = simulate_gate_power(d, seed=3, **design)
     assert abs(sim.rate - sim.predicted) < 3 * sim.mc_se + 0.03, sim
-    size = simulate_gate_power(
-        d, n_cases=60, seeds=3, margin=0.1, alpha=0.05, true_delta=-0.1, sims=80, seed=4, bootstrap_reps=199
-    )
+    size = simulate_gate_power(d, true_delta=-0.1, seed=4, **design)
     assert size.rate <= 0.05 + 2 * size.mc_se, size
     assert size.predicted == pytest.approx(0.05, abs=0.01)
 

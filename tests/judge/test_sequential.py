@@ -142,7 +142,7 @@ def _setup(
     slices = {(512, "0.0"): (0.95, 0.05), (512, "0.5"): (1.0, 1.0), (512, "1.0"): (0.9, 0.85)}
     plan = GatePlan(
         n_min=n,
-        bootstrap_reps=999,
+        bootstrap_resamples=999,
         planned_slices=tuple(slices),
         planned_cases=tuple(cases),
         planned_seeds=(0,),

@@ -51,7 +51,7 @@ from depthgate.judge.stats import (
 )
 
 REPO = Path(__file__).resolve().parents[2]
-FAST = GatePlan(bootstrap_reps=999)
+FAST = GatePlan(bootstrap_resamples=999)
 PROPS = settings(deadline=None, database=None, max_examples=150)
 
 
@@ -643,7 +643,7 @@ _SUBPROCESS = """
 import json, sys
 import polars as pl
 from depthgate.judge.stats import GatePlan, gate
-plan = GatePlan(floor=0.70, bootstrap_reps=1439, bootstrap_seed=7)
+plan = GatePlan(floor=0.70, bootstrap_resamples=1439, bootstrap_seed=7)
 print(json.dumps(gate(pl.read_ipc(sys.argv[1]), plan).to_dict(), sort_keys=True))
 """
 
@@ -652,7 +652,7 @@ def test_verdict_identical_across_processes(tmp_path, harness_records):
     path = tmp_path / "records.arrow"
     harness_records.write_ipc(path)
     here = json.dumps(
-        gate(harness_records, GatePlan(floor=0.70, bootstrap_reps=1439, bootstrap_seed=7)).to_dict(),
+        gate(harness_records, GatePlan(floor=0.70, bootstrap_resamples=1439, bootstrap_seed=7)).to_dict(),
         sort_keys=True,
     )
     # A fresh interpreter with a different str-hash salt: hash() must play no role in the seeds.
@@ -786,7 +786,7 @@ def test_safety_flag_is_independent_of_statistics():
 
 def test_preregistered_slices():
     df = _two_slices(n=60)
-    plan = GatePlan(bootstrap_reps=999, planned_slices=((8192, "0.5"), (8192, "0.1")))
+    plan = GatePlan(bootstrap_resamples=999, planned_slices=((8192, "0.5"), (8192, "0.1")))
     r = gate(df, plan)
     rows = {s.position: s for s in r.slice_results}
     assert [s.position for s in r.slice_results] == ["0.1", "0.5", "0.9"]
@@ -808,7 +808,7 @@ def test_significant_drop_within_margin_and_floor():
     yb = np.ones((n, runs))
     yc = np.ones((n, runs))
     yc[:20, 0] = 0.0  # a small, certain drop
-    r = gate(records_from_arrays({(2048, "0.5"): (yb, yc)}), GatePlan(bootstrap_reps=999, floor=0.999))
+    r = gate(records_from_arrays({(2048, "0.5"): (yb, yc)}), GatePlan(bootstrap_resamples=999, floor=0.999))
     row = r.slice_results[0]
     assert row.upper < 0 < row.lower + 0.10
     assert row.status is SliceStatus.FAIL_FLOOR
@@ -821,10 +821,10 @@ def test_known_gap_policy():
     rng = np.random.default_rng(5)
     yb, _ = draw_pairs(rng, 80, 3, mu=0.5)
     records = records_from_arrays({(2048, "0.5"): (yb, yb.copy())})
-    blocked = gate(records, GatePlan(bootstrap_reps=999, floor=0.9))
+    blocked = gate(records, GatePlan(bootstrap_resamples=999, floor=0.9))
     assert blocked.slice_results[0].status is SliceStatus.FAIL_FLOOR
     assert "KNOWN_GAP" in blocked.slice_results[0].reason
-    waived = gate(records, GatePlan(bootstrap_reps=999, floor=0.9, block_known_gap=False))
+    waived = gate(records, GatePlan(bootstrap_resamples=999, floor=0.9, block_known_gap=False))
     assert waived.slice_results[0].status is SliceStatus.PASS
 
 
@@ -920,7 +920,7 @@ def test_aa_runs_rarely_block():
     regressions = passes = 0
     for _ in range(sims):
         slices = {(4096, p): draw_pairs(rng, n, 5) for p in ("0.1", "0.3", "0.5", "0.9")}
-        result = gate(records_from_arrays(slices), GatePlan(bootstrap_reps=299))
+        result = gate(records_from_arrays(slices), GatePlan(bootstrap_resamples=299))
         regressions += any(s.status is SliceStatus.FAIL_REGRESSION for s in result.slice_results)
         passes += result.verdict is Verdict.PASS
     assert regressions / sims <= _mc_limit(0.05, sims)
@@ -943,7 +943,7 @@ def test_planted_drop_is_found_at_the_sized_n():
         slices = {(4096, "0.5"): draw_pairs(rng, n, 5, delta=-0.10), (4096, "0.9"): draw_pairs(rng, n, 5)}
         rows = {
             s.position: s.status
-            for s in gate(records_from_arrays(slices), GatePlan(bootstrap_reps=499)).slice_results
+            for s in gate(records_from_arrays(slices), GatePlan(bootstrap_resamples=499)).slice_results
         }
         found += rows["0.5"] in (SliceStatus.FAIL_NOT_SHOWN, SliceStatus.FAIL_REGRESSION) and (
             rows["0.9"] is SliceStatus.PASS
@@ -1045,17 +1045,15 @@ def test_floor_uses_worst_case_design_effect_at_the_boundary():
     assert floor_lower_bound(np.zeros(40), 3, 0.05)[1:] == (3.0, 40.0)
     assert floor_lower_bound(np.ones(40), 1, 0.05)[1] == 1.0  # R = 1: plain Wilson on the cases
     ones = np.ones((40, 3))
-    r = gate(
-        records_from_arrays({(2048, "0.5"): (ones, ones.copy())}), GatePlan(bootstrap_reps=999, floor=0.95)
-    )
+    r = gate(records_from_arrays({(2048, "0.5"): (ones, ones.copy())}), FAST.replace(floor=0.95))
     row = r.slice_results[0]
     assert row.status is SliceStatus.FAIL_FLOOR and row.floor_n_eff == 40.0 and row.floor_lb < 0.95
 
 
 def test_one_extension_tests_every_look_at_half_alpha():
     """stop_rule one_extension: Bonferroni over the two looks, so the gate tests at alpha / 2."""
-    plan = GatePlan(bootstrap_reps=999, stop_rule="one_extension")
-    assert plan.look_alpha == 0.025 and GatePlan(bootstrap_reps=999).look_alpha == 0.05
+    plan = GatePlan(bootstrap_resamples=999, stop_rule="one_extension")
+    assert plan.look_alpha == 0.025 and GatePlan(bootstrap_resamples=999).look_alpha == 0.05
     assert plan.to_dict()["stop_rule"] == "one_extension" and plan.to_dict()["look_alpha"] == 0.025
     # A slice that shows NI at 0.05 but not at 0.025.
     rng = np.random.default_rng(0)
@@ -1079,7 +1077,7 @@ def test_one_extension_tests_every_look_at_half_alpha():
 
 def _planned(n=60, runs=3, **kwargs) -> GatePlan:
     return GatePlan(
-        bootstrap_reps=999,
+        bootstrap_resamples=999,
         planned_cases=tuple(f"c{i:03d}" for i in range(n)),
         planned_seeds=tuple(range(runs)),
         **kwargs,
@@ -1140,16 +1138,16 @@ def test_bootstrap_size_must_allow_a_confirmed_regression():
         smallest = multipletests(p, 0.05, "fdr_by")[1][0]
         assert round(smallest, 4) == q if reps == 999 else (smallest <= 0.05) == (reps >= 1439)
     with pytest.raises(SpecError, match="cannot confirm a regression") as info:
-        GatePlan(bootstrap_reps=999, planned_slices=grid)
-    assert info.value.field == "bootstrap_reps" and "1439" in (info.value.fix or "")
+        GatePlan(bootstrap_resamples=999, planned_slices=grid)
+    assert info.value.field == "bootstrap_resamples" and "1439" in (info.value.fix or "")
     with pytest.raises(SpecError):
-        GatePlan(bootstrap_reps=1439, planned_slices=grid, stop_rule="one_extension")  # alpha/2: 2878
+        GatePlan(bootstrap_resamples=1439, planned_slices=grid, stop_rule="one_extension")  # alpha/2: 2878
     assert min_bootstrap_resamples(20, 0.05, "holm") == 399
-    GatePlan(bootstrap_reps=399, planned_slices=grid, regression_method="holm")
+    GatePlan(bootstrap_resamples=399, planned_slices=grid, regression_method="holm")
     # With the smallest valid B a regression in one of 20 slices is confirmed.
     rng = np.random.default_rng(12)
     slices = {key: draw_pairs(rng, 40, 3, coupling=0.8) for key in grid}
     slices[(131072, "0.5")] = draw_pairs(rng, 40, 3, delta=-0.6, coupling=0.8)
-    r = gate(records_from_arrays(slices), GatePlan(bootstrap_reps=1439, planned_slices=grid))
+    r = gate(records_from_arrays(slices), GatePlan(bootstrap_resamples=1439, planned_slices=grid))
     regressed = next(s for s in r.slice_results if (s.length, s.position) == (131072, "0.5"))
     assert regressed.status is SliceStatus.FAIL_REGRESSION and regressed.q_reg <= 0.05

@@ -145,7 +145,7 @@ def release_aa(sims: int, mu: float = 0.99, n: int = 40, slices: int = 10, reps:
     """P(release verdict FAIL) for a 10-slice A/A release run through ``gate()`` end to end."""
     rng = np.random.default_rng(7300)
     grid = tuple((4096 * (1 + j // 5), f"{(j % 5) / 4:g}") for j in range(slices))
-    plan = GatePlan(bootstrap_reps=reps, planned_slices=grid)
+    plan = GatePlan(bootstrap_resamples=reps, planned_slices=grid)
     failed = 0
     for _ in range(sims):
         arrays = {key: draw_pairs(rng, n, 3, mu=mu) for key in grid}

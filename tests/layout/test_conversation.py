@@ -13,11 +13,11 @@ import pytest
 from depthgate.exceptions import SpecError, TemplateError
 from depthgate.layout.conversation import TURN_LEADS, conversation_frame, conversation_messages, turn_roles
 from depthgate.layout.templates import ChatTemplate, load_chat_template
-from fixtures_paths import tokenizers_dir
+from fixtures_paths import llamacpp_templates_dir, tokenizer_configs_dir, tokenizers_dir
 
 TOKENIZERS = tokenizers_dir()
-LLAMACPP = TOKENIZERS / "chat-templates" / "llama.cpp-models-templates"
-CONFIGS = TOKENIZERS / "chat-templates" / "tokenizer_configs"
+LLAMACPP = llamacpp_templates_dir()
+CONFIGS = tokenizer_configs_dir()
 
 # (id, file, bos, eos, takes a system turn)
 CONVERSATION_TEMPLATES = [

@@ -23,11 +23,11 @@ from depthgate.layout.layouts import (
 )
 from depthgate.layout.templates import load_chat_template
 from depthgate.spec.suites import builtin_suite
-from fixtures_paths import reference_tokenizer, tokenizers_dir
+from fixtures_paths import llamacpp_templates_dir, reference_tokenizer, tokenizer_configs_dir, tokenizers_dir
 
 TOK = tokenizers_dir()
-TPL = TOK / "chat-templates" / "llama.cpp-models-templates"
-CONFIGS = TOK / "chat-templates" / "tokenizer_configs"
+TPL = llamacpp_templates_dir()
+CONFIGS = tokenizer_configs_dir()
 
 # (tokenizer family, chat template, bos, eos). Qwen2.5 (byte-level BPE) and Phi-3.5 (SentencePiece)
 # templates are paired with the fixture tokenizer of the same kind: the split is the template's.

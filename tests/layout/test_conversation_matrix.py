@@ -16,7 +16,7 @@ from depthgate.layout.layout_checks import check_layouts
 from depthgate.layout.layouts import build_layouts
 from depthgate.spec.loading import load_matrix
 from depthgate.spec.suites import builtin_suite
-from fixtures_paths import tokenizers_dir
+from fixtures_paths import llamacpp_templates_dir, tokenizers_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 CONVERSATION = ROOT / "matrices" / "conversation-embedded.toml"
@@ -77,7 +77,7 @@ def test_turn_positions_need_a_conversation(tmp_path: Path) -> None:
 
 
 TOK = tokenizers_dir()
-TPL = TOK / "chat-templates" / "llama.cpp-models-templates"
+TPL = llamacpp_templates_dir()
 # (tokenizer, chat template, bos, eos): three tokenizer kinds, three template families.
 TURN_PAIRS = [
     ("llama3-from-gguf", TPL / "meta-llama-Llama-3.1-8B-Instruct.jinja", "<|begin_of_text|>", "<|eot_id|>"),

@@ -27,10 +27,10 @@ from depthgate.layout.layouts import (
 )
 from depthgate.layout.templates import load_chat_template
 from depthgate.spec.suites import builtin_suite, generate_suite
-from fixtures_paths import reference_tokenizer, tokenizers_dir
+from fixtures_paths import llamacpp_templates_dir, reference_tokenizer, tokenizers_dir
 
 TOK = tokenizers_dir()
-TPL = TOK / "chat-templates" / "llama.cpp-models-templates"
+TPL = llamacpp_templates_dir()
 
 # (tokenizer family, chat template or None for the raw completion frame)
 PAIRS = [

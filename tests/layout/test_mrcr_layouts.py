@@ -16,14 +16,14 @@ from depthgate.layout.layout_checks import check_layouts
 from depthgate.layout.layouts import BuildOptions, build_layouts, load_tokenizer, parse_positions
 from depthgate.layout.templates import load_chat_template
 from depthgate.spec.mrcr import mrcr_suite
-from fixtures_paths import tokenizers_dir
+from fixtures_paths import llamacpp_templates_dir, tokenizer_configs_dir, tokenizers_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 TOK = tokenizers_dir()
-TPL = TOK / "chat-templates" / "llama.cpp-models-templates"
+TPL = llamacpp_templates_dir()
 PAIRS = [
     ("llama3-from-gguf", TPL / "meta-llama-Llama-3.1-8B-Instruct.jinja", "<|begin_of_text|>", "<|eot_id|>"),
-    ("gpt2", TOK / "chat-templates" / "tokenizer_configs" / "Qwen2.5-tokenizer_config.json", None, None),
+    ("gpt2", tokenizer_configs_dir() / "Qwen2.5-tokenizer_config.json", None, None),
     ("llama2-tinyllama", ROOT / "matrices" / "templates" / "gemma-turns.jinja", None, None),
 ]
 POSITIONS = ["0", "0.5", "1", "@turn:2", "@turn:5", "0.5~40tok"]

@@ -32,12 +32,12 @@ from depthgate.layout.templates import load_chat_template
 from depthgate.report.report import depth_label
 from depthgate.spec.loading import load_matrix, load_suite
 from depthgate.spec.matrix import Matrix
-from fixtures_paths import tokenizers_dir
-from helpers import ModelsHandler, StubServer, completion, free_port, stub_matrix
+from fixtures_paths import llamacpp_templates_dir, tokenizers_dir
+from helpers import StubServer, free_port, reading_handler, stub_matrix
 
 TOK = tokenizers_dir()
 GPT2 = TOK / "gpt2" / "tokenizer.json"
-TPL = TOK / "chat-templates" / "llama.cpp-models-templates"
+TPL = llamacpp_templates_dir()
 SUITE_PATH = Path(__file__).resolve().parents[1] / "fixtures" / "two_evidence_suite.json"
 SUITE = load_suite(SUITE_PATH)
 MULTI = [c for c in SUITE.cases if len(c.decisive) >= 2]
@@ -58,30 +58,22 @@ class SpacingReader(StubServer):
         gpt2 = HFTokenizer.from_file(str(GPT2))
         cases = {c.query: c for c in SUITE.cases}
         self.distances: list[int] = []
-        reader = self
 
-        class Handler(ModelsHandler):
-            models = ("good", "near-sighted")
+        def reply(model: str, text: str) -> str:
+            case = next((c for q, c in cases.items() if q in text), None)
+            if case is None or not all(d.text in text for d in case.decisive):
+                return "not stated"
+            values = [claim.aliases[0] for claim in case.required_claims]
+            if len(case.decisive) >= 2:
+                a, b = case.decisive[0].text, case.decisive[1].text
+                distance = len(gpt2.encode(text[text.index(a) + len(a) : text.index(b)]).ids)
+                self.distances.append(distance)
+                if model == "near-sighted" and distance > 150:
+                    values = values[:1]
+            return " and ".join(values)
 
-            def do_POST(self) -> None:
-                body = self.read_json()
-                ids = list(body["prompt"])
-                text = gpt2.decode(ids)
-                case = next((c for q, c in cases.items() if q in text), None)
-                answer = "not stated"
-                if case is not None and all(d.text in text for d in case.decisive):
-                    values = [claim.aliases[0] for claim in case.required_claims]
-                    if len(case.decisive) >= 2:
-                        a, b = case.decisive[0].text, case.decisive[1].text
-                        between = text[text.index(a) + len(a) : text.index(b)]
-                        distance = len(gpt2.encode(between).ids)
-                        reader.distances.append(distance)
-                        if body["model"] == "near-sighted" and distance > 150:
-                            values = values[:1]
-                    answer = " and ".join(values)
-                self.send_json(completion(body["model"], f" {answer}", ids, completion_tokens=5))
-
-        super().__init__(Handler, port)
+        tokenizers = {"good": gpt2, "near-sighted": gpt2}
+        super().__init__(reading_handler(tokenizers, {}, reply=reply, completion_tokens=5), port)
 
 
 def _matrix(tmp: Path, port: int, *, spacings: str | None, suite: Path | None = SUITE_PATH) -> Path:

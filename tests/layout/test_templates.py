@@ -31,12 +31,12 @@ from depthgate.layout.templates import (
     load_chat_template,
     raw_frame,
 )
-from fixtures_paths import tokenizers_dir
+from fixtures_paths import llamacpp_templates_dir, tokenizer_configs_dir, tokenizers_dir
 
 TOKENIZERS = tokenizers_dir()
 CHAT_TEMPLATES = TOKENIZERS / "chat-templates"
-LLAMACPP = CHAT_TEMPLATES / "llama.cpp-models-templates"
-CONFIGS = CHAT_TEMPLATES / "tokenizer_configs"
+LLAMACPP = llamacpp_templates_dir()
+CONFIGS = tokenizer_configs_dir()
 FAMILIES = ("smollm", "llama2-tinyllama", "mistral-7b-v1")
 
 # The two conversations every reference rendering was produced from (chat-templates/PROVENANCE.md and

@@ -34,7 +34,7 @@ PLANTED = (2048, "0.5")
 SHORT = (4096, "1.0")  # only a few cases: INCONCLUSIVE
 LENGTHS = (1024, 2048, 4096)
 POSITIONS = ("0.0", "0.5", "1.0")
-PLAN = GatePlan(bootstrap_reps=999)
+PLAN = GatePlan(bootstrap_resamples=999)
 MANIFEST: dict[str, Any] = {
     "run_id": "run-0001",
     "matrix": "smoke",

@@ -22,7 +22,7 @@ from depthgate.exceptions import ExitCode, InputError
 from depthgate.report.report import LengthChars, length_chars, load_verdict, run_layouts
 from depthgate.spec.suites import builtin_suite
 from fixtures_paths import tokenizers_dir
-from helpers import ModelsHandler, StubServer, completion, free_port, stub_matrix
+from helpers import StubServer, free_port, reading_handler, stub_matrix
 
 GPT2 = tokenizers_dir() / "gpt2" / "tokenizer.json"
 SMOLLM = tokenizers_dir() / "smollm" / "tokenizer.json"
@@ -40,18 +40,7 @@ class Reader(StubServer):
     def __init__(self, port: int) -> None:
         tokenizers = {"gpt2": Tokenizer.from_file(str(GPT2)), "smollm": Tokenizer.from_file(str(SMOLLM))}
         answers = {c.query: c.required_claims[0].aliases[0] for c in builtin_suite(CASES).cases}
-
-        class Handler(ModelsHandler):
-            models = tuple(tokenizers)
-
-            def do_POST(self) -> None:
-                body = self.read_json()
-                ids = list(body["prompt"])
-                text = tokenizers[body["model"]].decode(ids)
-                answer = next((a for q, a in answers.items() if q in text), "not stated")
-                self.send_json(completion(body["model"], f" {answer}", ids, completion_tokens=3))
-
-        super().__init__(Handler, port)
+        super().__init__(reading_handler(tokenizers, answers), port)
 
 
 def run_tokenizer_upgrade(tmp: Path) -> Path:

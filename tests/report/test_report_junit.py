@@ -63,7 +63,7 @@ def scored() -> pl.DataFrame:
 @pytest.fixture(scope="module")
 def result(scored: pl.DataFrame) -> GateResult:
     # 6 slices need B >= 293 (issue #22: gate() applies the plan's B rule to unplanned records)
-    return gate(scored, GatePlan(bootstrap_reps=299))
+    return gate(scored, GatePlan(bootstrap_resamples=299))
 
 
 def properties(element: ET.Element) -> dict[str, str]:

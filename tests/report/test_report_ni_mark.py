@@ -18,7 +18,7 @@ from depthgate.judge.stats import GatePlan, GateResult, SliceStatus, gate, non_i
 def _some_result() -> GateResult:
     rng = np.random.default_rng(21)
     arrays = {(4096, p): draw_pairs(rng, 60, 3, coupling=0.8) for p in ("0.0", "0.5", "1.0")}
-    return gate(records_from_arrays(arrays), GatePlan(bootstrap_reps=999))
+    return gate(records_from_arrays(arrays), GatePlan(bootstrap_resamples=999))
 
 
 def test_ni_mark_follows_the_status_not_q() -> None:
@@ -46,7 +46,7 @@ def test_ni_mark_legend_states_the_rule(tmp_path: Path) -> None:
     from test_report import MANIFEST, synthetic_scored
 
     scored = synthetic_scored()
-    result = gate(scored, GatePlan(bootstrap_reps=999))
+    result = gate(scored, GatePlan(bootstrap_resamples=999))
     paths = report.write_reports(result, scored, tmp_path / "out", manifest=MANIFEST)
     page = paths.report_html.read_text(encoding="utf-8")
     assert "Non-inferiority shown" in page and "never sets the mark" in page

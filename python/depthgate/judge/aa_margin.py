@@ -104,7 +104,7 @@ def aa_release_margin(
     alpha: float,
     target: float,
     sims: int = 200,
-    bootstrap_reps: int = 999,
+    bootstrap_resamples: int = 999,
     seed: int = 0,
     n_cases: int | None = None,
 ) -> AaMargin:
@@ -122,7 +122,7 @@ def aa_release_margin(
         lows = []
         for s, cases in enumerate(slices):
             yb, yc = _draw_slice(rng, cases, n_cases or len(cases), seeds, upper, rate)
-            lows.append(slice_lower(yb, yc, alpha, bootstrap_reps, stable_seed(seed, "aa", i, s)))
+            lows.append(slice_lower(yb, yc, alpha, bootstrap_resamples, stable_seed(seed, "aa", i, s)))
         worst[i] = -min(lows)
         binding[int(np.argmin(lows))] += 1
     grid = [round(_STEP * k, 10) for k in range(1, 100)]

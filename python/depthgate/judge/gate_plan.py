@@ -7,12 +7,12 @@ import hashlib
 from typing import Any, Literal
 
 import numpy.typing as npt
-from pydantic import AliasChoices, ConfigDict, Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, model_validator
 
 from depthgate.exceptions import SpecError
 from depthgate.judge.bootstrap import BootstrapBounds
 from depthgate.judge.percentile import bootstrap_percentile
-from depthgate.spec.base import StrictInt, violation
+from depthgate.spec.base import violation
 from depthgate.spec.loading import spec_error_from_validation
 from depthgate.spec.models import AnalysisPlan
 from depthgate.spec.models import look_alpha as _look_alpha
@@ -52,15 +52,9 @@ class GatePlan(AnalysisPlan):
 
     The numeric rules are :func:`depthgate.spec.models.plan_violations` (inherited from the analysis
     plan), with the slice count when the slices are planned. An invalid plan raises :class:`SpecError`
-    naming the field and the fix (``bootstrap_reps`` is accepted and read as ``bootstrap_resamples``).
+    naming the field and the fix.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False, populate_by_name=True)
-
-    # The gate's plans are built in code (tests, simulations), where B has always been "bootstrap_reps".
-    bootstrap_resamples: StrictInt = Field(
-        default=9999, ge=99, validation_alias=AliasChoices("bootstrap_resamples", "bootstrap_reps")
-    )
     regression_method: Literal["BY", "holm"] = "BY"
     planned_slices: tuple[tuple[int, str], ...] | None = None
     block_known_gap: bool = True
@@ -80,15 +74,7 @@ class GatePlan(AnalysisPlan):
             super().__init__(**data)
         except ValidationError as exc:
             error = spec_error_from_validation(exc, file=None)
-            field = error.field
-            if field == "bootstrap_resamples" and "bootstrap_reps" in data:
-                field = "bootstrap_reps"  # the name the caller gave
-            raise SpecError(f"invalid gate plan: {error.message}", field=field, fix=error.fix) from None
-
-    @property
-    def bootstrap_reps(self) -> int:
-        """B, under the gate's historical name."""
-        return self.bootstrap_resamples
+            raise SpecError(f"invalid gate plan: {error.message}", field=error.field, fix=error.fix) from None
 
     @model_validator(mode="after")
     def _check_design(self) -> GatePlan:
@@ -128,7 +114,7 @@ class GatePlan(AnalysisPlan):
             differences,
             self.margin,
             self.look_alpha,
-            self.bootstrap_reps,
+            self.bootstrap_resamples,
             stable_seed(self.bootstrap_seed, *key),
         )
 
@@ -136,7 +122,7 @@ class GatePlan(AnalysisPlan):
         """The gate's parameters as verdict.json has always written them (same keys, same order)."""
         out: dict[str, Any] = {}
         for name in _DICT_FIELDS:
-            value = getattr(self, name)
+            value = getattr(self, _DICT_ATTRIBUTES.get(name, name))
             if name == "planned_slices" and value is not None:
                 value = [[length, position] for length, position in value]
             elif isinstance(value, tuple):
@@ -168,6 +154,9 @@ _DICT_FIELDS = (
     "planned_seeds",
     "spaced_cases",
 )
+# verdict.json keys that are not the field's name: B has always been written as "bootstrap_reps", and
+# renaming the key would change the bytes of every shipped verdict (tests/cli/test_shipped_runs.py).
+_DICT_ATTRIBUTES = {"bootstrap_reps": "bootstrap_resamples"}
 
 
 def stable_seed(base: int, *parts: object) -> int:

@@ -346,7 +346,7 @@ def _aa_release(
         alpha=alpha,
         target=gate_plan.power,
         sims=sims,
-        bootstrap_reps=min(gate_plan.bootstrap_reps, 499),
+        bootstrap_resamples=min(gate_plan.bootstrap_resamples, 499),
         seed=gate_plan.bootstrap_seed,
         n_cases=n_cases,
     )

@@ -39,7 +39,7 @@ class SimulatedPower(FiniteRow):
     rate: float
     mc_se: float
     predicted: float
-    bootstrap_reps: int
+    bootstrap_resamples: int
     seed: int
 
 
@@ -111,7 +111,7 @@ def simulate_gate_power(
     true_delta: float = 0.0,
     sims: int = 400,
     seed: int = 0,
-    bootstrap_reps: int = 999,
+    bootstrap_resamples: int = 999,
     batch: int = 100,
 ) -> SimulatedPower:
     """Monte Carlo power of :func:`depthgate.judge.stats.gate` itself on data drawn from ``design``
@@ -127,13 +127,13 @@ def simulate_gate_power(
         margin=margin,
         alpha=alpha,
         n_min=max(2, n_cases),
-        bootstrap_reps=bootstrap_reps,
+        bootstrap_resamples=bootstrap_resamples,
         bootstrap_seed=seed,
         max_missing=0.5,
     )
     # Slices per gate() call: no more than the plan's B can serve (the gate applies the B rule to the
     # slices of records gated without a pre-registered list, issue #22).
-    while batch > 1 and min_bootstrap_resamples(batch, alpha) > bootstrap_reps:
+    while batch > 1 and min_bootstrap_resamples(batch, alpha) > bootstrap_resamples:
         batch -= 1
     shown = 0
     done = 0
@@ -147,5 +147,5 @@ def simulate_gate_power(
     se = math.sqrt(max(rate * (1.0 - rate), 0.25 / sims) / sims)
     predicted = predicted_power(design, n_cases, seeds, margin, alpha, true_delta)
     return SimulatedPower(
-        n_cases, seeds, margin, alpha, true_delta, sims, shown, rate, se, predicted, bootstrap_reps, seed
+        n_cases, seeds, margin, alpha, true_delta, sims, shown, rate, se, predicted, bootstrap_resamples, seed
     )

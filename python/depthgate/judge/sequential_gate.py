@@ -180,7 +180,7 @@ def replay_looks(
                 yc,
                 plan.margin,
                 level,
-                plan.bootstrap_reps,
+                plan.bootstrap_resamples,
                 stable_seed(plan.bootstrap_seed, "look", k + 1, length, position),
                 boundary=design.boundary,
                 seeds_planned=len(seeds),

@@ -307,7 +307,7 @@ def _observed_draft(
             data.candidate,
             plan.margin,
             plan.look_alpha,
-            plan.bootstrap_reps,
+            plan.bootstrap_resamples,
             draft.seed,
             seeds_planned=data.seeds,
         )
@@ -490,7 +490,7 @@ def _check_bootstrap_for(plan: GatePlan, n_slices: int) -> None:
     ):
         if name == "bootstrap_resamples":
             raise SpecError(
-                f"invalid gate plan for these records: {problem}", field="bootstrap_reps", fix=fix
+                f"invalid gate plan for these records: {problem}", field="bootstrap_resamples", fix=fix
             )
 
 
@@ -603,7 +603,7 @@ def _overall(cells: Sequence[_Cell], plan: GatePlan) -> OverallResult | None:
     p_ni = (
         boot.p_ni
         if boot.p_ni is not None
-        else (1.0 / (plan.bootstrap_reps + 1) if boot.lower > -plan.margin else 1.0)
+        else (1.0 / (plan.bootstrap_resamples + 1) if boot.lower > -plan.margin else 1.0)
     )
     return OverallResult(
         n_cases=int(d.size),
@@ -685,7 +685,7 @@ def _worst_positions(
             spread = plan.bootstrap(gb - gc, "range", length)
             p_worst = worst.p_ni
             if p_worst is None:
-                p_worst = 1.0 / (plan.bootstrap_reps + 1) if worst.lower > -plan.margin else 1.0
+                p_worst = 1.0 / (plan.bootstrap_resamples + 1) if worst.lower > -plan.margin else 1.0
             summary.update(
                 worst_acc_baseline=float(wb.mean()),
                 worst_acc_candidate=float(wc.mean()),
