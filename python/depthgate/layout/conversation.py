@@ -23,6 +23,9 @@ import polars as pl
 
 from depthgate.exceptions import SpecError, TemplateError, VerificationError
 from depthgate.layout.templates import SLOT_SENTINEL, ChatTemplate, Frame, check_slot_text
+from depthgate.spec.assemblers import assemble
+from depthgate.spec.cases import Case
+from depthgate.spec.matrix import MAX_TURNS, turns_for_length
 
 __all__ = [
     "MAX_TURNS",
@@ -31,12 +34,11 @@ __all__ = [
     "Conversation",
     "conversation_frame",
     "conversation_messages",
+    "prove_cases",
     "prove_rendered",
     "turn_columns",
     "turn_roles",
 ]
-
-MAX_TURNS = 255
 
 #: The columns a conversation layout adds to layouts.parquet: the turn the moving block starts in
 #: (1-based) and every turn's content span (token and char range, from the final encoding).
@@ -59,13 +61,62 @@ TURN_SCHEMA: dict[str, Any] = {
 
 @dataclasses.dataclass(frozen=True)
 class Conversation:
-    """The conversation shape of a build: ``turns`` context turns (odd), an optional system turn."""
+    """The conversation shape of a build: ``turns`` context turns (odd) or, with ``turn_tokens`` instead,
+    per length the odd count nearest ``length / turn_tokens`` (:func:`turns_for_length`); an optional
+    system turn. A frame has one turn count: :meth:`batches` splits the lengths by it."""
 
-    turns: int
+    turns: int | None = None
     system: str | None = None
+    turn_tokens: int | None = None
 
     def __post_init__(self) -> None:
-        _check_turns(self.turns)
+        if (self.turns is None) == (self.turn_tokens is None):
+            raise SpecError(
+                "a conversation needs exactly one of turns and turn_tokens",
+                field="turns",
+                fix="give turns = N (odd) or turn_tokens = N (tokens per turn)",
+            )
+        if self.turns is not None:
+            _check_turns(self.turns)
+        elif (
+            isinstance(self.turn_tokens, bool)
+            or not isinstance(self.turn_tokens, int)
+            or self.turn_tokens < 1
+        ):
+            raise SpecError(
+                f"turn_tokens = {self.turn_tokens!r} is not a positive number of tokens",
+                field="turn_tokens",
+                fix="give the tokens a turn should hold, e.g. turn_tokens = 256",
+            )
+
+    def turns_at(self, length: int) -> int:
+        """The turn count of this conversation at ``length`` tokens."""
+        if self.turns is not None:
+            return self.turns
+        assert self.turn_tokens is not None  # __post_init__: exactly one is set
+        return turns_for_length(length, self.turn_tokens)
+
+    def fixed_turns(self) -> int:
+        """``turns``, for a frame: a ``turn_tokens`` conversation is framed per batch (:meth:`batches`)."""
+        if self.turns is None:
+            raise SpecError(
+                "a turn_tokens conversation has no single turn count to frame",
+                field="turn_tokens",
+                fix="frame each length's conversation from Conversation.batches (a depthgate bug if seen)",
+            )
+        return self.turns
+
+    def at(self, length: int) -> Conversation:
+        """The fixed-``turns`` conversation this one is at ``length`` tokens (itself when fixed)."""
+        return self if self.turns is not None else Conversation(self.turns_at(length), system=self.system)
+
+    def batches(self, lengths: Sequence[int]) -> list[tuple[Conversation, list[int]]]:
+        """The lengths by turn count, each with the fixed-``turns`` conversation they are built as (first
+        length first). A ``turns`` conversation is one batch of every length: its build is unchanged."""
+        by_turns: dict[Conversation, list[int]] = {}
+        for length in lengths:
+            by_turns.setdefault(self.at(length), []).append(length)
+        return list(by_turns.items())
 
 
 # What turn k > 1 says before its slot, by role: non-whitespace, so trimming templates keep it.
@@ -194,6 +245,28 @@ def turn_columns(meta: Sequence[Mapping[str, Any]], roles: Sequence[str]) -> dic
             [{**span, "role": roles[span["turn"] - 1]} for span in m.get("turn_spans") or []] for m in meta
         ],
     }
+
+
+def prove_cases(
+    template: ChatTemplate,
+    conversation: Conversation,
+    layouts: pl.DataFrame,
+    members: Sequence[tuple[Case, Frame]],
+    *,
+    assembler: str,
+    preamble: str,
+) -> None:
+    """:func:`prove_rendered` for each case's layouts of one built batch (the case's frame and text)."""
+    for case, frame in members:
+        parts = assemble(assembler, case, preamble)
+        prove_rendered(
+            template,
+            frame,
+            layouts.filter(pl.col("case_id") == case.id),
+            system=conversation.system,
+            user_before=parts.before,
+            user_after=parts.after,
+        )
 
 
 def prove_rendered(
