@@ -26,6 +26,7 @@ from depthgate.layout.templates import SLOT_SENTINEL, ChatTemplate, Frame, check
 from depthgate.spec.assemblers import assemble
 from depthgate.spec.cases import Case
 from depthgate.spec.matrix import MAX_TURNS, turns_for_length
+from depthgate.spec.mrcr import exchange_texts
 
 __all__ = [
     "MAX_TURNS",
@@ -34,6 +35,8 @@ __all__ = [
     "Conversation",
     "conversation_frame",
     "conversation_messages",
+    "exchange_block",
+    "exchanges_of",
     "prove_cases",
     "prove_rendered",
     "turn_columns",
@@ -184,9 +187,14 @@ def conversation_frame(
     user_before: str,
     user_after: str,
     answer_prefix: str = "",
+    exchanges: int = 0,
 ) -> Frame:
-    """Frame of a ``turns``-turn conversation (``Frame.separators`` between the turns' slots)."""
+    """Frame of a ``turns``-turn conversation (``Frame.separators`` between the turns' slots). With
+    ``exchanges`` (MRCR needles, :func:`exchange_block`) the conversation has ``turns + 2 × exchanges``
+    turns, and its separators must depend on the roles alone (the exchanges' separators move with the
+    block, so one user → assistant and one assistant → user text must serve every place)."""
     _check_turns(turns)
+    turns += 2 * exchanges
     check_slot_text(template, system=system, user_before=user_before, user_after=user_after)
     roles = turn_roles(turns)
 
@@ -223,6 +231,14 @@ def conversation_frame(
                     field="chat_template",
                     fix='use a template that renders past turns verbatim, or shape = "single"',
                 )
+    if exchanges and len(set(pieces[1:-1:2])) + len(set(pieces[2:-1:2])) > 2:
+        raise TemplateError(
+            "template renders the text between turns differently by the turn's place in the conversation, "
+            "so MRCR exchanges (whose turn separators move with the needles) cannot be laid out",
+            file=template.path,
+            field="chat_template",
+            fix='use a template whose turn markers depend only on the roles, or pattern = "default"',
+        )
     bos = template.bos_token
     return Frame(
         prefix=pieces[0],
@@ -234,7 +250,45 @@ def conversation_frame(
         separators=tuple(pieces[1:-1]),
         answer_prefix=answer_prefix,
         roles=roles,
+        exchanges=exchanges,
     )
+
+
+def exchanges_of(case: Case, conversation: Conversation | None) -> int:
+    """How many needle exchanges a case lays out (:func:`exchange_block`): an MRCR case's needles in a
+    conversation, else 0 (single-slot MRCR keeps its needles in one block of text)."""
+    return len(case.decisive) if conversation is not None and case.evidence_pattern == "mrcr" else 0
+
+
+def exchange_block(case: Case, frame: Frame, gaps: Sequence[Sequence[str]] = ()) -> dict[str, Any]:
+    """The core's spec fields of an MRCR case laid out as exchanges (issue 25 item 3): the moving block,
+    the haystack's own turn separators (``turns``) and the unit whose turn the layout records
+    (``asked``: the asked needle's reply). Per needle: its request (kind "request": a span, but it
+    repeats by design), the user → assistant separator, its reply (the needle's evidence id, the code),
+    the assistant → user separator; a spacing's filler opens the user turn before the next request.
+    The block moves as one (rust/depthgate-core/src/layout/haystack.rs, ``is_exchange_block``), into
+    user turns only."""
+    user_to_assistant, assistant_to_user = frame.separators[0], frame.separators[1]
+    moving: list[dict[str, Any]] = []
+    for index, doc in enumerate(case.decisive):
+        if index and gaps:
+            moving += [
+                {"id": f"{case.id}~gap{index}.{k}", "text": text, "kind": "filler"}
+                for k, text in enumerate(gaps[index - 1])
+            ]
+        request, reply = exchange_texts(doc.text)
+        moving += [
+            {"id": f"{doc.id}/request", "text": request, "kind": "request"},
+            {"id": f"{doc.id}/to-assistant", "text": user_to_assistant, "kind": "frame"},
+            {"id": doc.id, "text": reply, "kind": "evidence"},
+            {"id": f"{doc.id}/to-user", "text": assistant_to_user, "kind": "frame"},
+        ]
+    asked = [doc.id for doc in case.decisive if doc.supports]
+    return {
+        "moving": moving,
+        "turns": list(frame.separators[: len(frame.separators) - 2 * frame.exchanges]),
+        **({"asked": asked[0]} if len(asked) == 1 else {}),
+    }
 
 
 def turn_columns(meta: Sequence[Mapping[str, Any]], roles: Sequence[str]) -> dict[str, list[Any]]:

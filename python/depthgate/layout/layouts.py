@@ -30,6 +30,8 @@ from depthgate.layout.conversation import (
     TURN_SCHEMA,
     Conversation,
     conversation_frame,
+    exchange_block,
+    exchanges_of,
     prove_cases,
     turn_columns,
 )
@@ -277,6 +279,7 @@ def case_frame(
             user_before=parts.before,
             user_after=parts.after,
             answer_prefix=parts.answer,
+            exchanges=exchanges_of(case, conversation),
         )
     if template is None:
         return raw_frame(user_before=parts.before, user_after=parts.after, answer_prefix=parts.answer)
@@ -323,6 +326,9 @@ def _case_spec(
     case_digest = case.digest()
     if gaps:  # the gap texts are part of what the layout id binds
         case_digest = _fields_digest([case_digest, *(t for gap in gaps for t in (SPACING_SEP, *gap))])
+    exchanges = exchange_block(case, frame, gaps) if frame.exchanges else {}
+    if exchanges:  # MRCR needles as exchanges: another block than the same case's text block
+        case_digest = _fields_digest([case_digest, "mrcr-exchanges"])
     anchored: list[dict[str, Any]] = []
     for doc in case.competing:
         depth = case.competing_depth if case.competing_depth is not None else 0.5
@@ -338,6 +344,7 @@ def _case_spec(
         "anchored": anchored,
         "filler_offset": filler_offset,
         **({"turns": list(frame.separators)} if frame.separators else {}),
+        **exchanges,
     }
 
 

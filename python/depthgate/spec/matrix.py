@@ -283,6 +283,13 @@ class Matrix(Frozen):
                     field=f"positions[{index}]",
                     fix='set shape = "conversation" with turns, or give a depth such as 0.5',
                 )
+            if turn is not None and turn % 2 == 0 and self._mrcr_exchanges():
+                raise violation(
+                    f"{position!r} names an assistant turn, but MRCR needles in a conversation are "
+                    "exchanges that start in a user turn",
+                    field=f"positions[{index}]",
+                    fix="use an odd turn (@turn:1, @turn:3 …), or a depth",
+                )
             fewest = self.fewest_turns()
             if turn is not None and fewest is not None and turn > fewest:
                 has = (
@@ -343,6 +350,11 @@ class Matrix(Frozen):
                 field="turns",
                 fix="give turns = 3, 5, 9 … (user/assistant alternate; the last turn is the user's question)",
             )
+
+    def _mrcr_exchanges(self) -> bool:
+        """MRCR needles laid out as user/assistant exchanges (a conversation of an MRCR suite)."""
+        suite = self.suite
+        return self.shape == "conversation" and isinstance(suite, BuiltinSuiteRef) and suite.pattern == "mrcr"
 
     def fewest_turns(self) -> int | None:
         """The smallest turn count of the matrix's conversations (None: single slot or no count)."""
