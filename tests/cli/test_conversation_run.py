@@ -44,8 +44,24 @@ POSITIONS = "positions = [0.0, 0.5, 1.0]"
             ["positions[0]", 'shape is "single"', "fix", 'shape = "conversation"'],
         ),
         ([(POSITIONS, 'positions = ["@turn:0"]')], ["positions[0]", "is not a position", "fix", "@turn:3"]),
+        # turn_tokens (the turn-length target): the alternative to turns, never both or neither
+        ([("turns = 5\n", "turns = 5\nturn_tokens = 256\n")], ["turn_tokens", "both set", "fix", "keep one"]),
+        ([("turns = 5\n", "")], ["turns", "neither turns nor turn_tokens", "fix", "turn_tokens = N"]),
+        ([("turns = 5\n", "turn_tokens = 0\n")], ["turn_tokens", "not a positive number", "fix"]),
+        (
+            [('shape = "conversation"\n', ""), ("turns = 5\n", "turn_tokens = 256\n")],
+            ["turn_tokens", 'shape is "single"', "fix", 'shape = "conversation"'],
+        ),
     ],
-    ids=["turn-beyond-turns", "turn-on-single-shape", "turn-zero"],
+    ids=[
+        "turn-beyond-turns",
+        "turn-on-single-shape",
+        "turn-zero",
+        "turn-tokens-and-turns",
+        "no-turn-count",
+        "turn-tokens-zero",
+        "turn-tokens-on-single-shape",
+    ],
 )
 def test_bad_turn_positions_are_refused_by_file_field_and_fix(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], edits: list[tuple[str, str]], fragments: list[str]

@@ -134,3 +134,19 @@ def test_the_shipped_mrcr_matrix_asks_for_mrcr_conversations() -> None:
     suite = resolve_suite(matrix.suite)
     assert len(suite.cases) == 8 and {len(c.decisive) for c in suite.cases} == {4}
     assert all("second reply" in c.query for c in suite.cases)
+
+
+def test_an_assistant_turn_is_refused_for_mrcr_exchanges(tmp_path: Path) -> None:
+    """MRCR needles in a conversation are exchanges that start in a user turn: ``@turn:2`` is refused by
+    file, field and fix; the same position on a default suite is accepted."""
+    root = Path(__file__).resolve().parents[2]
+    text = (root / "matrices" / "conversation-mrcr-embedded.toml").read_text(encoding="utf-8")
+    path = tmp_path / "m.toml"
+    path.write_text(text.replace('"@turn:3"', '"@turn:2"'), encoding="utf-8")
+    with pytest.raises(SpecError, match=r"assistant turn") as info:
+        load_matrix(path)
+    assert info.value.file == str(path) and info.value.field == "positions[1]"
+    assert "odd turn" in (info.value.fix or "")
+    plain = text.replace('"@turn:3"', '"@turn:2"').replace(', pattern = "mrcr", needles = 4, k = 2', "")
+    path.write_text(plain, encoding="utf-8")
+    assert "@turn:2" in load_matrix(path).position_values()

@@ -115,7 +115,9 @@ class ArmSetup:
 
 def matrix_conversation(matrix: Matrix) -> Conversation | None:
     """The conversation shape a matrix asks for (issue 25), or None for one user turn."""
-    return Conversation(matrix.turns or 1) if matrix.shape == "conversation" else None
+    if matrix.shape != "conversation":
+        return None
+    return Conversation(matrix.turns, turn_tokens=matrix.turn_tokens)
 
 
 def _snapshots(system: System, matrix_dir: Path) -> dict[str, Any]:

@@ -23,6 +23,10 @@ import polars as pl
 
 from depthgate.exceptions import SpecError, TemplateError, VerificationError
 from depthgate.layout.templates import SLOT_SENTINEL, ChatTemplate, Frame, check_slot_text
+from depthgate.spec.assemblers import assemble
+from depthgate.spec.cases import Case
+from depthgate.spec.matrix import MAX_TURNS, turns_for_length
+from depthgate.spec.mrcr import exchange_texts
 
 __all__ = [
     "MAX_TURNS",
@@ -31,12 +35,13 @@ __all__ = [
     "Conversation",
     "conversation_frame",
     "conversation_messages",
+    "exchange_block",
+    "exchanges_of",
+    "prove_cases",
     "prove_rendered",
     "turn_columns",
     "turn_roles",
 ]
-
-MAX_TURNS = 255
 
 #: The columns a conversation layout adds to layouts.parquet: the turn the moving block starts in
 #: (1-based) and every turn's content span (token and char range, from the final encoding).
@@ -59,13 +64,62 @@ TURN_SCHEMA: dict[str, Any] = {
 
 @dataclasses.dataclass(frozen=True)
 class Conversation:
-    """The conversation shape of a build: ``turns`` context turns (odd), an optional system turn."""
+    """The conversation shape of a build: ``turns`` context turns (odd) or, with ``turn_tokens`` instead,
+    per length the odd count nearest ``length / turn_tokens`` (:func:`turns_for_length`); an optional
+    system turn. A frame has one turn count: :meth:`batches` splits the lengths by it."""
 
-    turns: int
+    turns: int | None = None
     system: str | None = None
+    turn_tokens: int | None = None
 
     def __post_init__(self) -> None:
-        _check_turns(self.turns)
+        if (self.turns is None) == (self.turn_tokens is None):
+            raise SpecError(
+                "a conversation needs exactly one of turns and turn_tokens",
+                field="turns",
+                fix="give turns = N (odd) or turn_tokens = N (tokens per turn)",
+            )
+        if self.turns is not None:
+            _check_turns(self.turns)
+        elif (
+            isinstance(self.turn_tokens, bool)
+            or not isinstance(self.turn_tokens, int)
+            or self.turn_tokens < 1
+        ):
+            raise SpecError(
+                f"turn_tokens = {self.turn_tokens!r} is not a positive number of tokens",
+                field="turn_tokens",
+                fix="give the tokens a turn should hold, e.g. turn_tokens = 256",
+            )
+
+    def turns_at(self, length: int) -> int:
+        """The turn count of this conversation at ``length`` tokens."""
+        if self.turns is not None:
+            return self.turns
+        assert self.turn_tokens is not None  # __post_init__: exactly one is set
+        return turns_for_length(length, self.turn_tokens)
+
+    def fixed_turns(self) -> int:
+        """``turns``, for a frame: a ``turn_tokens`` conversation is framed per batch (:meth:`batches`)."""
+        if self.turns is None:
+            raise SpecError(
+                "a turn_tokens conversation has no single turn count to frame",
+                field="turn_tokens",
+                fix="frame each length's conversation from Conversation.batches (a depthgate bug if seen)",
+            )
+        return self.turns
+
+    def at(self, length: int) -> Conversation:
+        """The fixed-``turns`` conversation this one is at ``length`` tokens (itself when fixed)."""
+        return self if self.turns is not None else Conversation(self.turns_at(length), system=self.system)
+
+    def batches(self, lengths: Sequence[int]) -> list[tuple[Conversation, list[int]]]:
+        """The lengths by turn count, each with the fixed-``turns`` conversation they are built as (first
+        length first). A ``turns`` conversation is one batch of every length: its build is unchanged."""
+        by_turns: dict[Conversation, list[int]] = {}
+        for length in lengths:
+            by_turns.setdefault(self.at(length), []).append(length)
+        return list(by_turns.items())
 
 
 # What turn k > 1 says before its slot, by role: non-whitespace, so trimming templates keep it.
@@ -133,9 +187,14 @@ def conversation_frame(
     user_before: str,
     user_after: str,
     answer_prefix: str = "",
+    exchanges: int = 0,
 ) -> Frame:
-    """Frame of a ``turns``-turn conversation (``Frame.separators`` between the turns' slots)."""
+    """Frame of a ``turns``-turn conversation (``Frame.separators`` between the turns' slots). With
+    ``exchanges`` (MRCR needles, :func:`exchange_block`) the conversation has ``turns + 2 × exchanges``
+    turns, and its separators must depend on the roles alone (the exchanges' separators move with the
+    block, so one user → assistant and one assistant → user text must serve every place)."""
     _check_turns(turns)
+    turns += 2 * exchanges
     check_slot_text(template, system=system, user_before=user_before, user_after=user_after)
     roles = turn_roles(turns)
 
@@ -172,6 +231,14 @@ def conversation_frame(
                     field="chat_template",
                     fix='use a template that renders past turns verbatim, or shape = "single"',
                 )
+    if exchanges and len(set(pieces[1:-1:2])) + len(set(pieces[2:-1:2])) > 2:
+        raise TemplateError(
+            "template renders the text between turns differently by the turn's place in the conversation, "
+            "so MRCR exchanges (whose turn separators move with the needles) cannot be laid out",
+            file=template.path,
+            field="chat_template",
+            fix='use a template whose turn markers depend only on the roles, or pattern = "default"',
+        )
     bos = template.bos_token
     return Frame(
         prefix=pieces[0],
@@ -183,7 +250,45 @@ def conversation_frame(
         separators=tuple(pieces[1:-1]),
         answer_prefix=answer_prefix,
         roles=roles,
+        exchanges=exchanges,
     )
+
+
+def exchanges_of(case: Case, conversation: Conversation | None) -> int:
+    """How many needle exchanges a case lays out (:func:`exchange_block`): an MRCR case's needles in a
+    conversation, else 0 (single-slot MRCR keeps its needles in one block of text)."""
+    return len(case.decisive) if conversation is not None and case.evidence_pattern == "mrcr" else 0
+
+
+def exchange_block(case: Case, frame: Frame, gaps: Sequence[Sequence[str]] = ()) -> dict[str, Any]:
+    """The core's spec fields of an MRCR case laid out as exchanges (issue 25 item 3): the moving block,
+    the haystack's own turn separators (``turns``) and the unit whose turn the layout records
+    (``asked``: the asked needle's reply). Per needle: its request (kind "request": a span, but it
+    repeats by design), the user → assistant separator, its reply (the needle's evidence id, the code),
+    the assistant → user separator; a spacing's filler opens the user turn before the next request.
+    The block moves as one (rust/depthgate-core/src/layout/haystack.rs, ``is_exchange_block``), into
+    user turns only."""
+    user_to_assistant, assistant_to_user = frame.separators[0], frame.separators[1]
+    moving: list[dict[str, Any]] = []
+    for index, doc in enumerate(case.decisive):
+        if index and gaps:
+            moving += [
+                {"id": f"{case.id}~gap{index}.{k}", "text": text, "kind": "filler"}
+                for k, text in enumerate(gaps[index - 1])
+            ]
+        request, reply = exchange_texts(doc.text)
+        moving += [
+            {"id": f"{doc.id}/request", "text": request, "kind": "request"},
+            {"id": f"{doc.id}/to-assistant", "text": user_to_assistant, "kind": "frame"},
+            {"id": doc.id, "text": reply, "kind": "evidence"},
+            {"id": f"{doc.id}/to-user", "text": assistant_to_user, "kind": "frame"},
+        ]
+    asked = [doc.id for doc in case.decisive if doc.supports]
+    return {
+        "moving": moving,
+        "turns": list(frame.separators[: len(frame.separators) - 2 * frame.exchanges]),
+        **({"asked": asked[0]} if len(asked) == 1 else {}),
+    }
 
 
 def turn_columns(meta: Sequence[Mapping[str, Any]], roles: Sequence[str]) -> dict[str, list[Any]]:
@@ -194,6 +299,28 @@ def turn_columns(meta: Sequence[Mapping[str, Any]], roles: Sequence[str]) -> dic
             [{**span, "role": roles[span["turn"] - 1]} for span in m.get("turn_spans") or []] for m in meta
         ],
     }
+
+
+def prove_cases(
+    template: ChatTemplate,
+    conversation: Conversation,
+    layouts: pl.DataFrame,
+    members: Sequence[tuple[Case, Frame]],
+    *,
+    assembler: str,
+    preamble: str,
+) -> None:
+    """:func:`prove_rendered` for each case's layouts of one built batch (the case's frame and text)."""
+    for case, frame in members:
+        parts = assemble(assembler, case, preamble)
+        prove_rendered(
+            template,
+            frame,
+            layouts.filter(pl.col("case_id") == case.id),
+            system=conversation.system,
+            user_before=parts.before,
+            user_after=parts.after,
+        )
 
 
 def prove_rendered(

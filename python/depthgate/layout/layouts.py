@@ -16,7 +16,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -30,7 +30,9 @@ from depthgate.layout.conversation import (
     TURN_SCHEMA,
     Conversation,
     conversation_frame,
-    prove_rendered,
+    exchange_block,
+    exchanges_of,
+    prove_cases,
     turn_columns,
 )
 from depthgate.layout.gguf_tokenizer import resolve_tokenizer_path
@@ -272,11 +274,12 @@ def case_frame(
             )
         return conversation_frame(
             template,
-            turns=conversation.turns,
+            turns=conversation.fixed_turns(),
             system=conversation.system,
             user_before=parts.before,
             user_after=parts.after,
             answer_prefix=parts.answer,
+            exchanges=exchanges_of(case, conversation),
         )
     if template is None:
         return raw_frame(user_before=parts.before, user_after=parts.after, answer_prefix=parts.answer)
@@ -323,6 +326,9 @@ def _case_spec(
     case_digest = case.digest()
     if gaps:  # the gap texts are part of what the layout id binds
         case_digest = _fields_digest([case_digest, *(t for gap in gaps for t in (SPACING_SEP, *gap))])
+    exchanges = exchange_block(case, frame, gaps) if frame.exchanges else {}
+    if exchanges:  # MRCR needles as exchanges: another block than the same case's text block
+        case_digest = _fields_digest([case_digest, "mrcr-exchanges"])
     anchored: list[dict[str, Any]] = []
     for doc in case.competing:
         depth = case.competing_depth if case.competing_depth is not None else 0.5
@@ -338,6 +344,7 @@ def _case_spec(
         "anchored": anchored,
         "filler_offset": filler_offset,
         **({"turns": list(frame.separators)} if frame.separators else {}),
+        **exchanges,
     }
 
 
@@ -576,7 +583,15 @@ def _build_call(
                 decisive={s["case_id"]: _decisive_ids(s) for s in specs},
             )
             if options.conversation is not None and options.template is not None:
-                _prove_conversations(built, members, options)
+                # Each conversation layout re-rendered whole by the template.
+                prove_cases(
+                    options.template,
+                    options.conversation,
+                    built,
+                    [(c, f) for c, f, _ in members],
+                    assembler=options.assembler,
+                    preamble=options.preamble,
+                )
             yield built
 
 
@@ -602,34 +617,21 @@ def build_layouts(
     try:
         fillers = _build_fillers(cases, tokenizer, options, any(label != "adjacent" for label, _ in groups))
         sink = layout_sink.LayoutSink(tmp_dir, BUILT_SCHEMA, row_group_rows=layout_sink.ROW_GROUP_ROWS)
+        # One batch per turn count: a turn_tokens conversation's lengths differ in it (one frame each).
+        turns = [] if options.conversation is None else options.conversation.batches(options.lengths)
+        batches = [replace(options, lengths=ls, conversation=c) for c, ls in turns] or [options]
         for chunk_index, chunk in enumerate(_chunks(cases, _CASES_PER_CHUNK)):
             for lang, lang_cases, offsets in _core_calls(chunk_index, chunk, options, fillers):
-                for frame in _build_call(tokenizer, options, groups, fillers[lang], lang_cases, offsets):
-                    sink.add(frame)
-                    summaries.append(frame.drop("token_ids", "text"))
+                for batch in batches:
+                    for frame in _build_call(tokenizer, batch, groups, fillers[lang], lang_cases, offsets):
+                        sink.add(frame)
+                        summaries.append(frame.drop("token_ids", "text"))
         staged = tmp_dir / "layouts.parquet"
         sink.finish(staged)
         os.replace(staged, out_path)
     finally:
         shutil.rmtree(tmp_dir, ignore_errors=True)
     return pl.concat(summaries) if summaries else pl.DataFrame(schema=BUILT_SCHEMA)
-
-
-def _prove_conversations(
-    frame: pl.DataFrame, members: Sequence[tuple[Case, Frame, int]], options: BuildOptions
-) -> None:
-    """Each conversation layout re-rendered whole by the template (conversation.prove_rendered)."""
-    assert options.template is not None and options.conversation is not None
-    for case, case_frame_, _ in members:
-        parts = assemble(options.assembler, case, options.preamble)
-        prove_rendered(
-            options.template,
-            case_frame_,
-            frame.filter(pl.col("case_id") == case.id),
-            system=options.conversation.system,
-            user_before=parts.before,
-            user_after=parts.after,
-        )
 
 
 def _decisive_ids(spec: Mapping[str, Any]) -> frozenset[str]:

@@ -178,7 +178,7 @@ def guard_layouts(
     if pinned_date is None and (system_known or expected_digest == _RAW_DIGEST):
         pinned_date = template.pinned_date.isoformat() if template is not None else ""
     check_frames = cases is not None and (system_known or expected_digest == _RAW_DIGEST)
-    frames: dict[str, Frame | TemplateError] = {}
+    frames: dict[tuple[str, int], Frame | TemplateError] = {}
     if bos_id is None:
         bos_id = tokenizer.bos_id
     contract = _contract(window, max_output_tokens, expected_digest, pinned_date, bos_id)
@@ -215,7 +215,8 @@ def guard_layouts(
             if check_frames and cases is not None and block.case_ids[j] in cases:
                 system = _System(template, preamble, assembler, conversation)
                 case_id, text, turns = str(block.case_ids[j]), block.texts[j], block.turn_spans_of(j)
-                mismatch = _frame_check(frames, cases, case_id, text, turns, system)
+                target = int(block.targets[j])
+                mismatch = _frame_check(frames, cases, (case_id, target), text, turns, system)
                 if mismatch is not None:
                     found[i].append(mismatch)
             codes = {code for code, _ in found[i]}
@@ -264,27 +265,33 @@ class _System:
 
 
 def _frame_check(
-    frames: dict[str, Frame | TemplateError],
+    frames: dict[tuple[str, int], Frame | TemplateError],
     cases: Mapping[str, Case],
-    case_id: str,
+    layout: tuple[str, int],
     text: str,
     turn_spans: Sequence[Mapping[str, Any]],
     system: _System,
 ) -> tuple[str, str] | None:
-    """The frame violation of one layout's prompt against the frame its system renders now for its case
-    (``frames`` caches them per case; a template that raises is the violation of every layout)."""
-    if case_id not in frames:
+    """The frame violation of one layout's prompt (``layout``: its case id and target length) against the
+    frame its system renders now for its case at that length: a ``turn_tokens`` conversation's turn
+    count follows the length (``frames`` caches them per case and turn count; a template that raises is
+    the violation of every layout)."""
+    case_id, target = layout
+    conversation = system.conversation
+    turns = 0 if conversation is None else conversation.turns_at(target)
+    key = (case_id, turns)
+    if key not in frames:
         try:
-            frames[case_id] = case_frame(
+            frames[key] = case_frame(
                 cases[case_id],
                 template=system.template,
                 preamble=system.preamble,
                 assembler=system.assembler,
-                conversation=system.conversation,
+                conversation=None if conversation is None else conversation.at(target),
             )
         except TemplateError as exc:
-            frames[case_id] = exc
-    return _frame_violation({"text": text}, frames[case_id], turn_spans)
+            frames[key] = exc
+    return _frame_violation({"text": text}, frames[key], turn_spans)
 
 
 def _with_violations(
@@ -359,6 +366,7 @@ class _Block:
         self.rows = rows
         self.texts: list[str] = rows["text"].to_list()
         self.case_ids: list[Any] = rows["case_id"].to_list() if "case_id" in rows.columns else [None] * n
+        self.targets: list[Any] = rows["target_tokens"].fill_null(0).to_list()
         self.tokenizer_digests: list[Any] = (
             rows["tokenizer_digest"].to_list() if "tokenizer_digest" in rows.columns else [None] * n
         )

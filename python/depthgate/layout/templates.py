@@ -401,6 +401,10 @@ class Frame:
     separators: tuple[str, ...] = ()
     roles: tuple[str, ...] = ()
     answer_prefix: str = ""
+    # MRCR across turns (issue 25 item 3): how many of the turn pairs are needle exchanges (each a
+    # request ending a user turn, its reply the next assistant turn); their separators travel in the
+    # moving block (conversation.exchange_block), the rest split the haystack.
+    exchanges: int = 0
 
 
 def _renders(template: ChatTemplate, messages: list[dict[str, str]]) -> bool:

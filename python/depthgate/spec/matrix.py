@@ -151,6 +151,17 @@ SuiteRef: TypeAlias = Annotated[
 #: The most canaries per arm, length and kind a matrix may ask for (each is a full-length request).
 MAX_CANARIES = 8
 
+#: The most context turns a conversation may have: every turn's split is proved with its own probe
+#: renders (three per turn, depthgate.layout.conversation), so the proof grows with the square of it.
+MAX_TURNS = 255
+
+
+def turns_for_length(length: int, turn_tokens: int) -> int:
+    """The turn count of a ``length``-token conversation whose turns aim at ``turn_tokens`` tokens each
+    (issue 25 item 1): the odd number nearest ``length / turn_tokens`` (a tie goes up), at least 3.
+    The odd number nearest x is ``2 * floor(x / 2) + 1``; integer arithmetic keeps it exact."""
+    return max(3, 2 * (length // (2 * turn_tokens)) + 1)
+
 
 class Matrix(Frozen):
     """A declarative run matrix (``matrices/*.toml``): suite × lengths × positions × repeats, two systems."""
@@ -177,6 +188,10 @@ class Matrix(Frozen):
     # turn, each turn's split proved faithful (depthgate.layout.conversation).
     shape: Literal["single", "conversation"] = "single"
     turns: StrictInt | None = None
+    # The alternative to `turns`: each length's conversation gets the odd turn count nearest
+    # length / turn_tokens (turns_for_length), so a longer prompt has more turns, not longer ones.
+    # Left out of the digest when unset (conversation matrices with `turns` keep their run ids).
+    turn_tokens: StrictInt | None = None
     decode: DecodeParams = DecodeParams()
     baseline: System
     candidate: System
@@ -250,18 +265,15 @@ class Matrix(Frozen):
         return self
 
     def _check_shape(self) -> None:
-        if self.shape == "single" and self.turns is not None:
-            raise violation(
-                'turns is set but shape is "single"',
-                field="turns",
-                fix='set shape = "conversation" or drop turns',
-            )
-        if self.shape == "conversation" and (self.turns is None or self.turns < 1 or self.turns % 2 == 0):
-            raise violation(
-                f'shape "conversation" needs an odd number of turns (got {self.turns})',
-                field="turns",
-                fix="give turns = 3, 5, 9 … (user/assistant alternate; the last turn is the user's question)",
-            )
+        for name in ("turns", "turn_tokens"):
+            if self.shape == "single" and getattr(self, name) is not None:
+                raise violation(
+                    f'{name} is set but shape is "single"',
+                    field=name,
+                    fix=f'set shape = "conversation" or drop {name}',
+                )
+        if self.shape == "conversation":
+            self._check_turn_count()
         # "@turn:K" places the evidence in the middle of turn K's content: a conversation's turn only.
         for index, position in enumerate(self.positions):
             turn = PositionLabel.of(position).turn
@@ -271,11 +283,25 @@ class Matrix(Frozen):
                     field=f"positions[{index}]",
                     fix='set shape = "conversation" with turns, or give a depth such as 0.5',
                 )
-            if turn is not None and self.turns is not None and turn > self.turns:
+            if turn is not None and turn % 2 == 0 and self._mrcr_exchanges():
                 raise violation(
-                    f"{position!r} names turn {turn}, but the conversation has {self.turns} turns",
+                    f"{position!r} names an assistant turn, but MRCR needles in a conversation are "
+                    "exchanges that start in a user turn",
                     field=f"positions[{index}]",
-                    fix=f"use @turn:1 … @turn:{self.turns}, or raise turns",
+                    fix="use an odd turn (@turn:1, @turn:3 …), or a depth",
+                )
+            fewest = self.fewest_turns()
+            if turn is not None and fewest is not None and turn > fewest:
+                has = (
+                    f"the conversation has {fewest} turns"
+                    if self.turns is not None
+                    else f"the {min(self.built_lengths())}-token conversation has {fewest} turns"
+                )
+                raise violation(
+                    f"{position!r} names turn {turn}, but {has}",
+                    field=f"positions[{index}]",
+                    fix=f"use @turn:1 … @turn:{fewest}, or raise "
+                    + ("turns" if self.turns is not None else "the lengths or lower turn_tokens"),
                 )
         if self.shape == "conversation" and any(
             s.chat_template is None for s in (self.baseline, self.candidate)
@@ -285,6 +311,58 @@ class Matrix(Frozen):
                 field="shape",
                 fix="give both systems a chat_template",
             )
+
+    def _check_turn_count(self) -> None:
+        """A conversation has either ``turns`` (odd) or ``turn_tokens`` (positive), never both."""
+        if self.turns is not None and self.turn_tokens is not None:
+            raise violation(
+                "turns and turn_tokens are both set; they are two ways to give the turn count",
+                field="turn_tokens",
+                fix="keep one: turns = N (every length) or turn_tokens = N (the turn count follows the "
+                "length)",
+            )
+        if self.turns is None and self.turn_tokens is None:
+            raise violation(
+                'shape "conversation" needs a turn count: neither turns nor turn_tokens is set',
+                field="turns",
+                fix="give turns = 3, 5, 9 … or turn_tokens = N (each length gets the odd turn count nearest "
+                "length / N)",
+            )
+        if self.turn_tokens is not None:
+            if self.turn_tokens < 1:
+                raise violation(
+                    f"turn_tokens = {self.turn_tokens} is not a positive number of tokens",
+                    field="turn_tokens",
+                    fix="give the tokens a turn should hold, e.g. turn_tokens = 256",
+                )
+            longest = max(self.built_lengths())
+            most = turns_for_length(longest, self.turn_tokens)
+            if most > MAX_TURNS:
+                raise violation(
+                    f"turn_tokens = {self.turn_tokens} gives the {longest}-token conversation {most} turns, "
+                    f"over the limit of {MAX_TURNS}",
+                    field="turn_tokens",
+                    fix=f"give turn_tokens = {longest // (MAX_TURNS + 1) + 1} or more",
+                )
+        elif self.turns is not None and (self.turns < 1 or self.turns % 2 == 0):
+            raise violation(
+                f'shape "conversation" needs an odd number of turns (got {self.turns})',
+                field="turns",
+                fix="give turns = 3, 5, 9 … (user/assistant alternate; the last turn is the user's question)",
+            )
+
+    def _mrcr_exchanges(self) -> bool:
+        """MRCR needles laid out as user/assistant exchanges (a conversation of an MRCR suite)."""
+        suite = self.suite
+        return self.shape == "conversation" and isinstance(suite, BuiltinSuiteRef) and suite.pattern == "mrcr"
+
+    def fewest_turns(self) -> int | None:
+        """The smallest turn count of the matrix's conversations (None: single slot or no count)."""
+        if self.shape != "conversation":
+            return None
+        if self.turn_tokens is not None and self.turn_tokens >= 1:
+            return turns_for_length(min(self.built_lengths()), self.turn_tokens)
+        return self.turns
 
     def _check_spacings(self) -> None:
         if not self.spacings:
@@ -357,6 +435,8 @@ class Matrix(Frozen):
             del data["canaries"]
         if data.get("shape") == "single" and data.get("turns") is None:
             del data["shape"], data["turns"]
+        if data.get("turn_tokens") is None:
+            del data["turn_tokens"]
         if data["suite"].get("conflict") is False:
             del data["suite"]["conflict"]
         if data["suite"].get("pattern") == "default":

@@ -27,7 +27,7 @@ from depthgate.exceptions import SpecError
 from depthgate.spec.cases import Case, Claim, Distractor, EvidenceDoc, Suite
 from depthgate.spec.filler import SplitMix64
 
-__all__ = ["MAX_NEEDLES", "MRCR_DISTRACTORS", "mrcr_problems", "mrcr_suite", "ordinal"]
+__all__ = ["MAX_NEEDLES", "MRCR_DISTRACTORS", "exchange_texts", "mrcr_problems", "mrcr_suite", "ordinal"]
 
 #: The most needles a case may carry (each is a decisive document of the one moving block).
 MAX_NEEDLES = 8
@@ -86,6 +86,16 @@ def mrcr_problems(needles: int, k: int, language: str) -> list[tuple[str, str, s
 
 def _needle(topic: str, reply: str, code: int) -> str:
     return f" Request: write {topic}. Reply: {reply} Reply code {code}."
+
+
+def exchange_texts(needle: str) -> tuple[str, str]:
+    """A needle's request and reply as two messages of a conversation (issue 25 item 3): ``(" Request:
+    write {topic}", " Reply: {reply} Reply code {code}")``. The closing periods go: the request ends a
+    user turn and the reply an assistant turn, and a period before a turn marker that the tokenizer
+    does not treat as special (".<" in byte-level BPE and SentencePiece alike) merges into one token
+    across the turn's edge, which would leave neither span exact."""
+    request, reply = needle.removesuffix(".").split(". Reply: ", 1)
+    return request, f" Reply: {reply}"
 
 
 def _codes(rng: SplitMix64, count: int) -> list[int]:

@@ -134,6 +134,7 @@ pub mod methods {
                 anchored: Vec::new(),
                 filler_offset: 0,
                 turns: Vec::new(),
+                asked: None,
             }],
             lengths: vec![length],
             positions: DEPTHS

@@ -20,6 +20,9 @@ pub enum UnitKind {
     Distractor,
     Filler,
     Frame,
+    /// An MRCR request (issue 25): its span is recorded, but it repeats verbatim by design (the
+    /// same request made several times), so it is neither evidence (occurs once) nor a distractor.
+    Request,
 }
 
 impl UnitKind {
@@ -29,6 +32,7 @@ impl UnitKind {
             UnitKind::Distractor => "distractor",
             UnitKind::Filler => "filler",
             UnitKind::Frame => "frame",
+            UnitKind::Request => "request",
         }
     }
 }
@@ -71,6 +75,10 @@ pub struct CaseSpec {
     /// of a turn, the next role's header, its fixed lead), `turns - 1` of them. Empty: one slot.
     #[serde(default)]
     pub turns: Vec<String>,
+    /// MRCR exchanges in a conversation (issue 25 item 3): the moving unit whose turn the layout
+    /// records as `turn` (the asked needle's reply), instead of the turn the block starts in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub asked: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

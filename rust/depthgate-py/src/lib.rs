@@ -319,6 +319,7 @@ fn presend_check_batch(
             "distractor" => UnitKind::Distractor,
             "filler" => UnitKind::Filler,
             "frame" => UnitKind::Frame,
+            "request" => UnitKind::Request,
             other => {
                 return Err(spec_error(
                     "evidence_spans",

@@ -22,7 +22,12 @@ pub fn build_layouts(tok: &TargetTokenizer, spec: &BatchSpec) -> Result<Vec<Layo
     for case in &spec.cases {
         texts.push((&case.prefix, false));
         texts.push((&case.suffix, false));
-        texts.extend(case.moving.iter().map(|u| (u.text.as_str(), true)));
+        // An MRCR exchange block carries turn separators (frame pieces) among its units.
+        texts.extend(
+            case.moving
+                .iter()
+                .map(|u| (u.text.as_str(), u.kind != UnitKind::Frame)),
+        );
         texts.extend(case.anchored.iter().map(|u| (u.text.as_str(), true)));
         // Turn separators are frame pieces (rendered by the template): never content-checked.
         texts.extend(case.turns.iter().map(|t| (t.as_str(), false)));
@@ -84,6 +89,7 @@ pub(super) fn validate_spec(tok: &TargetTokenizer, spec: &BatchSpec) -> Result<(
         .chain(spec.cases.iter().flat_map(|c| {
             c.moving
                 .iter()
+                .filter(|u| u.kind != UnitKind::Frame)
                 .map(|u| ("moving", &u.text))
                 .chain(c.anchored.iter().map(|u| ("anchored", &u.text)))
         }))
@@ -207,6 +213,7 @@ pub(super) fn case_context<'a>(
     for (id, text) in case
         .moving
         .iter()
+        .filter(|u| u.kind != UnitKind::Frame)
         .map(|u| (&u.id, &u.text))
         .chain(case.anchored.iter().map(|u| (&u.id, &u.text)))
     {

@@ -46,6 +46,28 @@ impl Haystack {
     pub(super) fn turn_at(&self, k: usize) -> usize {
         1 + self.separators.partition_point(|&j| j < k)
     }
+
+    /// Whether an MRCR exchange block (see [`is_exchange_block`]) may go in at boundary `k`: inside
+    /// a user turn (odd), and not directly before a separator (the block ends with one: two
+    /// separators in a row would leave a user turn with no content between them).
+    pub(super) fn takes_exchanges(&self, k: usize) -> bool {
+        self.turn_at(k) % 2 == 1 && self.separators.binary_search(&k).is_err()
+    }
+}
+
+/// MRCR across turns (issue 25 item 3): the moving block of an MRCR case in a conversation holds each
+/// needle as its own exchange — `request, separator (user → assistant), reply, separator (assistant →
+/// user)` per needle, filler of a spacing after the second separator — so the request ends a user
+/// turn's content and the reply is the whole content of the next assistant turn. The turn separators
+/// of the exchanges travel *inside* the block instead of being anchored at even depths like the
+/// haystack's own (`CaseSpec::turns`, the filler turns), so the block still moves as one unit and
+/// the needles keep their order and spacing at every position; it is inserted only at boundaries
+/// inside a user turn ([`Haystack::takes_exchanges`]), where the two alternating separators keep
+/// user/assistant alternation. The front renders the frame with the exchanges' turns and re-renders
+/// every built conversation through the template (`prove_rendered`), so a template whose separators
+/// depend on more than the roles cannot pass.
+pub(super) fn is_exchange_block(ctx: &CaseContext<'_>) -> bool {
+    ctx.moving.iter().any(|p| p.kind == UnitKind::Frame)
 }
 
 pub(super) fn specials(engine: &LayoutEngine<'_, '_>, spec: &BatchSpec) -> (i64, i64) {

@@ -29,8 +29,20 @@ pub(super) fn place(
     // The nearest boundary is tried first; a boundary whose seams change the count or cut through
     // a placed unit (Llama-3 merges ".\n\n" into one token) is skipped for the next-nearest one,
     // and the extra distance shows up as snap.
+    let exchange = is_exchange_block(ctx);
+    if let (true, Some(t)) = (exchange, position.turn) {
+        if t % 2 == 0 {
+            return Ok(Err(refuse(
+                "turn_not_user",
+                format!(
+                    "turn {t} is an assistant turn; an MRCR exchange starts in a user turn (odd K)"
+                ),
+            )));
+        }
+    }
+    let accept = |k: usize| !exchange || haystack.takes_exchanges(k);
     let mut last_refusal = None;
-    for k in nearest_boundaries(&haystack.bounds, requested, allowed) {
+    for k in nearest_boundaries(&haystack.bounds, requested, allowed, accept) {
         let (measured, spans) = match place_at(engine, spec, ctx, haystack, length, k, requested)? {
             Ok(placed) => placed,
             Err(r) => {
@@ -108,15 +120,21 @@ fn requested_offset(
 }
 
 /// The [`MAX_BOUNDARY_TRIES`] unit boundaries nearest `requested`, nearest first (ties: the earlier
-/// one), among the `allowed` ones (inclusive), in one pass (sorting all 9.5K boundaries of a 128K haystack per position was 5 % of a
-/// fast layout).
-fn nearest_boundaries(bounds: &[i64], requested: i64, allowed: (usize, usize)) -> Vec<usize> {
+/// one), among the `allowed` ones (inclusive) that `accept` takes, in one pass (sorting all 9.5K
+/// boundaries of a 128K haystack per position was 5 % of a fast layout).
+fn nearest_boundaries(
+    bounds: &[i64],
+    requested: i64,
+    allowed: (usize, usize),
+    accept: impl Fn(usize) -> bool,
+) -> Vec<usize> {
     let mut order: Vec<(i64, usize)> = Vec::with_capacity(MAX_BOUNDARY_TRIES + 1);
     for (k, &b) in bounds
         .iter()
         .enumerate()
         .take(allowed.1 + 1)
         .skip(allowed.0)
+        .filter(|&(k, _)| accept(k))
     {
         let key = ((b - requested).abs(), k);
         if order.len() == MAX_BOUNDARY_TRIES && key >= order[MAX_BOUNDARY_TRIES - 1] {
@@ -240,7 +258,10 @@ fn spans_of<'p>(
     let mut refusal = None;
     let (mut counted_bytes, mut counted_chars) = (0usize, 0usize);
     for (i, p) in units.enumerate() {
-        if !matches!(p.kind, UnitKind::Evidence | UnitKind::Distractor) {
+        if !matches!(
+            p.kind,
+            UnitKind::Evidence | UnitKind::Distractor | UnitKind::Request
+        ) {
             continue;
         }
         let seg_text = &engine.segments[p.seg as usize].text;
@@ -350,7 +371,26 @@ fn finish_layout(
         k,
         (region_first, region_last),
     );
+    // An exchange block's separators and gap filler have no span: its tokens are its whole extent,
+    // from the first unit's first token to the last unit's (the trailing separator's) last one.
+    let block_tokens = if is_exchange_block(ctx) {
+        let m = ctx.moving.len();
+        let first = measured
+            .offsets
+            .partition_point(head as usize, body_end, |(_, e)| {
+                e <= measured.unit_starts[k + 1]
+            });
+        let last = measured
+            .offsets
+            .partition_point(head as usize, body_end, |(s, _)| {
+                s < measured.unit_starts[k + m + 1]
+            });
+        last.saturating_sub(first)
+    } else {
+        block_tokens
+    };
     let measured_h = region_last.saturating_sub(region_first + block_tokens) as i64;
+    let turn = recorded_turn(ctx, haystack, k, &spans, &turn_spans);
     let requested_abs = match position.depth {
         Some(d) => region_first + (d * measured_h as f64).round() as usize,
         None => (haystack.region_start + requested) as usize,
@@ -375,14 +415,43 @@ fn finish_layout(
         spans,
         verification: measured.used,
         verification_note: measured.note,
-        turn: (!haystack.separators.is_empty()).then(|| haystack.turn_at(k)),
+        turn,
         turn_spans,
     }
 }
 
+/// The turn a conversation layout records: where the block starts, or for an MRCR exchange block
+/// the turn holding the asked needle's reply (`CaseSpec::asked`), so a slice reads where the asked
+/// exchange sits. None for one slot.
+fn recorded_turn(
+    ctx: &CaseContext<'_>,
+    haystack: &Haystack,
+    k: usize,
+    spans: &[Span],
+    turn_spans: &[TurnSpan],
+) -> Option<usize> {
+    if turn_spans.is_empty() {
+        return None;
+    }
+    let asked = ctx
+        .case
+        .asked
+        .as_ref()
+        .and_then(|id| spans.iter().find(|s| &s.unit_id == id));
+    Some(match asked {
+        Some(span) => turn_spans
+            .iter()
+            .find(|t| t.token_start <= span.token_start && span.token_end <= t.token_end)
+            .map_or(haystack.turn_at(k), |t| t.turn),
+        None => haystack.turn_at(k),
+    })
+}
+
 /// The token and char range of each turn's content (its slot) in a conversation prompt, read from
 /// the final offsets: a turn ends before the first token that reaches into the separator after it
-/// and starts after the last token that reaches into the separator before it. Empty for one slot.
+/// and starts after the last token that reaches into the separator before it. The separators are
+/// every frame unit of the final sequence: the haystack's and an MRCR exchange block's. Empty for
+/// one slot.
 fn turn_spans(
     engine: &LayoutEngine<'_, '_>,
     ctx: &CaseContext<'_>,
@@ -391,12 +460,16 @@ fn turn_spans(
     k: usize,
     region: (usize, usize),
 ) -> Vec<TurnSpan> {
-    if haystack.separators.is_empty() {
+    let n_units = haystack.units.len() + ctx.moving.len();
+    let separators: Vec<(usize, &Placed)> = (0..n_units)
+        .map(|i| (i, unit_at(haystack, &ctx.moving, k, i)))
+        .filter(|(_, p)| p.kind == UnitKind::Frame)
+        .collect();
+    if separators.is_empty() {
         return Vec::new();
     }
     let (head, body_end) = (region.0, region.1);
-    let m = ctx.moving.len();
-    let mut spans = Vec::with_capacity(haystack.separators.len() + 1);
+    let mut spans = Vec::with_capacity(separators.len() + 1);
     let (mut token_start, mut byte_start) = (region.0, measured.unit_starts[1]);
     let (mut counted_bytes, mut counted_chars) = (0usize, 0usize);
     let mut chars_at = |byte: usize| {
@@ -404,10 +477,9 @@ fn turn_spans(
         counted_bytes = byte;
         counted_chars
     };
-    for (t, &j) in haystack.separators.iter().enumerate() {
-        let i = if j < k { j } else { j + m };
+    for (t, &(i, p)) in separators.iter().enumerate() {
         let sep_start = measured.unit_starts[i + 1];
-        let sep_end = sep_start + engine.segments[haystack.units[j].seg as usize].text.len();
+        let sep_end = sep_start + engine.segments[p.seg as usize].text.len();
         let token_end = measured
             .offsets
             .partition_point(head, body_end, |(s, _)| s < sep_start);
@@ -427,7 +499,7 @@ fn turn_spans(
     let suffix_start = *measured.unit_starts.last().expect("suffix");
     let char_start = chars_at(byte_start);
     spans.push(TurnSpan {
-        turn: haystack.separators.len() + 1,
+        turn: separators.len() + 1,
         token_start,
         token_end: region.1,
         char_start,

@@ -126,6 +126,7 @@ pub fn batch(verification: Verification, lengths: Vec<usize>) -> BatchSpec {
             ],
             filler_offset: 3,
             turns: Vec::new(),
+            asked: None,
         }],
         lengths,
         positions: [0.0, 0.25, 0.5, 0.75, 1.0]
