@@ -121,20 +121,25 @@ def send_shard_look(
     return send(batch)
 
 
-def read_shard_look(folder: Path) -> dict[str, Any]:
-    """A sequential shard folder's ``shard-look.json`` (a named error when absent: the shard never ran)."""
+def _read_look_file(path: Path, keys: Sequence[str], fix: str, missing: str = "") -> dict[str, Any]:
+    """A round's JSON file (``shard-look.json``, ``sequential-round.json``) with integer ``keys``, or a
+    named error with ``fix``."""
     failures = ReadFailures(
         InputError,
-        missing=(f"no {SHARD_LOOK_FILE}: this sequential shard never sent a look", "rerun that shard"),
-        unreadable=(f"cannot read {SHARD_LOOK_FILE} ({{strerror}})", "rerun that shard"),
-        not_json=(f"{SHARD_LOOK_FILE} is not valid JSON ({{msg}} at line {{lineno}})", "rerun that shard"),
+        missing=(f"no {path.name}{missing}", fix),
+        unreadable=(f"cannot read {path.name} ({{strerror}})", fix),
+        not_json=(f"{path.name} is not valid JSON ({{msg}} at line {{lineno}})", fix),
     )
-    data = read_json(folder / SHARD_LOOK_FILE, failures)
-    if not isinstance(data, dict) or not isinstance(data.get("look"), int):
-        raise InputError(
-            f"{SHARD_LOOK_FILE} names no look", file=str(folder / SHARD_LOOK_FILE), fix="rerun that shard"
-        )
+    data = read_json(path, failures)
+    if not isinstance(data, dict) or not all(isinstance(data.get(k), int) for k in keys):
+        raise InputError(f"{path.name} names no {' and '.join(keys)}", file=str(path), fix=fix)
     return data
+
+
+def read_shard_look(folder: Path) -> dict[str, Any]:
+    """A sequential shard folder's ``shard-look.json`` (a named error when absent: the shard never ran)."""
+    missing = ": this sequential shard never sent a look"
+    return _read_look_file(folder / SHARD_LOOK_FILE, ("look",), "rerun that shard", missing)
 
 
 def scheduled_jobs(planned: pl.DataFrame, spec: Mapping[str, Any]) -> pl.DataFrame:
@@ -163,13 +168,7 @@ def refuse_open_round(run: Path, section: Mapping[str, Any]) -> None:
     path = run / ROUND_FILE
     if not path.is_file():
         return
-    failures = ReadFailures(
-        InputError,
-        missing=(f"no {ROUND_FILE}", "merge the round again"),
-        unreadable=(f"cannot read {ROUND_FILE} ({{strerror}})", "merge the round again"),
-        not_json=(f"{ROUND_FILE} is not valid JSON ({{msg}} at line {{lineno}})", "merge the round again"),
-    )
-    spec = read_json(path, failures)
+    spec = _read_look_file(path, ("look", "of", "shards"), "merge the round's shards again")
     look, of, shards = (int(spec[k]) for k in ("look", "of", "shards"))
     slices = list(section["slices"])
     still = [f"{s['length']}/{s['position']}" for s in slices if int(s["look"]) > look]
