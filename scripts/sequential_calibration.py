@@ -218,6 +218,47 @@ def render(rows: list[dict]) -> str:
     return head + "\n\n" + "\n".join(lines)
 
 
+def _looks_name(looks: tuple[float, ...]) -> str:
+    equal = all(abs(t - (i + 1) / len(looks)) < 1e-9 for i, t in enumerate(looks))
+    return f"{len(looks)} equal" if equal else ", ".join(f"{t:g}" for t in looks)
+
+
+def render_frontier(rows: list[dict]) -> str:
+    """Every (looks, family) the results hold against the fixed design on the same data: per δ = 0 cell
+    its power shortfall and requests / fixed, then its largest P(PASS) at δ = −M and its requests at
+    −3M (over the cells run; — where none was)."""
+    cells = sorted({(r["mu"], r["seeds"], r["n"]) for r in rows if r["delta_m"] == 0.0})
+    found: dict[tuple[tuple[float, ...], str], dict] = {}
+    for r in rows:
+        cell = (r["mu"], r["seeds"], r["n"])
+        for design in r.get("designs", DEFAULT_DESIGNS):
+            if design == "fixed":
+                continue
+            entry = found.setdefault((tuple(r.get("looks", DEFAULT_LOOKS)), design), {"size": [], "far": []})
+            if r["delta_m"] == 0.0:
+                entry[cell] = (r["fixed"]["pass"] - r[design]["pass"], r[design]["share"])
+            elif r["delta_m"] == -1.0:
+                entry["size"].append(r[design]["pass"])
+            elif r["delta_m"] == -3.0:
+                entry["far"].append(r[design]["share"])
+    head = " | ".join(f"μ {m:g}, R {s}, n {n}" for m, s, n in cells)
+    lines = [
+        f"| looks | family | {head} | largest P(PASS) at δ = −M | requests / fixed at −3M |",
+        "|---|---|" + "---|" * len(cells) + "---|---|",
+    ]
+    for (looks, design), entry in sorted(found.items(), key=lambda kv: (len(kv[0][0]), kv[0])):
+        per_cell = " | ".join(f"{entry[c][0]:+.3f} / {entry[c][1]:.3f}" if c in entry else "—" for c in cells)
+        size = f"{max(entry['size']):.3f}" if entry["size"] else "—"
+        far = f"{min(entry['far']):.2f}–{max(entry['far']):.2f}" if entry["far"] else "—"
+        lines.append(f"| {_looks_name(looks)} | {design} | {per_cell} | {size} | {far} |")
+    note = (
+        "Per δ = 0 cell: power shortfall against the fixed design on the same data (fixed P(PASS) − "
+        "the design's; the criterion: ≤ .02) / requests as a share of the fixed design's (the goal: ≤ .70). "
+        f"M = {MARGIN}, α = {ALPHA} one-sided, BY regression family over 4 slices, futility at α."
+    )
+    return note + "\n\n" + "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     results = REPO / "docs" / "sequential-calibration.jsonl"
     ap = grid_parser(__doc__, results, mus=MUS, seeds=SEEDS, cases=CASES)  # --sims: releases per cell
@@ -230,6 +271,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shipped", default="obrien-fleming", help="the design the summary line is about")
     ap.add_argument("--marker", default=None, help="doc marker to write (default: by futility and looks)")
     ap.add_argument("--looks", type=float, nargs="*", default=list(DEFAULT_LOOKS), help="look fractions")
+    ap.add_argument(
+        "--frontier", action="store_true", help="write every (looks, family) of the results as one table"
+    )
     args = ap.parse_args(argv)
     global FUTILITY, LOOKS, DESIGNS, SHIPPED
     FUTILITY = not args.no_futility
@@ -250,6 +294,12 @@ def main(argv: list[str] | None = None) -> int:
         cell = (mu, seeds, n, delta_m, args.sims, args.reps, args.slices)
         timed_cell(args.results, lambda cell=cell: run_cell(*cell))
     print(f"elapsed {time.monotonic() - started:.0f} s", file=sys.stderr)
+    if args.frontier:
+        write_block(
+            render_frontier(load_rows(args.results)),
+            args.marker or "sequential-frontier",
+            "### 8.7 The saving frontier (scripts/sequential_calibration.py --frontier)",
+        )
     if args.render:
         rows = [
             r

@@ -25,6 +25,7 @@ class ExitCode(enum.IntEnum):
     VERIFY_FAILED = 21
     TOKENIZER_MISMATCH = 22
     INFRA = 30
+    ROUND_OPEN = 31
 
 
 class DepthgateError(Exception):
@@ -93,6 +94,14 @@ class InfraError(DepthgateError, RuntimeError):
     """Infrastructure failure: unreachable endpoint, crashed backend, missing credentials."""
 
     exit_code = ExitCode.INFRA
+
+
+class RoundOpenError(DepthgateError):
+    """``depthgate gate`` on the merge of a sharded sequential run before its last round: nothing is lost,
+    the open slices' next look is simply not sent yet (no verdict; the message says which round and
+    which slices are open, ``fix`` the next round's commands)."""
+
+    exit_code = ExitCode.ROUND_OPEN
 
 
 class BackendError(InfraError):

@@ -153,8 +153,9 @@ def test_shards_run_look_by_look_and_merge_to_the_unsharded_verdict(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Round r: every shard sends its part of one look (``--after`` the previous round's merge), merge
-    joins them; after the last round ``gate`` gives the unsharded run's verdict from the same requests.
-    Shards of different rounds, a missing part of a look and ``--after`` without a shard are refused."""
+    joins them; after the last round ``gate`` gives the unsharded run's verdict from the same requests,
+    before it says which round is merged and what comes next (exit ROUND_OPEN). Shards of different
+    rounds, a missing part of a look and ``--after`` without a shard are refused."""
     port = free_port()
     matrix = _matrix(tmp_path, port)
     whole = tmp_path / "whole"
@@ -163,6 +164,8 @@ def test_shards_run_look_by_look_and_merge_to_the_unsharded_verdict(
         code = main([*base, "--out", str(whole)])
         verdict = _verdict(whole)
         looks = len(verdict["sequential"]["design"]["cases"])
+        decided_at = max(int(s["look"]) for s in verdict["sequential"]["slices"])
+        assert decided_at >= 2  # round 1's merge has an open slice: gate says so (below)
         reader.requests = 0
         shards = [tmp_path / f"shard{i}" for i in (1, 2)]
         after: list[str] = []
@@ -179,6 +182,15 @@ def test_shards_run_look_by_look_and_merge_to_the_unsharded_verdict(
             assert said is not None
             seen.append(int(said[1]))
             after = ["--after", str(merged)]
+            if r < decided_at:
+                # gate on a merge before the last round: which round, what is decided and open, and
+                # the next round's command; exit ROUND_OPEN (not INFRA: nothing is lost), no report
+                assert main(["gate", str(merged)]) == ExitCode.ROUND_OPEN
+                said = capsys.readouterr()
+                assert f"round {r} of at most {looks} of a sharded sequential run (2 shards)" in said.err
+                assert "still open: " in said.err and "INFRA" not in said.err + said.out
+                assert f"run MATRIX --shard i/2 --out DIR_i --after {merged}" in said.out
+                assert not (merged / "report").exists()
             if r == 1:
                 # a shard of round 2 merged with a shard of round 1: refused by name
                 round2 = tmp_path / "round2-shard1"
@@ -199,7 +211,6 @@ def test_shards_run_look_by_look_and_merge_to_the_unsharded_verdict(
                 want = re.search(r"shard 1/2 has (\d+) of (\d+) planned", capsys.readouterr().err)
                 assert want is not None and int(want[1]) == int(want[2]) <= 2 * 2 * history_cases(merged)
         # look by look, then nothing once every slice is decided; no more requests than the unsharded run
-        decided_at = max(int(s["look"]) for s in verdict["sequential"]["slices"])
         assert seen == [*range(1, decided_at + 1), *[decided_at] * (looks - decided_at)], seen
         assert reader.requests == verdict["sequential"]["requests_sent"]
     assert main(["gate", str(merged)]) == code

@@ -50,7 +50,8 @@ def test_every_spending_family_spends_alpha_on_a_brownian_motion() -> None:
     rng = np.random.default_rng(26)
     steps = rng.standard_normal((400_000, 4)) * np.sqrt(np.diff([0.0, *LOOKS]))
     z = np.cumsum(steps, axis=1) / np.sqrt(LOOKS)
-    for family in ("obrien-fleming", "power-4", "haybittle-peto"):
+    # power-3: any exponent for the calibration script (§8.6's frontier); plans name only BOUNDARIES
+    for family in ("obrien-fleming", "power-4", "power-3", "haybittle-peto"):
         levels = nominal_levels(LOOKS, 0.05, family)
         bounds = [-NormalDist().inv_cdf(p) for p in levels]
         crossed = float(np.mean(np.any(z > np.asarray(bounds), axis=1)))
@@ -60,6 +61,8 @@ def test_every_spending_family_spends_alpha_on_a_brownian_motion() -> None:
     assert power4 == pytest.approx((0.0002, 0.00302, 0.01481, 0.04671), abs=2e-5)
     # the last look keeps more of alpha than O'Brien-Fleming's .0427
     assert nominal_levels(LOOKS, 0.05, "power-4")[-1] > nominal_levels(LOOKS, 0.05)[-1] + 0.004
+    # a smaller exponent spends more early: power-3's last look lies between OBF's and power-4's
+    assert nominal_levels(LOOKS, 0.05)[-1] < nominal_levels(LOOKS, 0.05, "power-3")[-1] < power4[-1]
     # a plan that names no family gets power-4 (the default since §8.6 measured its power)
     unnamed = AnalysisPlan(stop_rule="sequential", looks=list(LOOKS))
     design = SequentialDesign.of(40, 0.05, looks=unnamed.looks, every=None, boundary=unnamed.boundary)
@@ -100,6 +103,8 @@ def test_sequential_plan_fields_and_refused_combinations() -> None:
         AnalysisPlan(boundary="obrien-fleming")
     with pytest.raises(ValueError, match="exactly one of looks"):
         AnalysisPlan(stop_rule="sequential")
+    with pytest.raises(ValueError, match="boundary"):  # other power exponents: the calibration script's
+        AnalysisPlan(stop_rule="sequential", looks=[0.5, 1.0], boundary="power-3")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"ending at 1\.0"):
         AnalysisPlan(stop_rule="sequential", looks=[0.5, 0.9])
     with pytest.raises(ValueError, match="control_normalised"):

@@ -32,7 +32,7 @@ from depthgate.commands.outputs import (
     undo_on_error,
     write_text_atomic,
 )
-from depthgate.exceptions import DepthgateError, ExitCode, InputError
+from depthgate.exceptions import DepthgateError, ExitCode, InputError, RoundOpenError
 from depthgate.spec.limits import (
     MAX_GENERATED_CASES,
     MAX_LAYOUTS,
@@ -263,7 +263,12 @@ def _cmd_merge(args: argparse.Namespace) -> int:
 def _cmd_gate(args: argparse.Namespace) -> int:
     from depthgate.commands.pipeline import gate_run
 
-    result, code, html = gate_run(args.run_dir, report_dir=args.report_dir)
+    try:
+        result, code, html = gate_run(args.run_dir, report_dir=args.report_dir)
+    except RoundOpenError as exc:  # not an error: a sharded sequential run between rounds
+        print(f"depthgate: {exc.file}: {exc.message}", file=sys.stderr)
+        print(f"next: {exc.fix}")
+        return int(exc.exit_code)
     _print_verdict(result, code, html)
     return code
 

@@ -302,6 +302,10 @@ def merge_runs(shard_dirs: Sequence[str | Path], out_dir: str | Path) -> MergeSu
         controls = pl.concat([p[2] for p in control_parts], how="vertical")
         if controls.height:
             _write_records(out / CONTROLS_DIR, controls)
+        if sequential is not None:  # which round this merge is: `gate` says so before the last one
+            from depthgate.commands.sequential_shards import write_round
+
+            write_round(out, sequential, count)
     return MergeSummary(
         out_dir=out,
         shards=count,

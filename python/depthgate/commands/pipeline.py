@@ -652,8 +652,10 @@ def gate_run(
     sequential = None
     if plan.stop_rule == "sequential":  # the looks replayed from the records (commands/sequential.py)
         from depthgate.commands.sequential import gate_sequential, sent_jobs, write_look_log
+        from depthgate.commands.sequential_shards import refuse_open_round
 
         result, sequential = gate_sequential(gated, gplan, plan, str(manifest["run_id"]))
+        refuse_open_round(run, sequential)  # a shard round's merge: says so, not INFRA
         planned = sent_jobs(planned, sequential)
         write_look_log(sequential, run)
     else:

@@ -25,7 +25,7 @@ from typing import Any
 import polars as pl
 
 from depthgate.commands.sequential import design_of, record_scorer
-from depthgate.exceptions import InputError
+from depthgate.exceptions import InputError, RoundOpenError
 from depthgate.judge.sequential_gate import replay_looks
 from depthgate.judge.stats import GatePlan
 from depthgate.run.looks import case_order, look_jobs
@@ -33,9 +33,26 @@ from depthgate.spec.cases import Suite
 from depthgate.spec.files import ReadFailures, read_json
 from depthgate.spec.models import AnalysisPlan
 
-__all__ = ["SHARD_LOOK_FILE", "read_shard_look", "scheduled_jobs", "send_shard_look"]
+__all__ = [
+    "ROUND_FILE",
+    "SHARD_LOOK_FILE",
+    "read_shard_look",
+    "refuse_open_round",
+    "scheduled_jobs",
+    "send_shard_look",
+    "write_round",
+]
 
 SHARD_LOOK_FILE = "shard-look.json"
+#: Written by ``merge`` into the merged folder of a sequential run: the round's look, of how many, and
+#: the number of shards (``gate`` on a merge before the last round says so instead of INFRA).
+ROUND_FILE = "sequential-round.json"
+
+
+def _write_json(path: Path, body: Mapping[str, Any]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(body, indent=2, sort_keys=True), encoding="utf-8")
+    os.replace(tmp, path)
 
 
 def _prior(
@@ -92,9 +109,7 @@ def send_shard_look(
         "case_order": order,
         "cases": list(design.counts),
     }
-    tmp = out / (SHARD_LOOK_FILE + ".tmp")
-    tmp.write_text(json.dumps(body, indent=2, sort_keys=True), encoding="utf-8")
-    os.replace(tmp, out / SHARD_LOOK_FILE)
+    _write_json(out / SHARD_LOOK_FILE, body)
     batch = look_jobs(jobs, order[: design.counts[look - 1]], open_slices) if open_slices else []
     what = (
         f"look {look}/{len(design.counts)}: cases 1–{design.counts[look - 1]} of {len(order)} in "
@@ -106,20 +121,25 @@ def send_shard_look(
     return send(batch)
 
 
-def read_shard_look(folder: Path) -> dict[str, Any]:
-    """A sequential shard folder's ``shard-look.json`` (a named error when absent: the shard never ran)."""
+def _read_look_file(path: Path, keys: Sequence[str], fix: str, missing: str = "") -> dict[str, Any]:
+    """A round's JSON file (``shard-look.json``, ``sequential-round.json``) with integer ``keys``, or a
+    named error with ``fix``."""
     failures = ReadFailures(
         InputError,
-        missing=(f"no {SHARD_LOOK_FILE}: this sequential shard never sent a look", "rerun that shard"),
-        unreadable=(f"cannot read {SHARD_LOOK_FILE} ({{strerror}})", "rerun that shard"),
-        not_json=(f"{SHARD_LOOK_FILE} is not valid JSON ({{msg}} at line {{lineno}})", "rerun that shard"),
+        missing=(f"no {path.name}{missing}", fix),
+        unreadable=(f"cannot read {path.name} ({{strerror}})", fix),
+        not_json=(f"{path.name} is not valid JSON ({{msg}} at line {{lineno}})", fix),
     )
-    data = read_json(folder / SHARD_LOOK_FILE, failures)
-    if not isinstance(data, dict) or not isinstance(data.get("look"), int):
-        raise InputError(
-            f"{SHARD_LOOK_FILE} names no look", file=str(folder / SHARD_LOOK_FILE), fix="rerun that shard"
-        )
+    data = read_json(path, failures)
+    if not isinstance(data, dict) or not all(isinstance(data.get(k), int) for k in keys):
+        raise InputError(f"{path.name} names no {' and '.join(keys)}", file=str(path), fix=fix)
     return data
+
+
+def read_shard_look(folder: Path) -> dict[str, Any]:
+    """A sequential shard folder's ``shard-look.json`` (a named error when absent: the shard never ran)."""
+    missing = ": this sequential shard never sent a look"
+    return _read_look_file(folder / SHARD_LOOK_FILE, ("look",), "rerun that shard", missing)
 
 
 def scheduled_jobs(planned: pl.DataFrame, spec: Mapping[str, Any]) -> pl.DataFrame:
@@ -133,3 +153,38 @@ def scheduled_jobs(planned: pl.DataFrame, spec: Mapping[str, Any]) -> pl.DataFra
         for c, t, p in planned.select("case_id", "target_tokens", "position").iter_rows()
     ]
     return planned.filter(pl.Series(mask, dtype=pl.Boolean))
+
+
+def write_round(merged: Path, spec: Mapping[str, Any], shards: int) -> None:
+    """The round a merged folder holds (``spec``: the shards' common ``shard-look.json``)."""
+    _write_json(merged / ROUND_FILE, {"look": int(spec["look"]), "of": int(spec["of"]), "shards": shards})
+
+
+def refuse_open_round(run: Path, section: Mapping[str, Any]) -> None:
+    """``gate`` on the merge of a round before the last one, while some slice is still open: no verdict
+    (exit ROUND_OPEN, not INFRA: nothing was lost and rerunning ``gate`` sends nothing). Says which round,
+    which slices are decided and which are open, and the next round's commands. ``section``: the
+    replayed ``sequential`` section of the folder (a slice still open has its look at the final look)."""
+    path = run / ROUND_FILE
+    if not path.is_file():
+        return
+    spec = _read_look_file(path, ("look", "of", "shards"), "merge the round's shards again")
+    look, of, shards = (int(spec[k]) for k in ("look", "of", "shards"))
+    slices = list(section["slices"])
+    still = [f"{s['length']}/{s['position']}" for s in slices if int(s["look"]) > look]
+    if look >= of or not still:
+        return
+    done = [
+        f"{s['length']}/{s['position']} {s['decision']} (look {s['look']})"
+        for s in slices
+        if int(s["look"]) <= look
+    ]
+    raise RoundOpenError(
+        f"round {look} of at most {of} of a sharded sequential run ({shards} shards) is merged here: no "
+        f"verdict until the last round. Decided: {', '.join(done) or 'none yet'}; still open: "
+        f"{', '.join(still)} (their look {look + 1} is not sent yet; nothing is lost)",
+        file=str(run),
+        fix=f"send round {look + 1}: on every shard i of {shards}, depthgate run MATRIX --shard i/{shards} "
+        f"--out DIR_i --after {run}; then depthgate merge DIR_1 … DIR_{shards} --out MERGED_{look + 1} "
+        f"and depthgate gate MERGED_{look + 1}",
+    )
