@@ -133,8 +133,9 @@ def test_conversation_matrix_runs_end_to_end_on_the_embedded_model(
 def test_an_mrcr_conversation_runs_and_is_scored_by_the_mrcr_rule(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """The MRCR pattern on the real model: 2 cases × (depth 0, @turn:3) × 2 arms, each reply scored by
-    the MRCR rule (the asked code and no other), a verdict and the worst-position report."""
+    """The MRCR pattern on the real model: 2 cases × (depth 0, @turn:3) × 2 arms, the needles as their own
+    user/assistant exchanges, each reply scored by the MRCR rule (the asked code and no other), a verdict
+    and the worst-position report."""
     matrix = _matrix(
         tmp_path,
         (
@@ -152,10 +153,14 @@ def test_an_mrcr_conversation_runs_and_is_scored_by_the_mrcr_rule(
     assert {c["evidence_pattern"] for c in suite["cases"]} == {"mrcr"}
     layouts = pl.read_parquet(run / "baseline" / "layouts.parquet")
     for row in layouts.iter_rows(named=True):
-        needles = sorted(
+        # Each needle is its own exchange: its request (span kind "request") ends a user turn and its
+        # reply (the evidence) follows, needle after needle in transcript order.
+        spans = sorted(
             (s for s in row["evidence_spans"] if "/n" in s["evidence_id"]), key=lambda s: s["token_start"]
         )
-        assert [s["evidence_id"][-2:] for s in needles] == ["n1", "n2", "n3"]
+        assert [(s["evidence_id"].split("/")[1], s["kind"]) for s in spans] == [
+            (f"n{i}", kind) for i in (1, 2, 3) for kind in ("request", "evidence")
+        ]
     scored = pl.read_parquet(run / "scored.parquet")
     assert scored.height == 2 * 2 * 2 and set(scored["outcome"]) <= {"pass", "fail"}
     for row in scored.iter_rows(named=True):
