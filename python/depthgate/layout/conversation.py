@@ -260,6 +260,17 @@ def exchanges_of(case: Case, conversation: Conversation | None) -> int:
     return len(case.decisive) if conversation is not None and case.evidence_pattern == "mrcr" else 0
 
 
+def gap_units(case_id: str, index: int, gaps: Sequence[Sequence[str]] | None) -> list[dict[str, Any]]:
+    """A spacing's filler units before the ``index``-th decisive document of a moving block (none before
+    the first, none without gaps): kind "filler", no span, never evidence."""
+    if not (index and gaps):
+        return []
+    return [
+        {"id": f"{case_id}~gap{index}.{k}", "text": text, "kind": "filler"}
+        for k, text in enumerate(gaps[index - 1])
+    ]
+
+
 def exchange_block(case: Case, frame: Frame, gaps: Sequence[Sequence[str]] = ()) -> dict[str, Any]:
     """The core's spec fields of an MRCR case laid out as exchanges (issue 25 item 3): the moving block,
     the haystack's own turn separators (``turns``) and the unit whose turn the layout records
@@ -271,11 +282,7 @@ def exchange_block(case: Case, frame: Frame, gaps: Sequence[Sequence[str]] = ())
     user_to_assistant, assistant_to_user = frame.separators[0], frame.separators[1]
     moving: list[dict[str, Any]] = []
     for index, doc in enumerate(case.decisive):
-        if index and gaps:
-            moving += [
-                {"id": f"{case.id}~gap{index}.{k}", "text": text, "kind": "filler"}
-                for k, text in enumerate(gaps[index - 1])
-            ]
+        moving += gap_units(case.id, index, gaps)
         request, reply = exchange_texts(doc.text)
         moving += [
             {"id": f"{doc.id}/request", "text": request, "kind": "request"},

@@ -32,6 +32,7 @@ from depthgate.layout.conversation import (
     conversation_frame,
     exchange_block,
     exchanges_of,
+    gap_units,
     prove_cases,
     turn_columns,
 )
@@ -317,11 +318,7 @@ def _case_spec(
     (no span, never evidence); the block still moves as a whole, so the design stays paired."""
     moving: list[dict[str, Any]] = []
     for index, d in enumerate(case.decisive):
-        if index and gaps:
-            moving += [
-                {"id": f"{case.id}~gap{index}.{k}", "text": text, "kind": "filler"}
-                for k, text in enumerate(gaps[index - 1])
-            ]
+        moving += gap_units(case.id, index, gaps)
         moving.append({"id": d.id, "text": d.text, "kind": "evidence"})
     case_digest = case.digest()
     if gaps:  # the gap texts are part of what the layout id binds
