@@ -8,6 +8,7 @@ the oracle as for every layout."""
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import polars as pl
@@ -125,26 +126,19 @@ def test_exchange_layouts_pass_the_presend_gate_and_the_oracle_is_unchanged(tmp_
     suite = mrcr_suite(2, 0, needles=NEEDLES, k=K)
     frame = _build(family, template, bos, eos, tmp_path / "layouts.parquet")
     chat = load_chat_template(template, bos_token=bos, eos_token=eos)
-    gated = guard_layouts(
+    guard = functools.partial(
+        guard_layouts,
         frame,
         tokenizer=load_tokenizer(TOK / family / "tokenizer.json"),
         window=4096,
         max_output_tokens=12,
         template=chat,
         cases={c.id: c for c in suite.cases},
-        conversation=Conversation(TURNS),
     )
+    gated = guard(conversation=Conversation(TURNS))
     assert set(gated["status"]) == {"ok"}, gated["reason"].to_list()
     # A layout of exchanges checked as a text-block conversation of 5 turns: another shape.
-    text_block = guard_layouts(
-        frame,
-        tokenizer=load_tokenizer(TOK / family / "tokenizer.json"),
-        window=4096,
-        max_output_tokens=12,
-        template=chat,
-        cases={c.id: c for c in mrcr_suite(2, 0, needles=NEEDLES, k=K).cases},
-        conversation=Conversation(TURNS + 2 * NEEDLES + 2),
-    )
+    text_block = guard(conversation=Conversation(TURNS + 2 * NEEDLES + 2))
     assert set(text_block["reason_code"]) == {"presend_frame_mismatch"}
     # The oracle reads the codes, as before: the asked reply's passes, another reply's fails.
     case = suite.cases[0]
