@@ -62,6 +62,7 @@ NAMES = {
     "obrien-fleming": "O'Brien–Fleming",
     "haybittle-peto": "Haybittle–Peto",
     "power-4": "power spending ρ = 4",
+    "power-5": "power spending ρ = 5",
 }
 #: Non-binding futility at alpha (unadjusted regression p) at every interim look (--no-futility: off).
 FUTILITY = True
@@ -212,7 +213,10 @@ def render(rows: list[dict]) -> str:
         f"M = {MARGIN}, "
         f"α = {ALPHA} one-sided, looks at {', '.join(f'{t:g}' for t in LOOKS)} of the cases, BY regression "
         f"family over the release's slices. Largest P(PASS) at δ = −M: "
-        + ", ".join(f"{d} {v:.3f}" for d, v in worst_size.items() if d in sized)
+        + (
+            ", ".join(f"{d} {v:.3f}" for d, v in worst_size.items() if d in sized)
+            or "not run (no δ = −M cell)"
+        )
         + f"; {NAMES.get(SHIPPED, SHIPPED)} size cells within α + 2 MC-SE: {held} of {total}."
     )
     return head + "\n\n" + "\n".join(lines)

@@ -51,7 +51,7 @@ def test_every_spending_family_spends_alpha_on_a_brownian_motion() -> None:
     steps = rng.standard_normal((400_000, 4)) * np.sqrt(np.diff([0.0, *LOOKS]))
     z = np.cumsum(steps, axis=1) / np.sqrt(LOOKS)
     # power-3: any exponent for the calibration script (§8.6's frontier); plans name only BOUNDARIES
-    for family in ("obrien-fleming", "power-4", "power-3", "haybittle-peto"):
+    for family in ("obrien-fleming", "power-4", "power-5", "power-3", "haybittle-peto"):
         levels = nominal_levels(LOOKS, 0.05, family)
         bounds = [-NormalDist().inv_cdf(p) for p in levels]
         crossed = float(np.mean(np.any(z > np.asarray(bounds), axis=1)))
@@ -67,7 +67,10 @@ def test_every_spending_family_spends_alpha_on_a_brownian_motion() -> None:
     unnamed = AnalysisPlan(stop_rule="sequential", looks=list(LOOKS))
     design = SequentialDesign.of(40, 0.05, looks=unnamed.looks, every=None, boundary=unnamed.boundary)
     assert design.boundary == "power-4" and design.levels == power4
-    for family in ("power-4", "haybittle-peto"):  # a plan that names the family gets its levels
+    # power-5 spends less again: at every look below power-4's, at the last above it
+    power5 = nominal_levels(LOOKS, 0.05, "power-5")
+    assert all(a < b for a, b in zip(power5[:3], power4[:3], strict=True)) and power5[-1] > power4[-1]
+    for family in ("power-4", "power-5", "haybittle-peto"):  # a plan that names the family gets its levels
         plan = AnalysisPlan(stop_rule="sequential", looks=list(LOOKS), boundary=family)
         design = SequentialDesign.of(40, plan.alpha, looks=plan.looks, every=None, boundary=plan.boundary)
         assert design.levels == nominal_levels(LOOKS, 0.05, family)

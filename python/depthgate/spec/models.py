@@ -25,7 +25,7 @@ from depthgate.spec.base import Frozen as _Frozen
 from depthgate.spec.base import StrictFloat, StrictInt
 from depthgate.spec.base import violation as _violation
 from depthgate.spec.limits import MAX_LENGTH, length_problem
-from depthgate.spec.sequential import sequential_violations
+from depthgate.spec.sequential import BoundaryName, sequential_violations
 
 #: Adjustments of the confirmed-regression family the gate supports (valid under any dependence).
 RegressionMethod: TypeAlias = Literal["BY", "holm"]
@@ -188,7 +188,7 @@ class AnalysisPlan(_Frozen):
     # the digests of fixed-design plans do not move) under any other stop rule.
     looks: list[StrictFloat] | None = None
     look_every: StrictInt | None = None
-    boundary: Literal["obrien-fleming", "power-4", "haybittle-peto", "confidence-sequence"] | None = None
+    boundary: BoundaryName | None = None
     max_missing: StrictFloat = Field(default=0.10, ge=0.0, lt=1.0)
     bootstrap_resamples: StrictInt = Field(default=9999, ge=99)
     bootstrap_seed: StrictInt = Field(default=0, ge=0)

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
+from typing import Literal, get_args
 
-__all__ = ["BOUNDARY_NAMES", "MAX_LOOKS", "sequential_violations"]
+__all__ = ["BOUNDARY_NAMES", "MAX_LOOKS", "BoundaryName", "sequential_violations"]
 
-BOUNDARY_NAMES = ("obrien-fleming", "power-4", "haybittle-peto", "confidence-sequence")
+BoundaryName = Literal["obrien-fleming", "power-4", "power-5", "haybittle-peto", "confidence-sequence"]
+BOUNDARY_NAMES: tuple[str, ...] = get_args(BoundaryName)
 #: More looks buy almost nothing under O'Brien-Fleming spending and cost a gate evaluation each.
 MAX_LOOKS = 20
 
