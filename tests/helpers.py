@@ -29,6 +29,8 @@ import httpx
 import polars as pl
 import pytest
 
+from fixtures_paths import tokenizers_dir
+
 REPO = Path(__file__).resolve().parent.parent
 SHORT_PREAMBLE = 'preamble = "Read the excerpt below and answer the question."'
 
@@ -278,7 +280,7 @@ def stub_matrix(
     name: str,
     *,
     where: str,
-    tokenizer: Path | str,
+    tokenizer: Path | str | None = None,
     suite: str | None = None,
     cases: int = 2,
     lengths: str = "[640]",
@@ -293,11 +295,12 @@ def stub_matrix(
     base_score: str | None = "control",
 ) -> str:
     """The text of a two-arm ``vllm-server`` matrix against stub servers: both arms serve model "good"
-    with ``tokenizer`` at ``where`` (an ``endpoint = ...`` or ``endpoints = [...]`` line), 8 new tokens,
-    seed 0, margin 0.20. ``top`` adds top-level lines, ``arm`` lines to both arm tables (before
-    ``where``), ``candidate`` lines (or subtables) after the candidate's table. ``suite`` (a TOML value)
-    replaces the built-in suite of ``cases`` cases."""
+    with ``tokenizer`` (the GPT-2 fixture unless given) at ``where`` (an ``endpoint = ...`` or
+    ``endpoints = [...]`` line), 8 new tokens, seed 0, margin 0.20. ``top`` adds top-level lines, ``arm``
+    lines to both arm tables (before ``where``), ``candidate`` lines (or subtables) after the candidate's
+    table. ``suite`` (a TOML value) replaces the built-in suite of ``cases`` cases."""
     suite = suite or f'{{ kind = "builtin", cases = {cases}, seed = 0, language = "en" }}'
+    tokenizer = tokenizers_dir() / "gpt2" / "tokenizer.json" if tokenizer is None else tokenizer
     candidate_tokenizer = tokenizer if candidate_tokenizer is None else candidate_tokenizer
 
     def arm_table(role: str, arm_name: str, model: str, tok: Path | str) -> str:

@@ -15,10 +15,8 @@ import pytest
 
 from depthgate.commands.cli import main
 from depthgate.exceptions import ExitCode
-from fixtures_paths import tokenizers_dir
 from helpers import free_port, stub_matrix
 
-GPT2 = tokenizers_dir() / "gpt2" / "tokenizer.json"
 REPLICAS = 20
 
 
@@ -32,9 +30,7 @@ def test_twenty_dead_replicas_are_summarised_on_every_line(
     matrix = tmp_path / "many.toml"
     listed = ", ".join(f'"{u}"' for u in urls)
     matrix.write_text(
-        stub_matrix(
-            "many", where=f"endpoints = [{listed}]", tokenizer=GPT2, lengths="[512]", arm="window = 1024"
-        )
+        stub_matrix("many", where=f"endpoints = [{listed}]", lengths="[512]", arm="window = 1024")
     )
     code = main(["run", str(matrix), "--out", str(tmp_path / "run"), "--no-controls", "--progress"])
     err = capsys.readouterr().err

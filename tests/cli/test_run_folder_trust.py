@@ -29,17 +29,13 @@ import pytest
 from depthgate.commands.cli import main
 from depthgate.exceptions import ExitCode
 from depthgate.run.records import RECORDS_FILE, read_records
-from fixtures_paths import tokenizers_dir
 from helpers import NotStatedReader, stub_matrix
-
-GPT2 = tokenizers_dir() / "gpt2" / "tokenizer.json"
 
 
 def _matrix(port: int) -> str:
     return stub_matrix(
         "trust",
         where=f'endpoint = "http://127.0.0.1:{port}"',
-        tokenizer=GPT2,
         suite='{ kind = "builtin", cases = 3, seed = 0, language = "en" }',
         lengths="[512]",
         positions="[0.0, 0.5, 1.0]",

@@ -72,7 +72,6 @@ def _matrix(tmp: Path, port: int) -> Path:
     text = stub_matrix(
         "sequential-stub",
         where=f'endpoint = "http://127.0.0.1:{port}"',
-        tokenizer=GPT2,
         cases=CASES,
         candidate_model="deep-blind",
         resamples=499,

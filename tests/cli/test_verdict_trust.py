@@ -106,7 +106,6 @@ def _matrix(
     text = stub_matrix(
         "trust",
         where=f'endpoint = "http://127.0.0.1:{port}"',
-        tokenizer=GPT2,
         suite=suite,
         positions=positions,
         candidate_model=candidate_model,

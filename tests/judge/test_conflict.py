@@ -414,7 +414,6 @@ def test_a_conflict_suite_runs_through_the_cli(tmp_path: Path, suite_ref: str) -
         stub_matrix(
             "conflict",
             where=f'endpoint = "http://127.0.0.1:{port}"',
-            tokenizer=gpt2,
             suite=suite_ref,
         )
     )
@@ -451,7 +450,6 @@ def test_suite_generate_conflict_flag_and_matrix_field(tmp_path: Path) -> None:
 
     from depthgate.spec.loading import load_matrix
 
-    gpt2 = tokenizers_dir() / "gpt2" / "tokenizer.json"
     digests = {}
     for name, ref in {
         "unset": '{ kind = "builtin", cases = 20 }',
@@ -459,6 +457,6 @@ def test_suite_generate_conflict_flag_and_matrix_field(tmp_path: Path) -> None:
         "true": '{ kind = "builtin", cases = 20, conflict = true }',
     }.items():
         path = tmp_path / f"{name}.toml"
-        path.write_text(stub_matrix("m", where='endpoint = "http://127.0.0.1:9"', tokenizer=gpt2, suite=ref))
+        path.write_text(stub_matrix("m", where='endpoint = "http://127.0.0.1:9"', suite=ref))
         digests[name] = load_matrix(path).digest()
     assert digests["unset"] == digests["false"] != digests["true"]

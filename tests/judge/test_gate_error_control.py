@@ -42,7 +42,6 @@ from depthgate.judge.stats import (
 )
 from depthgate.spec.loading import load_matrix
 from depthgate.spec.suites import resolve_suite
-from fixtures_paths import tokenizers_dir
 from helpers import stub_matrix
 
 PROPS = settings(deadline=None, database=None, max_examples=40)
@@ -262,7 +261,6 @@ def _design_matrix(tmp_path: Path, cases: int, seeds: int, positions: int) -> Pa
     text = stub_matrix(
         "design",
         where='endpoint = "http://127.0.0.1:9"',
-        tokenizer=tokenizers_dir() / "gpt2" / "tokenizer.json",
         cases=cases,
         positions="[" + ", ".join(f"{i / positions:g}" for i in range(positions)) + "]",
         n_min=40,

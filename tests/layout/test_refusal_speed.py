@@ -25,11 +25,7 @@ GPT2 = tokenizers_dir() / "gpt2" / "tokenizer.json"
 
 def _matrix(tmp_path: Path) -> Path:
     path = tmp_path / "huge.toml"
-    path.write_text(
-        stub_matrix(
-            "huge", where='endpoint = "http://127.0.0.1:9"', tokenizer=GPT2, lengths="[1000000000000]"
-        )
-    )
+    path.write_text(stub_matrix("huge", where='endpoint = "http://127.0.0.1:9"', lengths="[1000000000000]"))
     return path
 
 

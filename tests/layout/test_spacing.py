@@ -85,7 +85,6 @@ def _matrix(tmp: Path, port: int, *, spacings: str | None, suite: Path | None = 
     text = stub_matrix(
         "spacing",
         where=f'endpoint = "http://127.0.0.1:{port}"',
-        tokenizer=GPT2,
         suite=suite_ref,
         lengths=f"[{LENGTH}]",
         positions="[0.0, 1.0]",

@@ -51,7 +51,6 @@ def run_tokenizer_upgrade(tmp: Path) -> Path:
     text = stub_matrix(
         "chars",
         where=f'endpoint = "http://127.0.0.1:{port}"',
-        tokenizer=GPT2,
         cases=CASES,
         lengths=str(list(LENGTHS)),
         candidate_model="smollm",

@@ -515,7 +515,6 @@ def _matrix(tmp: Path, urls: list[str], *, cases: int = 20, name: str = "pool.to
     text = stub_matrix(
         "pool",
         where=f"endpoints = {json.dumps(urls)}",
-        tokenizer=GPT2,
         cases=cases,
         candidate="\n[candidate.runtime]\nconcurrency = 2",
         resamples=499,

@@ -115,7 +115,6 @@ def _matrix(tmp: Path, where: str, *, baseline: str = "good", candidate: str = "
     text = stub_matrix(
         "serving",
         where=where,
-        tokenizer=GPT2,
         cases=CASES,
         candidate_model=candidate,
         top=top,

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 import numpy as np
 from tokenizers import Tokenizer
@@ -91,6 +91,9 @@ class EmbeddedLlamaBackend:
             on request order. When on, the reused count is recorded in each :class:`Generation`.
         n_threads: threads for prompt evaluation and decoding (default :func:`default_threads`).
         seed: llama.cpp context seed (sampling uses the per-call seed).
+
+    What the load settled (``model_path``, ``window``, ``n_ctx_train``, ``n_vocab``, ``tokenizer``,
+    ``probe_report``, ``reuse_prefix``, ``n_threads``) is kept as read-only (``Final``) attributes.
     """
 
     def __init__(
@@ -106,7 +109,8 @@ class EmbeddedLlamaBackend:
         llama_cpp = _import_llama_cpp()
         self._lib = llama_cpp
         path = Path(model_path) if model_path is not None else gemma_default_gguf()
-        self._path = path
+        #: The GGUF file loaded.
+        self.model_path: Final[Path] = path
         require_file(path, InputError, "model file not found", fix=GGUF_FIX)
         if isinstance(n_ctx, bool) or not isinstance(n_ctx, int) or n_ctx < 16:
             raise InputError(
@@ -145,14 +149,15 @@ class EmbeddedLlamaBackend:
                     fix="check that the file is a complete GGUF model supported by this llama.cpp build",
                 ) from exc
 
-        self._n_ctx_train = int(llama_cpp.llama_model_n_ctx_train(self._llm.model))
-        if 0 < self._n_ctx_train < n_ctx:
+        #: The model's trained context length (GGUF metadata).
+        self.n_ctx_train: Final[int] = int(llama_cpp.llama_model_n_ctx_train(self._llm.model))
+        if 0 < self.n_ctx_train < n_ctx:
             self.close()
             raise InputError(
-                f"n_ctx {n_ctx} exceeds the model's trained context length {self._n_ctx_train}",
+                f"n_ctx {n_ctx} exceeds the model's trained context length {self.n_ctx_train}",
                 file=str(path),
                 field="n_ctx",
-                fix=f"use n_ctx ≤ {self._n_ctx_train}",
+                fix=f"use n_ctx ≤ {self.n_ctx_train}",
             )
         allocated = int(llama_cpp.llama_n_ctx(self._llm.ctx))
         if allocated < n_ctx:
@@ -163,63 +168,30 @@ class EmbeddedLlamaBackend:
                 field="n_ctx",
                 fix="lower n_ctx or free memory",
             )
-        self._window = n_ctx
-        self._n_vocab = int(self._llm.n_vocab())
+        #: Tokens of prompt plus completion the backend accepts (the served ``n_ctx``).
+        self.window: Final[int] = n_ctx
+        self.n_vocab: Final[int] = int(self._llm.n_vocab())
         self._vocab = llama_cpp.llama_model_get_vocab(self._llm.model)
         self._memory = llama_cpp.llama_get_memory(self._llm.ctx)
-        self._reuse_prefix = bool(reuse_prefix)
-        self._threads = threads
+        self.reuse_prefix: Final[bool] = bool(reuse_prefix)
+        self.n_threads: Final[int] = threads
         self._lock = threading.Lock()
         self._cached: list[int] = []  # token ids whose K/V are in llama.cpp's cache, in order
 
-        self._tokenizer = tokenizer if tokenizer is not None else tokenizer_from_gguf(path)
-        self._probe = verify_against_llamacpp(self._tokenizer, self._llm)
-        if not self._probe.ok:
+        #: The tokenizer that was verified against llama.cpp at load.
+        self.tokenizer: Final[Tokenizer] = tokenizer if tokenizer is not None else tokenizer_from_gguf(path)
+        self.probe_report: Final[ProbeReport] = verify_against_llamacpp(self.tokenizer, self._llm)
+        if not self.probe_report.ok:
             self.close()
-            self._probe.raise_for_mismatch(file=str(path))
+            self.probe_report.raise_for_mismatch(file=str(path))
 
     # ---------------------------------------------------------------------------------------------
     # properties
 
     @property
-    def window(self) -> int:
-        """Tokens of prompt plus completion the backend accepts (the served ``n_ctx``)."""
-        return self._window
-
-    @property
     def max_model_len(self) -> int:
         """Same as :attr:`window`, under vLLM's name for the served context length."""
-        return self._window
-
-    @property
-    def n_ctx_train(self) -> int:
-        """The model's trained context length (GGUF metadata)."""
-        return self._n_ctx_train
-
-    @property
-    def model_path(self) -> Path:
-        return self._path
-
-    @property
-    def tokenizer(self) -> Tokenizer:
-        """The tokenizer that was verified against llama.cpp at load."""
-        return self._tokenizer
-
-    @property
-    def probe_report(self) -> ProbeReport:
-        return self._probe
-
-    @property
-    def reuse_prefix(self) -> bool:
-        return self._reuse_prefix
-
-    @property
-    def n_threads(self) -> int:
-        return self._threads
-
-    @property
-    def n_vocab(self) -> int:
-        return self._n_vocab
+        return self.window
 
     # ---------------------------------------------------------------------------------------------
     # lifecycle
@@ -259,17 +231,17 @@ class EmbeddedLlamaBackend:
                 field="temperature",
                 fix="use 0 for greedy decoding",
             )
-        bad = next((t for t in ids if not 0 <= t < self._n_vocab), None)
+        bad = next((t for t in ids if not 0 <= t < self.n_vocab), None)
         if bad is not None:
             raise InputError(
-                f"token id {bad} is outside the model's vocabulary (size {self._n_vocab})",
+                f"token id {bad} is outside the model's vocabulary (size {self.n_vocab})",
                 field="token_ids",
                 fix="build the prompt with this model's tokenizer",
             )
-        if len(ids) + max_tokens > self._window:
+        if len(ids) + max_tokens > self.window:
             raise InputError(
                 f"prompt of {len(ids)} tokens plus max_tokens {max_tokens} exceeds the context window of "
-                f"{self._window} tokens ({len(ids) + max_tokens - self._window} too many); nothing was "
+                f"{self.window} tokens ({len(ids) + max_tokens - self.window} too many); nothing was "
                 "evaluated or truncated",
                 field="token_ids",
                 fix="shorten the layout or lower max_tokens, or raise n_ctx",
@@ -288,7 +260,7 @@ class EmbeddedLlamaBackend:
         ptr = self._lib.llama_get_logits_ith(self._llm.ctx, -1)
         if not ptr:
             raise BackendError("llama.cpp returned no logits", fix="report this with the prompt length")
-        return np.ctypeslib.as_array(ptr, shape=(self._n_vocab,))
+        return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
 
     def _eval(self, tokens: list[int]) -> None:
         try:
@@ -304,7 +276,7 @@ class EmbeddedLlamaBackend:
     def _prefill(self, ids: list[int]) -> int:
         """Evaluate the prompt; return the number of prompt tokens reused from the cache."""
         reused = 0
-        if self._reuse_prefix and self._cached:
+        if self.reuse_prefix and self._cached:
             common = 0
             for a, b in zip(self._cached, ids, strict=False):
                 if a != b:
