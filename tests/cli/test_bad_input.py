@@ -27,7 +27,6 @@ import os
 import re
 import shutil
 import string
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -448,9 +447,9 @@ def _snapshot(root: Path) -> dict[str, tuple[str, str]]:
     return out
 
 
-#: A refusal is prompt (issue #21: an absurd size ran out of memory for minutes before) and short (an
-#: endpoint list is summarised, never printed whole).
-MAX_SECONDS = 10.0
+#: A refusal is short (an endpoint list is summarised, never printed whole). That it comes before any
+#: work (issue #21: an absurd size ran out of memory for minutes) is tests/layout/test_refusal_speed.py's
+#: check, by the refusing process's peak memory: a wall-clock bound here measured the machine's load.
 MAX_ERROR_CHARS = 2_000
 #: Words of a message meant for a developer: internal module or object names, library jargon.
 DEVELOPER_WORDS = (
@@ -520,15 +519,12 @@ def test_hostile_input(
         names.update(_write_runs(tmp_path, request.getfixturevalue("good_run"), needed))
     argv = [part.format(**names) for part in case.argv]
     before = _snapshot(tmp_path)
-    started = time.monotonic()
     code = _run(argv)
-    elapsed = time.monotonic() - started
     captured = capsys.readouterr()
     assert "Traceback" not in captured.err + captured.out
     assert code == case.code, (
         f"exit {code}, expected {case.code}\nstderr: {captured.err}\nstdout: {captured.out}"
     )
-    assert elapsed < MAX_SECONDS, f"{elapsed:.1f} s to refuse (the limit is {MAX_SECONDS} s)"
     assert len(captured.err) < MAX_ERROR_CHARS, (
         f"{len(captured.err)} characters on stderr: {captured.err[:300]}"
     )
