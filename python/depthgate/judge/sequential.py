@@ -18,7 +18,7 @@ boundary family:
   against .00009, .0055, .0219, .0427), so the last look's level stays closer to the fixed design's;
 * ``"power-5"``: alpha t^5, which spends less again; with many late looks (eight, at 30, 40, ..., 100 %
   of the cases) it keeps the power within .02 of the fixed design where power-4 does not (.027), and
-  sends .70 of the fixed design's requests at delta = 0 (docs/gate-calibration.md §8.7);
+  sends .69 of the fixed design's requests at delta = 0 (docs/gate-calibration.md §8.7);
 * ``"haybittle-peto"``: every interim look at the fixed nominal level .001 (z 3.09), the last look at
   the level that spends what is left (.0494 after three interim looks);
 * ``"confidence-sequence"``: an anytime-valid test by betting on the paired per-case differences
