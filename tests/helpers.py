@@ -234,6 +234,11 @@ def reading_handler(
     return Handler
 
 
+def read_verdict(run: Path) -> dict[str, Any]:
+    """A run folder's ``report/verdict.json``."""
+    return dict(json.loads((run / "report" / "verdict.json").read_text(encoding="utf-8")))
+
+
 def scored_frame(rows: Sequence[tuple[str, str, int, str, int, str]]) -> pl.DataFrame:
     """(arm, case_id, length, position, seed, outcome) rows -> a scored-records frame (no safety hit)."""
     schema = {"arm": pl.String, "case_id": pl.String, "length": pl.Int64, "position": pl.String}

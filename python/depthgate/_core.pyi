@@ -9,7 +9,6 @@ __all__ = [
     "ASSEMBLER_VERSION",
     "Tokenizer",
     "build_layout_columns",
-    "presend_check",
     "presend_check_batch",
     "verify_layouts",
 ]
@@ -23,15 +22,9 @@ class Tokenizer:
     @property
     def digest(self) -> str: ...
     @property
-    def special_head(self) -> list[int]: ...
-    @property
-    def special_tail(self) -> list[int]: ...
-    @property
     def bos_id(self) -> int | None: ...
     @property
     def fast_unsound_reason(self) -> str | None: ...
-    @property
-    def special_strings(self) -> list[str]: ...
     def encode(self, text: str, add_special_tokens: bool) -> np.ndarray[Any, np.dtype[np.uint32]]: ...
 
 def build_layout_columns(
@@ -42,15 +35,6 @@ def verify_layouts(
     layouts_json: str,
     ids_flat: np.ndarray[Any, np.dtype[np.uint32]],
     row_offsets: np.ndarray[Any, np.dtype[np.uint64]],
-) -> str: ...
-def presend_check(
-    layout_id: str,
-    text: str,
-    ids: np.ndarray[Any, np.dtype[np.uint32]],
-    spans_json: str,
-    layout_template_digest: str,
-    layout_pinned_date: str,
-    contract_json: str,
 ) -> str: ...
 def presend_check_batch(
     texts: list[str],

@@ -7,7 +7,7 @@ core are translated into these classes once, at the binding boundary (``rust/dep
 from __future__ import annotations
 
 import enum
-from typing import TYPE_CHECKING, TypedDict
+from typing import TYPE_CHECKING, ClassVar, TypedDict
 
 if TYPE_CHECKING:  # typing.Unpack is Python 3.11; annotations are not evaluated, so 3.10 imports this
     from typing import Unpack
@@ -117,46 +117,72 @@ class Where(TypedDict, total=False):
     fix: str | None
 
 
-class TransientBackendError(BackendError):
-    """A failure worth retrying: HTTP 429/5xx, a timeout, a refused or dropped connection.
+class RequestFacts(Where, total=False):
+    """What a failed request says of itself, safe for records and logs (never server-supplied text):
+    ``summary``, a short description; ``status``, the HTTP status when there was one; ``endpoint``, the
+    endpoint that failed, when a backend over several endpoints
+    (:class:`~depthgate.run.backends.pool.ReplicaPool`) says which."""
 
-    ``summary`` is a short description without any server-supplied text (safe for records and logs);
-    ``retry_after`` the server's ``Retry-After`` in seconds when it sent one. A backend makes one
-    attempt; the runner retries (:class:`depthgate.run.retry.RetryPolicy`).
+    summary: str | None
+    status: int | None
+    endpoint: str | None
 
-    Set by a backend over several endpoints (:class:`~depthgate.run.backends.pool.ReplicaPool`):
-    ``endpoint``, the endpoint that failed; ``failover``, another healthy endpoint that has not failed
-    this request will take the retry at once (the runner retries it without a backoff, without counting
-    a try and without feeding the circuit breaker: one endpoint down is not the arm down).
-    """
+
+class RequestFailure(DepthgateError):
+    """Base of the three ways one request fails (below), which the runner records with the same facts
+    (:class:`RequestFacts`). ``summary`` falls back to ``default_summary``, else to the message."""
+
+    default_summary: ClassVar[str | None] = None
 
     def __init__(
         self,
         message: str,
         *,
         summary: str | None = None,
-        retry_after: float | None = None,
         status: int | None = None,
         endpoint: str | None = None,
-        failover: bool = False,
         **where: Unpack[Where],
     ) -> None:
         super().__init__(message, **where)
-        self.summary = summary or message
-        self.retry_after = retry_after
+        self.summary = summary or self.default_summary or message
         self.status = status
         self.endpoint = endpoint
+
+
+class TransientBackendError(RequestFailure, BackendError):
+    """A failure worth retrying: HTTP 429/5xx, a timeout, a refused or dropped connection.
+
+    ``retry_after``: the server's ``Retry-After`` in seconds when it sent one. A backend makes one
+    attempt; the runner retries (:class:`depthgate.run.retry.RetryPolicy`).
+
+    Set by a backend over several endpoints (:class:`~depthgate.run.backends.pool.ReplicaPool`), beside
+    ``endpoint``: ``failover``, another healthy endpoint that has not failed this request will take the
+    retry at once (the runner retries it without a backoff, without counting a try and without feeding
+    the circuit breaker: one endpoint down is not the arm down).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        retry_after: float | None = None,
+        failover: bool = False,
+        **facts: Unpack[RequestFacts],
+    ) -> None:
+        super().__init__(message, **facts)
+        self.retry_after = retry_after
         self.failover = failover
 
 
-class OverLengthError(DepthgateError):
+class OverLengthError(RequestFailure):
     """The backend refused the prompt as longer than its window: a system failure of the layout.
 
     Recorded as ``system_fail`` with reason ``overflow``, never retried, never a silent truncation.
-    ``endpoint``: the endpoint that refused it, when a backend over several endpoints says so.
+    ``n_prompt_tokens`` and ``window``: the counts the backend reported, when it did.
     """
 
     exit_code = ExitCode.FAIL
+    default_summary = "prompt longer than the backend's window"
 
     def __init__(
         self,
@@ -164,27 +190,16 @@ class OverLengthError(DepthgateError):
         *,
         n_prompt_tokens: int | None = None,
         window: int | None = None,
-        summary: str | None = None,
-        endpoint: str | None = None,
-        **where: Unpack[Where],
+        **facts: Unpack[RequestFacts],
     ) -> None:
-        super().__init__(message, **where)
+        super().__init__(message, **facts)
         self.n_prompt_tokens = n_prompt_tokens
         self.window = window
-        self.summary = summary or "prompt longer than the backend's window"
-        self.endpoint = endpoint
 
 
-class BackendRequestError(InputError):
+class BackendRequestError(RequestFailure, InputError):
     """The backend refused the request for a reason the caller must fix (4xx other than over-length,
-    an unknown model, a parameter the backend does not support). ``summary`` holds no server text."""
-
-    def __init__(
-        self, message: str, *, status: int | None = None, summary: str | None = None, **where: Unpack[Where]
-    ) -> None:
-        super().__init__(message, **where)
-        self.status = status
-        self.summary = summary or message
+    an unknown model, a parameter the backend does not support)."""
 
 
 __all__ = [
@@ -196,6 +211,8 @@ __all__ = [
     "InputError",
     "OverLengthError",
     "PlanChangedError",
+    "RequestFacts",
+    "RequestFailure",
     "SpecError",
     "TemplateError",
     "TokenizerLoadError",

@@ -14,7 +14,7 @@ as ``depthgate build`` does, and every number is printed beside a baseline measu
 * ``presend`` — the pre-send gate (``presend.guard_layouts``) on 10,000 layouts of 4K tokens (the
   distinct 4K layouts of the built-in suite, repeated), with the system's frames (``cases``) and
   without, the re-encode off (``verify=False``); the Rust batch call alone; and the baseline of the old
-  gate's shape, one ``layouts.presend_check`` crossing per row over ``iter_rows`` (timed on 1,000
+  gate's shape, one Rust crossing per row over ``iter_rows`` (timed on 1,000
   rows; it calls today's Rust check, so it understates the old gate's cost: run this file against the
   old tree for that). The full re-encode (``verify=True``, what ``depthgate run`` also does) is timed
   on 200 layouts beside one raw ``encode`` of a 4K prompt, its floor.
@@ -166,26 +166,51 @@ def _build_4k(n_cases: int, out: Path) -> tuple[Any, Any, Any]:
     return tok, suite, layouts.read_layouts(out)
 
 
-def _old_guard(frame: Any, tok: Any, window: int, max_output_tokens: int, digest: str) -> list[Any]:
+def _old_guard(frame: Any, tok: Any, window: int, max_output_tokens: int, digest: str) -> list[bool]:
     """The old gate's pre-send part: every row converted to a dict (``iter_rows``), one Rust call per
-    layout with its ids copied (``layouts.presend_check``)."""
-    from depthgate.layout import layouts
+    layout with its ids copied (a one-row ``_core.presend_check_batch``: the single-row binding the old
+    gate called is gone). Returns each checked row's ok."""
+    import numpy as np
 
-    reports = []
+    from depthgate import _core
+
+    contract = json.dumps(
+        {
+            "target_tokens": 0,
+            "window": window,
+            "max_output_tokens": max_output_tokens,
+            "template_digest": digest,
+            "pinned_date": "",
+            "bos_id": tok.bos_id,
+        }
+    )
+
+    def ints(values: list[int]) -> Any:
+        return np.array(values, dtype=np.int64)
+
+    oks = []
     for row in frame.iter_rows(named=True):
         if row["status"] != "ok":
             continue
-        reports.append(
-            layouts.presend_check(
-                row,
-                window=window,
-                max_output_tokens=max_output_tokens,
-                template_digest=digest,
-                pinned_date="",
-                bos_id=tok.bos_id,
-            )
+        spans = list(row["evidence_spans"] or [])
+        ids = np.asarray(row["token_ids"], dtype=np.uint32)
+        violations = _core.presend_check_batch(
+            [row["text"]],
+            ids,
+            np.array([0, len(ids)], dtype=np.uint64),
+            ints([row["target_tokens"]]),
+            [row["template_digest"]],
+            [row.get("pinned_date")],
+            np.array([0, len(spans)], dtype=np.uint64),
+            [sp["evidence_id"] for sp in spans],
+            [sp["kind"] for sp in spans],
+            (ints([sp["token_start"] for sp in spans]), ints([sp["token_end"] for sp in spans])),
+            (ints([sp["char_start"] for sp in spans]), ints([sp["char_end"] for sp in spans])),
+            [sp["sha256"] for sp in spans],
+            contract,
         )
-    return reports
+        oks.append(not violations[0])
+    return oks
 
 
 def measure_presend(out_dir: Path) -> dict[str, Any]:
@@ -234,7 +259,7 @@ def measure_presend(out_dir: Path) -> dict[str, Any]:
     r["old_rows"] = old_rows
     r["old_s"] = _best(2, lambda: _old_guard(old, tok, 8192, 16, digest))
     old_reports = _old_guard(old, tok, 8192, 16, digest)
-    r["old_refused"] = sum(1 for x in old_reports if not x["ok"])
+    r["old_refused"] = sum(1 for ok in old_reports if not ok)
     # The full re-encode (verify=True) on 200 layouts, beside one raw encode of a 4K prompt.
     few = frame.slice(0, 200)
     r["verify_rows"] = few.height

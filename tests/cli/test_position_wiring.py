@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import pytest
 from test_verdict_trust import PerfectReader, _matrix
@@ -14,11 +13,7 @@ from test_verdict_trust import PerfectReader, _matrix
 from depthgate.commands.cli import main
 from depthgate.exceptions import ExitCode
 from depthgate.spec.models import AnalysisPlan
-from helpers import free_port
-
-
-def _verdict(run: Path) -> dict[str, Any]:
-    return dict(json.loads((run / "report" / "verdict.json").read_text()))
+from helpers import free_port, read_verdict
 
 
 def _with_plan(matrix: Path, extra: str) -> Path:
@@ -35,7 +30,7 @@ def test_perfect_reader_effective_length_is_the_longest_length_in_every_report(
     with PerfectReader(port):
         assert main(["run", str(matrix), "--out", str(run)]) == ExitCode.PASS
     capsys.readouterr()
-    position = _verdict(run)["position"]
+    position = read_verdict(run)["position"]
     el = position["effective_length"]
     assert el["rule"] == "nolima" and el["threshold"] == 0.85
     assert el["base_scores"] == {"baseline": 1.0, "candidate": 1.0}  # evidence-only controls all pass
@@ -71,7 +66,7 @@ def test_ruler_rule_and_threshold_come_from_the_plan(tmp_path: Path) -> None:
     run = tmp_path / "run"
     with PerfectReader(port):
         assert main(["run", str(matrix), "--out", str(run), "--no-controls"]) == ExitCode.PASS
-    position = _verdict(run)["position"]
+    position = read_verdict(run)["position"]
     el = position["effective_length"]
     assert (el["rule"], el["threshold"], el["base_scores"]) == ("ruler", 0.5, None)
     assert all(r["threshold_abs"] == 0.5 and r["estimate"] == 640 for r in el["rows"])
@@ -87,7 +82,7 @@ def test_nolima_without_controls_uses_base_one_and_says_so(tmp_path: Path) -> No
     matrix, run = _matrix(tmp_path, port), tmp_path / "run"  # stub matrices name the control base
     with PerfectReader(port):
         assert main(["run", str(matrix), "--out", str(run), "--no-controls"]) == ExitCode.PASS
-    position = _verdict(run)["position"]
+    position = read_verdict(run)["position"]
     assert position["effective_length"]["base_scores"] == {"baseline": 1.0, "candidate": 1.0}
     assert any("no controls ran" in n for n in position["notes"])
     assert "no controls ran" in (run / "report" / "summary.md").read_text()
@@ -167,7 +162,7 @@ def test_aa_run_reports_the_noise_floor(tmp_path: Path, capsys: pytest.CaptureFi
     manifest = json.loads((run / "manifest.json").read_text())
     systems = manifest["systems"]
     assert systems["candidate"]["name"] == "base-repeat" and systems["candidate"]["model"] == "good"
-    doc = _verdict(run)
+    doc = read_verdict(run)
     nf = doc["noise_floor"]
     assert nf["flips"] == 0 and nf["flip_rate"] == 0.0 and nf["paired_runs"] > 0
     assert sent == 2 * nf["paired_runs"]  # separate requests for the repeat
@@ -183,4 +178,4 @@ def test_aa_run_reports_the_noise_floor(tmp_path: Path, capsys: pytest.CaptureFi
         capsys.readouterr().err
     )
     # an ordinary run has no noise floor
-    assert main(["gate", str(run)]) == ExitCode.PASS and _verdict(run)["noise_floor"]
+    assert main(["gate", str(run)]) == ExitCode.PASS and read_verdict(run)["noise_floor"]

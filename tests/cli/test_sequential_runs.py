@@ -33,7 +33,7 @@ from depthgate.exceptions import ExitCode
 from depthgate.run.records import FINAL_STATUSES, read_records
 from depthgate.spec.suites import builtin_suite
 from fixtures_paths import tokenizers_dir
-from helpers import StubServer, answer_in, free_port, reading_handler, sigkill_when, stub_matrix
+from helpers import StubServer, answer_in, free_port, read_verdict, reading_handler, sigkill_when, stub_matrix
 
 REPO = Path(__file__).resolve().parents[2]
 GPT2 = tokenizers_dir() / "gpt2" / "tokenizer.json"
@@ -82,10 +82,6 @@ def _matrix(tmp: Path, port: int) -> Path:
     return path
 
 
-def _verdict(run: Path) -> dict[str, Any]:
-    return dict(json.loads((run / "report" / "verdict.json").read_text()))
-
-
 def _keys(run: Path) -> pl.DataFrame:
     records = read_records(run, dedup=False).filter(pl.col("status").is_in(list(FINAL_STATUSES)))
     return records.select(*KEY)
@@ -107,7 +103,7 @@ def test_sigkill_mid_look_then_resume_loses_and_duplicates_nothing(tmp_path: Pat
     argv = ["run", str(matrix), "--no-controls", "--concurrency", "2"]
     with DeepBlindReader(port, delay_s=0.04) as reader:
         code = main([*argv, "--out", str(whole)])
-        verdict = _verdict(whole)
+        verdict = read_verdict(whole)
         history = _history(whole)
         sent = verdict["sequential"]["requests_sent"]
         assert code == ExitCode.FAIL and reader.requests == sent
@@ -142,7 +138,7 @@ def test_sigkill_mid_look_then_resume_loses_and_duplicates_nothing(tmp_path: Pat
     assert keys.height == keys.unique().height == sent  # nothing duplicated
     assert keys.sort(KEY).equals(_keys(whole).sort(KEY))  # nothing lost: the very requests of the looks
     assert _history(killed) == history
-    resumed = _verdict(killed)
+    resumed = read_verdict(killed)
     assert resumed["verdict"] == verdict["verdict"]
     assert resumed["slices"] == verdict["slices"]
     assert resumed["sequential"] == verdict["sequential"]
@@ -161,7 +157,7 @@ def test_shards_run_look_by_look_and_merge_to_the_unsharded_verdict(
     base = ["run", str(matrix), "--no-controls"]
     with DeepBlindReader(port) as reader:
         code = main([*base, "--out", str(whole)])
-        verdict = _verdict(whole)
+        verdict = read_verdict(whole)
         looks = len(verdict["sequential"]["design"]["cases"])
         decided_at = max(int(s["look"]) for s in verdict["sequential"]["slices"])
         assert decided_at >= 2  # round 1's merge has an open slice: gate says so (below)
@@ -213,7 +209,7 @@ def test_shards_run_look_by_look_and_merge_to_the_unsharded_verdict(
         assert seen == [*range(1, decided_at + 1), *[decided_at] * (looks - decided_at)], seen
         assert reader.requests == verdict["sequential"]["requests_sent"]
     assert main(["gate", str(merged)]) == code
-    joined = _verdict(merged)
+    joined = read_verdict(merged)
     for key in ("verdict", "slices", "sequential"):
         assert joined[key] == verdict[key], key
     assert _keys(merged).sort(KEY).equals(_keys(whole).sort(KEY))

@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
 
 import polars as pl
 import pytest
@@ -31,7 +30,7 @@ from depthgate.exceptions import ExitCode
 from depthgate.run.records import read_records
 from depthgate.spec.suites import builtin_suite
 from fixtures_paths import tokenizers_dir
-from helpers import ModelsHandler, StubServer, completion, free_port, stub_matrix
+from helpers import ModelsHandler, StubServer, completion, free_port, read_verdict, stub_matrix
 
 GPT2 = tokenizers_dir() / "gpt2" / "tokenizer.json"
 SMOLLM = tokenizers_dir() / "smollm" / "tokenizer.json"
@@ -118,10 +117,6 @@ def _matrix(
     return path
 
 
-def _verdict(run: Path) -> dict[str, Any]:
-    return dict(json.loads((run / "report" / "verdict.json").read_text()))
-
-
 @pytest.fixture()
 def port() -> int:
     return free_port()
@@ -136,7 +131,7 @@ def test_unreachable_endpoint_is_infra_exit_30_then_the_rerun_resumes(
     assert code == ExitCode.INFRA == 30
     assert "verdict: INFRA (exit 30 INFRA)" in err.out
     assert "circuit open" in err.err  # the breaker stopped sending instead of burning the matrix
-    doc = _verdict(run)
+    doc = read_verdict(run)
     assert doc["verdict"] == "INFRA" and doc["exit_code"] == "INFRA"
     infra = doc["infra"]
     planned = 2 * PLACED * 2  # arms × placed cases × positions, one seed
@@ -160,7 +155,7 @@ def test_unreachable_endpoint_is_infra_exit_30_then_the_rerun_resumes(
     with PerfectReader(port) as server:
         code = main(["run", str(matrix), "--out", str(run), "--no-controls"])
     assert code == ExitCode.PASS
-    doc = _verdict(run)
+    doc = read_verdict(run)
     assert doc["verdict"] == "PASS" and doc["infra"]["lost"] == 0
     ok_row = f"| `{url}` | {doc['infra']['endpoints'][url]['ok']} |"
     assert ok_row in (run / "report" / "summary.md").read_text()
@@ -176,7 +171,7 @@ def test_gate_uses_the_frozen_slice_list_and_refuses_an_edited_matrix(
     matrix, run = _matrix(tmp_path, port), tmp_path / "run"
     with PerfectReader(port):
         assert main(["run", str(matrix), "--out", str(run), "--no-controls"]) == ExitCode.PASS
-    before = _verdict(run)
+    before = read_verdict(run)
     manifest = json.loads((run / "manifest.json").read_text())
     assert manifest["positions"] == ["0.0", "1.0"] and manifest["plan"]["n_min"] == 2
 
@@ -197,7 +192,7 @@ def test_gate_uses_the_frozen_slice_list_and_refuses_an_edited_matrix(
         assert main(["gate", str(run)]) == ExitCode.PASS
     finally:
         os.chdir(cwd)
-    after = _verdict(run)
+    after = read_verdict(run)
     assert after["slices"] == before["slices"] and after["digests"] == before["digests"]
 
     # A manifest whose plan was edited by hand no longer matches its own digest.
@@ -216,7 +211,7 @@ def test_a_broken_serving_path_is_named_not_reported_as_a_model_regression(
     out = capsys.readouterr().out
     assert code == ExitCode.FAIL_SYSTEM == 13
     assert "exit 13 FAIL_SYSTEM, failures: system" in out and "server_ids_mismatch" in out
-    doc = _verdict(run)
+    doc = read_verdict(run)
     assert doc["verdict"] == "FAIL" and doc["failure_class"] == "system"
     assert doc["system_driven_slices"] == ["640/0", "640/1"]
     assert doc["system_fail_reasons"] == {"server_ids_mismatch": 2 * PLACED}
@@ -241,7 +236,7 @@ def test_a_tokenizer_upgrade_runs_to_a_report_with_controls_paired(
     out = capsys.readouterr().out
     assert "worst position at 640 tokens: depth" in out  # the console names the worst position
     assert "effective length (nolima), candidate: 0: ≥640" in out  # and the effective length per depth
-    doc = _verdict(run)
+    doc = read_verdict(run)
     assert doc["verdict"] == "PASS" and doc["controls"]["counts"]
     manifest = json.loads((run / "manifest.json").read_text())
     digests = {arm: manifest["systems"][arm]["tokenizer_digest"] for arm in ("baseline", "candidate")}
@@ -279,7 +274,7 @@ def test_the_shipped_tokenizer_upgrade_matrix_runs_to_a_report(
     assert records.filter(pl.col("target_tokens").is_in(gated)).height == 2 * 40 * 5
     sent = pl.concat([read_records(run), read_records(run / "controls")]).filter(pl.col("attempts") > 0)
     assert server.requests == sent.height  # each sent exactly once (refused controls are never sent)
-    assert _verdict(run)["verdict"] == "PASS"
+    assert read_verdict(run)["verdict"] == "PASS"
 
 
 def test_too_few_cases_is_inconclusive_exit_11(tmp_path: Path, port: int) -> None:
@@ -288,7 +283,7 @@ def test_too_few_cases_is_inconclusive_exit_11(tmp_path: Path, port: int) -> Non
     with PerfectReader(port):
         code = main(["run", str(matrix), "--out", str(tmp_path / "run"), "--no-controls"])
     assert code == ExitCode.INCONCLUSIVE == 11
-    doc = _verdict(tmp_path / "run")
+    doc = read_verdict(tmp_path / "run")
     assert doc["verdict"] == "INCONCLUSIVE" and {s["status"] for s in doc["slices"]} == {"INCONCLUSIVE"}
 
 
@@ -311,7 +306,7 @@ def test_a_forbidden_safety_claim_is_exit_12_whatever_the_statistics(
         code = main(["run", str(matrix), "--out", str(tmp_path / "run"), "--no-controls"])
     assert code == ExitCode.SAFETY == 12
     assert "+ SAFETY (exit 12 SAFETY" in capsys.readouterr().out
-    doc = _verdict(tmp_path / "run")
+    doc = read_verdict(tmp_path / "run")
     assert doc["safety_flag"] and doc["exit_code"] == "SAFETY"
     assert doc["safety"]["hits_candidate"] == 2 and doc["safety"]["hits_baseline"] == 0  # 2 depths
 
@@ -334,7 +329,7 @@ def test_control_normalised_primary_metric_gates_only_baseline_eligible_cases(
     assert refused == ExitCode.BAD_INPUT == 20
     assert "plan.primary_metric" in capsys.readouterr().err
     assert not (tmp_path / "c").exists()  # nothing half-written
-    every, kept = _verdict(tmp_path / "a"), _verdict(tmp_path / "b")
+    every, kept = read_verdict(tmp_path / "a"), read_verdict(tmp_path / "b")
     assert {s["n_cases"] for s in every["slices"]} == {PLACED}
     assert {s["n_cases"] for s in kept["slices"]} == {PLACED - 1}
     assert "primary_metric" not in every["controls"]

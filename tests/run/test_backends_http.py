@@ -547,7 +547,9 @@ def test_recorded_shapes_503_is_retried_by_the_runner_and_retry_after_honoured(
     rec = _run_one(backend, tmp_path, RetryPolicy(max_attempts=3, backoff_base_s=0.01, backoff_max_s=0.02))
     elapsed = time.monotonic() - start
     assert rec["status"] == "ok" and rec["attempts"] == 2 and rec["prompt_tokens_server"] == 3
-    assert 0.3 <= elapsed < 5.0  # the 0.3 s Retry-After was waited, not the 10 ms backoff
+    # A lower bound only (load can slow a run, never speed it): the 0.3 s Retry-After was waited, not the
+    # 10 ms backoff.
+    assert elapsed >= 0.3
 
 
 def test_recorded_shapes_persistent_500_is_infra_error_after_the_policy_attempts(
@@ -1187,10 +1189,10 @@ def test_runtime_connect_timeout_s_bounds_the_connection() -> None:
             runtime={"connect_timeout_s": 0.3},
         )  # fmt: skip
         backend = make_backend(system)
-        start = time.monotonic()
+        # The message names the timeout that fired and its 0.3 s limit: no clock is read (load would
+        # make a wall-time bound flaky).
         with pytest.raises(TransientBackendError, match=r"ConnectTimeout, limit 300 s read, 0.3 s connect"):
             run(_once(backend, _req([1, 2])))
-        assert time.monotonic() - start < 5.0
     finally:
         for sock in [*fillers, listener]:
             sock.close()

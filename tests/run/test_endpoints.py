@@ -49,6 +49,7 @@ from helpers import (
     LlamaServerProcess,
     completion,
     free_port,
+    read_verdict,
     small_smoke_matrix,
     stub_matrix,
 )
@@ -528,10 +529,6 @@ def _placed(cases: int) -> int:
     return sum(1 for c in builtin_suite(cases).cases if c.evidence)
 
 
-def _verdict(run: Path) -> dict[str, Any]:
-    return dict(json.loads((run / "report" / "verdict.json").read_text()))
-
-
 def test_a_replica_killed_mid_run_the_run_finishes_on_the_other(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -580,7 +577,7 @@ def test_a_replica_killed_mid_run_the_run_finishes_on_the_other(
     moved = records.filter(pl.col("failed_endpoints").is_not_null())
     assert moved.height >= 1 and set(moved["endpoint"]) == {killed.a.url}
 
-    calm_doc, killed_doc = _verdict(tmp_path / "calm"), _verdict(tmp_path / "killed")
+    calm_doc, killed_doc = read_verdict(tmp_path / "calm"), read_verdict(tmp_path / "killed")
     assert killed_doc["verdict"] == calm_doc["verdict"] == "PASS"
     assert killed_doc["slices"] == calm_doc["slices"]
     assert killed_doc["run"]["run_id"] == calm_doc["run"]["run_id"]
@@ -637,7 +634,7 @@ def test_all_endpoints_dead_is_infra_exit_30_and_the_rerun_resumes(
     err = capsys.readouterr().err
     assert code == ExitCode.INFRA == 30, err
     assert "circuit open" in err and "0 of 2 endpoint(s) up" in err
-    doc = _verdict(run)
+    doc = read_verdict(run)
     assert doc["verdict"] == "INFRA" and doc["infra"]["lost"] == planned
     assert sum(doc["infra"]["by_endpoint"].values()) == planned
     before = read_records(run)
@@ -653,7 +650,7 @@ def test_all_endpoints_dead_is_infra_exit_30_and_the_rerun_resumes(
     records = read_records(run)
     assert records.height == planned and set(records["status"]) == {"ok"}
     assert pair.a.completions + pair.b.completions == planned  # each lost job sent once more, no more
-    assert _verdict(run)["infra"]["lost"] == 0
+    assert read_verdict(run)["infra"]["lost"] == 0
 
 
 # --------------------------------------------------------------------------------------------------
@@ -756,7 +753,7 @@ def test_two_real_servers_one_killed_mid_run_same_verdict(
     assert moved.height >= 1 and set(moved["endpoint"]) == {alive.url}
     assert set(moved["failed_endpoints"].str.split(" ").explode()) == {dead.url}
 
-    doc_calm, doc_killed = _verdict(tmp_path / "calm"), _verdict(tmp_path / "killed")
+    doc_calm, doc_killed = read_verdict(tmp_path / "calm"), read_verdict(tmp_path / "killed")
     assert doc_killed["verdict"] == doc_calm["verdict"] and doc_killed["exit_code"] == doc_calm["exit_code"]
     assert doc_killed["slices"] == doc_calm["slices"]
     joined = calm.select(*KEY, "output_text").join(killed.select(*KEY, "output_text"), on=list(KEY))

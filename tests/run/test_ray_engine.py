@@ -7,14 +7,12 @@ Greedy decoding, so both engines must give the same outputs and the same verdict
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import polars as pl
 import pytest
@@ -23,7 +21,7 @@ from depthgate.commands.cli import main
 from depthgate.exceptions import ExitCode
 from depthgate.run import records as records_module
 from depthgate.run.records import FINAL_STATUSES, RECORD_KEY, read_records
-from helpers import free_port, sigkill_when, small_smoke_matrix
+from helpers import free_port, read_verdict, sigkill_when, small_smoke_matrix
 
 pytest.importorskip("ray", reason="the ray extra is not installed (pip install 'depthgate[ray]')")
 
@@ -39,10 +37,6 @@ def _matrix(folder: Path, cases: int = 2) -> Path:
     path = folder / "small.toml"
     path.write_text(small_smoke_matrix(cases=cases, lengths="[480]", preamble=SHORT), encoding="utf-8")
     return path
-
-
-def _verdict(run: Path) -> dict[str, Any]:
-    return dict(json.loads((run / "report" / "verdict.json").read_text(encoding="utf-8")))
 
 
 def _outputs(run: Path) -> dict[tuple[str, str, int], tuple[str, str | None, str | None]]:
@@ -113,7 +107,7 @@ def test_ray_engine_gives_the_asyncio_verdict(tmp_path: Path, reference: tuple[P
     assert len(ref_out) == TOTAL
     assert ray_out == ref_out
     assert _outputs(out / "controls") == _outputs(asyncio_run / "controls")
-    mine, theirs = _verdict(out), _verdict(asyncio_run)
+    mine, theirs = read_verdict(out), read_verdict(asyncio_run)
     for key in SAME:
         assert mine[key] == theirs[key], key
     assert mine["controls"]["counts"] == theirs["controls"]["counts"]
@@ -151,7 +145,7 @@ def test_http_arms_on_ray_actors_give_the_asyncio_verdict(
     final = [line for line in matrix_run.splitlines() if " ETA " in line][-1]
     assert final.endswith(f"transient errors: http://127.0.0.1:{port} 2"), final
     assert _outputs(tmp_path / "ray") == _outputs(tmp_path / "asyncio")
-    mine, theirs = _verdict(tmp_path / "ray"), _verdict(tmp_path / "asyncio")
+    mine, theirs = read_verdict(tmp_path / "ray"), read_verdict(tmp_path / "asyncio")
     for key in SAME:
         assert mine[key] == theirs[key], key
     endpoints = set(read_records(tmp_path / "ray")["endpoint"].to_list())
@@ -245,7 +239,7 @@ def test_killed_ray_run_resumes_with_nothing_lost_or_doubled(
     per_key = raw.group_by(list(RECORD_KEY)).len()
     assert per_key.height == TOTAL and per_key["len"].max() == 1  # none lost, none doubled
     assert _outputs(out) == _outputs(asyncio_run)
-    mine, theirs = _verdict(out), _verdict(asyncio_run)
+    mine, theirs = read_verdict(out), read_verdict(asyncio_run)
     for key in SAME:
         assert mine[key] == theirs[key], key
 
@@ -265,7 +259,7 @@ def test_a_sequential_plan_runs_look_by_look_on_ray_as_on_asyncio(tmp_path: Path
         sent, reader.requests = reader.requests, 0
         assert main([*argv, "--out", str(tmp_path / "ray"), "--engine", "ray"]) == code
         assert reader.requests == sent
-    asyncio_doc, ray_doc = _verdict(tmp_path / "asyncio"), _verdict(tmp_path / "ray")
+    asyncio_doc, ray_doc = read_verdict(tmp_path / "asyncio"), read_verdict(tmp_path / "ray")
     assert sent == ray_doc["sequential"]["requests_sent"] < ray_doc["sequential"]["requests_planned"]
     for key in ("verdict", "slices", "sequential"):
         assert ray_doc[key] == asyncio_doc[key], key

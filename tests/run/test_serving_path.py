@@ -23,7 +23,6 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
@@ -39,6 +38,7 @@ from helpers import (
     StubServer,
     completion,
     free_port,
+    read_verdict,
     small_smoke_matrix,
     stub_matrix,
 )
@@ -126,10 +126,6 @@ def _matrix(tmp: Path, where: str, *, baseline: str = "good", candidate: str = "
     return path
 
 
-def _verdict(run: Path) -> dict[str, Any]:
-    return dict(json.loads((run / "report" / "verdict.json").read_text()))
-
-
 @pytest.fixture()
 def reader() -> Iterator[Reader]:
     with Reader() as server:
@@ -158,7 +154,7 @@ def test_a_doubled_bos_candidate_reads_fail_system_everywhere_and_leaves_the_bas
     report = tmp_path / "broken" / "report"
     assert "FAIL_REGRESSION" not in out and "confirmed regression" not in out
     assert "640/0: FAIL_SYSTEM (serving path: " in out and "server_ids_mismatch" in out
-    doc = _verdict(tmp_path / "broken")
+    doc = read_verdict(tmp_path / "broken")
     assert {s["status"] for s in doc["slices"]} == {"FAIL_SYSTEM"}
     assert doc["slice_counts"]["FAIL_SYSTEM"] == 2 and doc["slice_counts"]["FAIL_REGRESSION"] == 0
     assert all(s["reason"].startswith("serving path: ") for s in doc["slices"])
@@ -186,7 +182,7 @@ def test_a_doubled_bos_candidate_reads_fail_system_everywhere_and_leaves_the_bas
 
     # The baseline's position numbers are its own: the same with a broken or a healthy candidate.
     el = doc["position"]["effective_length"]
-    calm = _verdict(tmp_path / "healthy")["position"]["effective_length"]
+    calm = read_verdict(tmp_path / "healthy")["position"]["effective_length"]
     assert (
         el["base_scores"]["baseline"] == calm["base_scores"]["baseline"] == pytest.approx(1 - BLIND / PLACED)
     )
@@ -216,7 +212,7 @@ def test_a_gateway_cutting_the_head_and_forging_count_and_echo_is_canary_head_lo
     assert code == ExitCode.FAIL_SYSTEM == 13, out
     assert reader.requests - before == 2 * PLACED * 2 + 8  # the matrix plus 2 × 2 canaries per arm
     assert "canary_head_lost" in out and "FAIL_REGRESSION" not in out
-    doc = _verdict(tmp_path / "run")
+    doc = read_verdict(tmp_path / "run")
     assert doc["failure_class"] == "system" and doc["system_driven_slices"] == ["640/0", "640/1"]
     assert doc["system_fail_reasons"] == {"canary_head_lost": 2}
     canaries = doc["serving_checks"]["canaries"]
@@ -237,7 +233,7 @@ def test_a_gateway_cutting_the_head_and_forging_count_and_echo_is_canary_head_lo
     capsys.readouterr()
     fine = _matrix(tmp_path, _endpoint(reader), top=top)
     assert main(["run", str(fine), "--out", str(tmp_path / "fine"), "--no-controls"]) == ExitCode.PASS
-    assert _verdict(tmp_path / "fine")["serving_checks"]["canaries"]["lost"] == []
+    assert read_verdict(tmp_path / "fine")["serving_checks"]["canaries"]["lost"] == []
 
 
 def test_a_baseline_that_loses_its_canaries_is_named_too(
@@ -250,7 +246,7 @@ def test_a_baseline_that_loses_its_canaries_is_named_too(
     code = main(["run", str(matrix), "--out", str(tmp_path / "run"), "--no-controls"])
     out = capsys.readouterr().out
     assert code == ExitCode.FAIL_SYSTEM, out
-    doc = _verdict(tmp_path / "run")
+    doc = read_verdict(tmp_path / "run")
     assert doc["system_fail_reasons"] == {"baseline:canary_head_lost": 2}
     assert doc["serving_checks"]["canaries"]["lost"] == ["baseline:canary_head_lost@640"]
     assert "the baseline's serving path failed" in out
@@ -280,14 +276,14 @@ def test_lost_jobs_name_real_endpoints_and_a_resume_keeps_the_first_failure_coun
     matrix = _matrix(tmp_path, f"endpoints = {json.dumps(urls)}")
     # Nothing listens yet: no replica ever takes a job, so no job names an endpoint.
     assert main(["run", str(matrix), "--out", str(tmp_path / "dead"), "--no-controls"]) == ExitCode.INFRA
-    dead = _verdict(tmp_path / "dead")["infra"]
+    dead = read_verdict(tmp_path / "dead")["infra"]
     assert set(dead["by_endpoint"]) == {"no endpoint up", "not sent"}, dead["by_endpoint"]
     assert dead["endpoints"] == {}
     run = tmp_path / "run"
     with Reader(ports[0], die_after=6), Reader(ports[1], die_after=6):
         assert main(["run", str(matrix), "--out", str(run), "--no-controls"]) == ExitCode.INFRA
     capsys.readouterr()
-    first = _verdict(run)["infra"]
+    first = read_verdict(run)["infra"]
     assert first["lost"] > 0
     assert set(first["by_endpoint"]) <= {*urls, "no endpoint up", "not sent"}, first["by_endpoint"]
     assert set(first["endpoints"]) == set(urls)
@@ -298,7 +294,7 @@ def test_lost_jobs_name_real_endpoints_and_a_resume_keeps_the_first_failure_coun
         code = main(["run", str(matrix), "--out", str(run)])
     err = capsys.readouterr().err
     assert code == ExitCode.PASS, err
-    doc = _verdict(run)
+    doc = read_verdict(run)
     endpoints = doc["infra"]["endpoints"]
     assert set(endpoints) == set(urls)
     for url in urls:
@@ -379,7 +375,7 @@ def test_head_cutting_gateway_in_front_of_the_real_model_is_canary_head_lost(
         server.stop()
     out = capsys.readouterr().out
     assert code == ExitCode.FAIL_SYSTEM == 13, out
-    doc = _verdict(tmp_path / "run")
+    doc = read_verdict(tmp_path / "run")
     assert "candidate:canary_head_lost@480" in doc["serving_checks"]["canaries"]["lost"], doc[
         "serving_checks"
     ]

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
-from typing import Any
 
 import polars as pl
 import pytest
@@ -22,13 +21,9 @@ from depthgate.commands.cli import main
 from depthgate.exceptions import ExitCode
 from depthgate.run.jobs import shard_of
 from depthgate.run.records import read_records
-from helpers import free_port
+from helpers import free_port, read_verdict
 
 SAME = ("slices", "digests", "plan", "overall", "worst_by_length", "worst_cases", "worst_shares", "verdict")
-
-
-def _verdict(run: Path) -> dict[str, Any]:
-    return dict(json.loads((run / "report" / "verdict.json").read_text()))
 
 
 def _sharded(matrix: Path, tmp: Path, count: int, extra: list[str]) -> list[Path]:
@@ -65,7 +60,7 @@ def test_three_shards_merge_to_the_unsharded_verdict(
     merged = tmp_path / "merged"
     assert main(["merge", *map(str, dirs), "--out", str(merged)]) == ExitCode.PASS
     assert main(["gate", str(merged)]) == ExitCode.PASS
-    whole, joined = _verdict(tmp_path / "whole"), _verdict(merged)
+    whole, joined = read_verdict(tmp_path / "whole"), read_verdict(merged)
     for key in SAME:
         assert joined[key] == whole[key], key
     assert joined["controls"]["counts"] == whole["controls"]["counts"]
@@ -127,6 +122,6 @@ def test_shards_of_the_embedded_model_merge_to_the_same_verdict(tmp_path: Path) 
     merged = tmp_path / "merged"
     assert main(["merge", *map(str, dirs), "--out", str(merged)]) == ExitCode.PASS
     assert main(["gate", str(merged)]) == code
-    whole, joined = _verdict(tmp_path / "whole"), _verdict(merged)
+    whole, joined = read_verdict(tmp_path / "whole"), read_verdict(merged)
     for key in SAME:
         assert joined[key] == whole[key], key

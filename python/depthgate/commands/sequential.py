@@ -94,6 +94,11 @@ def sequential_plan_lines(matrix: Matrix, suite: Suite, *, p_baseline: float, ic
             f"expected requests / fixed design ({label}, p_baseline {p:g}, ICC {icc:g}): "
             f"{shares[0]:.0%} at delta 0, {shares[1]:.0%} at -M, {shares[2]:.0%} at -3M"
         )
+    # Said on the console, not only here: the approximation ranks designs well but reads low (§8.6).
+    lines.append(
+        "(normal approximation: the gate's simulated shares read about 6 points higher, "
+        "docs/gate-calibration.md §8.6-8.7)"
+    )
     return lines
 
 

@@ -1,6 +1,6 @@
-"""Checks of built layouts without a server: the Rust pre-send checks of one layout row
-(:func:`presend_check`) and the full re-encode of a layouts file (:func:`check_layouts`: every layout's
-ids equal ``encode(text)`` and its evidence spans hold their text)."""
+"""Checks of built layouts without a server: the full re-encode of a layouts file
+(:func:`check_layouts`: every layout's ids equal ``encode(text)`` and its evidence spans hold their
+text). The pre-send checks against a system's contract are :func:`depthgate.layout.presend.guard_layouts`."""
 
 from __future__ import annotations
 
@@ -15,43 +15,6 @@ import polars as pl
 from depthgate import _core
 from depthgate.exceptions import InputError
 from depthgate.layout.layouts import Tokenizer, read_layouts
-
-
-def presend_check(
-    row: dict[str, Any],
-    *,
-    window: int | None,
-    max_output_tokens: int,
-    template_digest: str,
-    pinned_date: str | None = None,
-    bos_id: int | None = None,
-) -> dict[str, Any]:
-    """Rust pre-send checks of one layout row against the contract of the system it goes to
-    (length, served window, template digest and pinned date, doubled BOS, every evidence hash present
-    once, no duplicated distractor). ``pinned_date`` is the system template's date (ISO, "" for a raw
-    frame; None: not checked); ``bos_id`` the target tokenizer's (:attr:`Tokenizer.bos_id`). Returns
-    ``{"ok": bool, "violations": [{"code", "detail"}]}``. The product path is
-    :func:`depthgate.layout.presend.guard_layouts`, which derives both from the system."""
-    contract = {
-        "target_tokens": row["target_tokens"],
-        "window": window,
-        "max_output_tokens": max_output_tokens,
-        "template_digest": template_digest,
-        "pinned_date": pinned_date,
-        "bos_id": bos_id,
-    }
-    report: dict[str, Any] = json.loads(
-        _core.presend_check(
-            row["layout_id"],
-            row["text"],
-            np.asarray(row["token_ids"], dtype=np.uint32),
-            json.dumps(list(row["evidence_spans"] or [])),
-            row["template_digest"],
-            row.get("pinned_date") or "",
-            json.dumps(contract),
-        )
-    )
-    return report
 
 
 @dataclass(frozen=True)

@@ -51,5 +51,3 @@ fn build(py: Python<'_>, err: &CoreError) -> PyResult<PyErr> {
     let instance = module.getattr(class)?.call((message,), Some(&kwargs))?;
     Ok(PyErr::from_value(instance))
 }
-
-pub type CoreResult<T> = Result<T, PyCoreError>;

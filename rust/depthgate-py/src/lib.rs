@@ -11,8 +11,10 @@ use depthgate_core::{CoreError, PresendRow, SendContract, StoredLayout, TargetTo
 use numpy::{IntoPyArray, PyArray1, PyReadonlyArray1};
 use pyo3::prelude::*;
 use pyo3::pybacked::PyBackedStr;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
 
-use crate::errors::{CoreResult, PyCoreError};
+use crate::errors::PyCoreError;
 
 /// Run a core call with the GIL released and map its error once.
 fn detached<T: Send>(
@@ -29,6 +31,19 @@ fn spec_error(field: &str, detail: impl ToString, fix: &str) -> PyErr {
         fix: fix.into(),
     })
     .into()
+}
+
+/// A JSON argument from the typed Python front; a malformed one is a spec error on `field`.
+fn from_json<T: DeserializeOwned>(json: &str, field: &str, fix: &str) -> PyResult<T> {
+    serde_json::from_str(json).map_err(|e| spec_error(field, e, fix))
+}
+
+/// A core result as JSON for the typed Python front, which validates it.
+fn to_json<T: Serialize + ?Sized>(value: &T, what: &str) -> depthgate_core::Result<String> {
+    serde_json::to_string(value).map_err(|e| CoreError::Encode {
+        what: what.into(),
+        detail: e.to_string(),
+    })
 }
 
 /// A loaded target tokenizer (immutable, shareable across threads).
@@ -51,16 +66,6 @@ impl PyTokenizer {
     }
 
     #[getter]
-    fn special_head(&self) -> Vec<u32> {
-        self.inner.special_head.clone()
-    }
-
-    #[getter]
-    fn special_tail(&self) -> Vec<u32> {
-        self.inner.special_tail.clone()
-    }
-
-    #[getter]
     fn bos_id(&self) -> Option<u32> {
         self.inner.bos_id()
     }
@@ -68,11 +73,6 @@ impl PyTokenizer {
     #[getter]
     fn fast_unsound_reason(&self) -> Option<String> {
         self.inner.fast_unsound_reason.clone()
-    }
-
-    #[getter]
-    fn special_strings(&self) -> Vec<String> {
-        self.inner.special_strings.clone()
     }
 
     fn encode<'py>(
@@ -104,13 +104,11 @@ fn build_layout_columns<'py>(
     tokenizer: &PyTokenizer,
     spec_json: String,
 ) -> PyResult<BuiltColumns<'py>> {
-    let spec: BatchSpec = serde_json::from_str(&spec_json).map_err(|e| {
-        spec_error(
-            "spec",
-            e,
-            "build the spec with depthgate.layout.layouts (pydantic), not by hand",
-        )
-    })?;
+    let spec: BatchSpec = from_json(
+        &spec_json,
+        "spec",
+        "build the spec with depthgate.layout.layouts (pydantic), not by hand",
+    )?;
     let (flat, offsets, texts, meta) = detached(py, || {
         let mut layouts = depthgate_core::build_layouts(&tokenizer.inner, &spec)?;
         let total: usize = layouts.iter().map(|l| l.token_ids.len()).sum();
@@ -123,10 +121,7 @@ fn build_layout_columns<'py>(
             offsets.push(flat.len() as u64);
             texts.push(std::mem::take(&mut l.text));
         }
-        let meta = serde_json::to_string(&layouts).map_err(|e| CoreError::Encode {
-            what: "layout metadata".into(),
-            detail: e.to_string(),
-        })?;
+        let meta = to_json(&layouts, "layout metadata")?;
         Ok((flat, offsets, texts, meta))
     })?;
     Ok((flat.into_pyarray(py), offsets.into_pyarray(py), texts, meta))
@@ -141,13 +136,11 @@ fn verify_layouts(
     ids_flat: PyReadonlyArray1<'_, u32>,
     row_offsets: PyReadonlyArray1<'_, u64>,
 ) -> PyResult<String> {
-    let layouts: Vec<StoredLayout> = serde_json::from_str(&layouts_json).map_err(|e| {
-        spec_error(
-            "layouts",
-            e,
-            "pass rows of a layouts.parquet written by depthgate build",
-        )
-    })?;
+    let layouts: Vec<StoredLayout> = from_json(
+        &layouts_json,
+        "layouts",
+        "pass rows of a layouts.parquet written by depthgate build",
+    )?;
     let flat = ids_flat.as_slice()?.to_vec();
     let offsets = row_offsets.as_slice()?.to_vec();
     if offsets.len() != layouts.len() + 1 {
@@ -163,60 +156,9 @@ fn verify_layouts(
             .map(|w| &flat[w[0] as usize..w[1] as usize])
             .collect();
         let v = depthgate_core::verify_batch(&tokenizer.inner, &layouts, &rows)?;
-        serde_json::to_string(&v).map_err(|e| CoreError::Encode {
-            what: "violations".into(),
-            detail: e.to_string(),
-        })
+        to_json(&v, "violations")
     })?;
     Ok(out)
-}
-
-/// Pre-send checks for one layout against the contract of the system it is sent to (JSON report).
-#[pyfunction]
-#[allow(clippy::too_many_arguments)]
-fn presend_check(
-    py: Python<'_>,
-    layout_id: String,
-    text: String,
-    ids: PyReadonlyArray1<'_, u32>,
-    spans_json: String,
-    layout_template_digest: String,
-    layout_pinned_date: String,
-    contract_json: String,
-) -> PyResult<String> {
-    let spans: Vec<Span> = serde_json::from_str(&spans_json).map_err(|e| {
-        spec_error(
-            "evidence_spans",
-            e,
-            "pass the spans recorded by depthgate build",
-        )
-    })?;
-    let contract: SendContract = serde_json::from_str(&contract_json).map_err(|e| {
-        spec_error(
-            "contract",
-            e,
-            "pass target_tokens, window, max_output_tokens, template_digest, pinned_date, bos_id",
-        )
-    })?;
-    let ids = ids.as_slice()?.to_vec();
-    let report: CoreResult<String> = py.detach(|| {
-        let r = depthgate_core::presend_check(
-            &layout_id,
-            &text,
-            &ids,
-            &spans,
-            &layout_template_digest,
-            &layout_pinned_date,
-            &contract,
-        );
-        serde_json::to_string(&r).map_err(|e| {
-            PyCoreError(CoreError::Encode {
-                what: "check report".into(),
-                detail: e.to_string(),
-            })
-        })
-    });
-    Ok(report?)
 }
 
 /// `values[lo..hi]` as usizes (negative values become `usize::MAX`: out of any range).
@@ -278,13 +220,11 @@ fn presend_check_batch(
     span_sha256: Vec<PyBackedStr>,
     contract_json: String,
 ) -> PyResult<Vec<Vec<(String, String)>>> {
-    let contract: SendContract = serde_json::from_str(&contract_json).map_err(|e| {
-        spec_error(
-            "contract",
-            e,
-            "pass target_tokens, window, max_output_tokens, template_digest, pinned_date, bos_id",
-        )
-    })?;
+    let contract: SendContract = from_json(
+        &contract_json,
+        "contract",
+        "pass target_tokens, window, max_output_tokens, template_digest, pinned_date, bos_id",
+    )?;
     let n = texts.len();
     let ids = ids_flat.as_slice()?;
     let targets = target_tokens.as_slice()?;
@@ -361,7 +301,6 @@ fn presend_check_batch(
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyTokenizer>()?;
     m.add_function(wrap_pyfunction!(verify_layouts, m)?)?;
-    m.add_function(wrap_pyfunction!(presend_check, m)?)?;
     m.add_function(wrap_pyfunction!(presend_check_batch, m)?)?;
     m.add_function(wrap_pyfunction!(build_layout_columns, m)?)?;
     m.add("ASSEMBLER_VERSION", depthgate_core::ASSEMBLER_VERSION)?;
