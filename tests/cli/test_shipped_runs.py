@@ -4,6 +4,7 @@ scored.parquet, manifest, suite) re-gates to the very bytes of its shipped verdi
 docs/vllm-cpu/ holds the real vLLM server's runs behind docs/nightly.md (scripts/vllm/measure.py): the
 matrix in two request orders and its A/A run. docs/position-showcase/ is the embedded-default run behind
 docs/position.md (issue #24; tests/cli/test_position_docs.py rebuilds that page's tables from it).
+docs/smoke-run/ is the main job's run behind the README's smoke block (tests/cli/test_readme_smoke.py).
 """
 
 from __future__ import annotations
@@ -24,7 +25,13 @@ SHIPPED = sorted(
 
 def test_the_shipped_run_folders_are_found() -> None:
     names = {f"{p.parent.name}/{p.name}" for p in SHIPPED}
-    assert {"vllm-cpu/shuffled", "vllm-cpu/haystack", "vllm-cpu/aa", "docs/position-showcase"} <= names
+    assert {
+        "vllm-cpu/shuffled",
+        "vllm-cpu/haystack",
+        "vllm-cpu/aa",
+        "docs/position-showcase",
+        "docs/smoke-run",
+    } <= names
 
 
 @pytest.mark.parametrize("folder", SHIPPED, ids=lambda p: str(p.relative_to(REPO / "docs")))
