@@ -157,17 +157,33 @@ def infra_summary(
 
 @dataclass(frozen=True)
 class RunHealth:
-    """The run's own account of a verdict: lost data (``infra``) and the class of the failures."""
+    """The run's own account of a verdict: lost data (``infra``) and, derived from which failing slices
+    the serving path drove, the class of the failures (never stored apart from the facts it rests on)."""
 
     infra: InfraSummary | None
-    failure_class: FailureClass
-    system_driven: tuple[str, ...]
-    system_fail_reasons: dict[str, int]
+    #: The failing slices ("length/position"), in the gate's order.
+    failing: tuple[str, ...] = ()
+    system_fail_reasons: dict[str, int] = field(default_factory=dict)
     #: Per system-driven slice, why (the wording its row and reason line take: FAIL_SYSTEM, never a
     #: model regression); not in verdict.json's top level, it is each slice's ``reason``.
     slice_notes: Mapping[str, str] = field(default_factory=dict)
     #: What the serving-path checks found (:mod:`depthgate.judge.serving`), named in the reasons.
     findings: tuple[SystemFinding, ...] = ()
+
+    @property
+    def system_driven(self) -> tuple[str, ...]:
+        """The failing slices the serving path drove (those with a note), in the gate's order."""
+        return tuple(name for name in self.failing if name in self.slice_notes)
+
+    @property
+    def failure_class(self) -> FailureClass:
+        """none (nothing failed), system (every failing slice system-driven), mixed, or model."""
+        driven = len(self.system_driven)
+        if not self.failing:
+            return "none"
+        if driven == len(self.failing):
+            return "system"
+        return "mixed" if driven else "model"
 
     @property
     def lost_data(self) -> bool:
@@ -238,26 +254,11 @@ def assess(
                 f"serving path: {c[1]} of {c[0]} failing candidate runs are system failures "
                 f"({_reasons_at(scored, s.length, s.position)}), not answers of the model"
             )
-    driven = tuple(n for n in (_slice_name(s.length, s.position) for s in failing) if n in notes)
     for f in findings:
         key = f.reason if f.arm == "candidate" else f"{f.arm}:{f.reason}"
         reasons[key] = reasons.get(key, 0) + f.lost_runs
-    if not failing:
-        klass: FailureClass = "none"
-    elif len(driven) == len(failing):
-        klass = "system"
-    elif driven:
-        klass = "mixed"
-    else:
-        klass = "model"
-    return RunHealth(
-        infra=infra,
-        failure_class=klass,
-        system_driven=driven,
-        system_fail_reasons=reasons,
-        slice_notes=notes,
-        findings=tuple(findings),
-    )
+    names = tuple(_slice_name(s.length, s.position) for s in failing)
+    return RunHealth(infra, names, reasons, notes, tuple(findings))
 
 
 def _reasons_at(scored: pl.DataFrame, length: int, position: str) -> str:
