@@ -174,6 +174,30 @@ class TransientBackendError(RequestFailure, BackendError):
         self.failover = failover
 
 
+class EngineCrashError(RequestFailure, BackendError):
+    """The engine's worker process died (by a signal: ``SIGILL``, ``SIGSEGV``, ``SIGKILL`` …, or an exit)
+    while loading the model or answering a request (:mod:`depthgate.run.backends.llamacpp_worker`).
+
+    Not retried in the run: the runner records the request in flight as ``infra_error`` with this
+    ``summary``, stops sending on the arm, and the run ends INFRA (exit 30) with its reports; a rerun
+    resumes on a fresh worker. ``signal_name``: e.g. ``"SIGILL"``, ``None`` for an exit; ``returncode``:
+    the worker's, as :class:`subprocess.Popen` gives it."""
+
+    default_summary = "engine_crash"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        signal_name: str | None = None,
+        returncode: int | None = None,
+        **facts: Unpack[RequestFacts],
+    ) -> None:
+        super().__init__(message, **facts)
+        self.signal_name = signal_name
+        self.returncode = returncode
+
+
 class OverLengthError(RequestFailure):
     """The backend refused the prompt as longer than its window: a system failure of the layout.
 
@@ -206,6 +230,7 @@ __all__ = [
     "BackendError",
     "BackendRequestError",
     "DepthgateError",
+    "EngineCrashError",
     "ExitCode",
     "InfraError",
     "InputError",

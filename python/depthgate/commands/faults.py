@@ -1,4 +1,5 @@
-"""``depthgate faults``: inject the six faults of DESIGN.md §4 and prove each is caught, by name.
+"""``depthgate faults``: inject the six faults of DESIGN.md §4 and an engine crash, and prove each is
+caught, by name.
 
 Every fault is run end to end on the embedded backend (Gemma-3-270M through llama.cpp in process, real
 model, short layouts): layouts are built, the fault is applied where it happens in a real stack, the
@@ -26,6 +27,9 @@ The faults, what is injected, and the reason each must be caught with:
   (built against the catalog) are sent. → ``presend_window_overflow`` against the served window; a
   harness trusting the catalog instead must still end with ``overflow`` (the backend refuses, never
   truncates), which is checked too.
+* ``engine-crash`` — the embedded engine's worker process dies by SIGSEGV mid-request
+  (:mod:`depthgate.commands.fault_engine`). → ``engine_crash``: the request in flight is an
+  ``infra_error`` naming the signal, the run stops sending, and a rerun resumes to the clean answers.
 
 When one layout shows several violations (a duplicated distractor also breaks the length contract
 and shifts every later span), the reason is the most *specific* one — the diagnosis, not the symptom
@@ -89,6 +93,7 @@ FAULT_DESCRIPTIONS: dict[str, str] = {
     "template-preamble": "template that adds a long safety preamble",
     "serializer-duplicate": "serializer that duplicates a distractor",
     "window-catalog": "provider whose real window is smaller than its catalog entry",
+    "engine-crash": "embedded engine's worker process dies by a signal mid-request",
 }
 
 #: The named reason each fault must end with (every faulted layout, never scored as a model error).
@@ -99,6 +104,7 @@ EXPECTED_REASONS: dict[str, frozenset[str]] = {
     "template-preamble": frozenset({"presend_template_digest"}),
     "serializer-duplicate": frozenset({"presend_duplicated_distractor"}),
     "window-catalog": frozenset({"presend_window_overflow"}),
+    "engine-crash": frozenset({"engine_crash"}),
 }
 
 # Words whose merges the "older" tokenizer lacks: common in the handbook prose, so every layout shifts.
@@ -278,7 +284,7 @@ class _Env:
     suite: Suite
     cases: dict[str, Case]
     tokenizer: Tokenizer
-    backend: Any  # EmbeddedLlamaBackend
+    backend: Any  # LlamaWorkerBackend
     raw_digest: str
     work: Path
     max_tokens: int
@@ -469,6 +475,25 @@ def _fault_window(env: _Env) -> FaultResult:
     return replace(result, detail=detail)
 
 
+def _fault_engine_crash(
+    env: _Env, gguf: Path, tokenizer: Any, n_ctx: int, n_threads: int | None
+) -> FaultResult:
+    from depthgate.commands.fault_engine import inject_engine_crash
+
+    # Three positions per case: a request before the crash, the one in flight, one after it.
+    layouts = _build(env, env.tokenizer, "engine-crash", [env.length], positions=["0", "0.5", "1"])
+    caught, reason, detail = inject_engine_crash(
+        env.work,
+        layouts,
+        model_path=gguf,
+        tokenizer=tokenizer,
+        n_ctx=n_ctx,
+        max_tokens=env.max_tokens,
+        n_threads=n_threads,
+    )
+    return FaultResult("engine-crash", caught, reason, detail)
+
+
 def _build(
     env: _Env,
     tokenizer: Tokenizer,
@@ -477,10 +502,11 @@ def _build(
     *,
     template: ChatTemplate | None = None,
     window: int | None = None,
+    positions: Sequence[str] = ("0.5",),
 ) -> pl.DataFrame:
     options = BuildOptions(
         lengths=list(lengths),
-        positions=parse_positions(["0.5"]),
+        positions=parse_positions(list(positions)),
         template=template,
         window=window,
         max_output_tokens=env.max_tokens,
@@ -524,7 +550,7 @@ def run_faults(
     model_path: str | Path | None = None,
     n_threads: int | None = None,
 ) -> list[FaultResult]:
-    """Inject the selected faults (all six by default) on the embedded backend; one result per fault.
+    """Inject the selected faults (all seven by default) on the embedded backend; one result per fault.
 
     A clean reference run (the same short layouts, no fault) must come out entirely ``ok``; otherwise
     every fault is reported as not caught (``clean_reference_*``): a gate that refuses clean layouts
@@ -543,7 +569,7 @@ def run_faults(
         tokenizer_from_gguf,
     )
     from depthgate.layout.templates import raw_frame
-    from depthgate.run.backends.llamacpp import EmbeddedLlamaBackend
+    from depthgate.run.backends.llamacpp_worker import LlamaWorkerBackend
     from depthgate.spec.suites import builtin_suite
 
     gguf = Path(model_path) if model_path is not None else gemma_default_gguf()
@@ -561,7 +587,7 @@ def run_faults(
                 fix="give a new or empty folder; every fault run writes fresh records",
             )
         work.mkdir(parents=True, exist_ok=True)
-        with EmbeddedLlamaBackend(gguf, n_ctx=served_window, tokenizer=hf, n_threads=n_threads) as backend:
+        with LlamaWorkerBackend(gguf, n_ctx=served_window, tokenizer=hf, n_threads=n_threads) as backend:
             env = _Env(
                 suite=suite,
                 cases={c.id: c for c in suite.cases},
@@ -594,8 +620,10 @@ def run_faults(
                     results.append(_fault_template(env))
                 elif name == "serializer-duplicate":
                     results.append(_fault_duplicate(env, clean))
-                else:
+                elif name == "window-catalog":
                     results.append(_fault_window(env))
+                else:
+                    results.append(_fault_engine_crash(env, gguf, hf, served_window, n_threads))
     return results
 
 

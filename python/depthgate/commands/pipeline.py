@@ -260,9 +260,11 @@ def _send(
     else:
         summary = run_jobs(sent.jobs, sent.backends, out, options, sent.sources)
     if summary.circuit_open is not None:
+        why = getattr(summary, "circuit_reason", None) or (
+            f"{options.retry.breaker_after} consecutive transient failures"
+        )
         print(
-            f"depthgate: circuit open on arm {summary.circuit_open!r} after "
-            f"{options.retry.breaker_after} consecutive transient failures; stopped sending "
+            f"depthgate: stopped sending on arm {summary.circuit_open!r}: {why} "
             f"({summary.written} records written, the rest are re-sent by a rerun of the same folder)",
             file=sys.stderr,
         )

@@ -20,7 +20,8 @@ __all__ = ["FAULT_NAMES", "add_diff_parsers", "add_faults_parser"]
 
 Handler = Callable[[argparse.Namespace], int]
 
-#: The six faults of DESIGN §4, in the order ``depthgate faults`` injects them.
+#: The six faults of DESIGN §4 and the engine crash (issue #35), in the order ``depthgate faults``
+#: injects them.
 FAULT_NAMES: tuple[str, ...] = (
     "tokenizer-upgrade",
     "gateway-tail-cut",
@@ -28,6 +29,7 @@ FAULT_NAMES: tuple[str, ...] = (
     "template-preamble",
     "serializer-duplicate",
     "window-catalog",
+    "engine-crash",
 )
 
 

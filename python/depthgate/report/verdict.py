@@ -268,9 +268,12 @@ def health_reasons(health: RunHealth | None) -> list[str]:
     infra = health.infra
     if infra is not None and infra.lost:
         where = ", ".join(f"{k} {v}" for k, v in sorted(infra.by_endpoint.items()))
+        # What the lost requests died of (an engine crash names its signal here), most frequent first.
+        errors = sorted(infra.errors.items(), key=lambda kv: (-kv[1], kv[0]))[:3]
+        why = "; errors: " + ", ".join(f"{e[:160]} ×{n}" for e, n in errors) if errors else ""
         out.append(
             f"INFRA: {infra.lost} of {infra.planned} planned runs have no result ({infra.infra_error} "
-            f"infra_error after every retry, {infra.not_sent} not sent; {where}); no verdict is computed "
+            f"infra_error, {infra.not_sent} not sent; {where}{why}); no verdict is computed "
             "over lost data — rerun the same command to resume"
         )
     if health.failure_class in ("system", "mixed"):

@@ -26,7 +26,8 @@ from depthgate.exceptions import InputError
 from depthgate.layout.layouts import read_layouts
 
 if TYPE_CHECKING:
-    from depthgate.run.backends.llamacpp import EmbeddedLlamaBackend, Generation
+    from depthgate.run.backends.llamacpp import Generation
+    from depthgate.run.backends.llamacpp_worker import LlamaWorkerBackend
 
 __all__ = [
     "CacheControlReport",
@@ -161,8 +162,8 @@ def _related(index: int, rows: Sequence[Mapping[str, Any]], ids: Sequence[list[i
 def run_cache_control(
     layouts: pl.DataFrame | str | Path,
     *,
-    cold: EmbeddedLlamaBackend,
-    warm: EmbeddedLlamaBackend,
+    cold: LlamaWorkerBackend,
+    warm: LlamaWorkerBackend,
     max_tokens: int = 12,
     repeats: int = 2,
     seed: int = 0,
@@ -240,14 +241,12 @@ def run_cache_control_embedded(
 ) -> CacheControlReport:
     """:func:`run_cache_control` on two embedded Gemma backends (reuse off / on) created and closed here."""
     from depthgate.layout.gguf_tokenizer import gemma_default_gguf, tokenizer_from_gguf
-    from depthgate.run.backends.llamacpp import EmbeddedLlamaBackend
+    from depthgate.run.backends.llamacpp_worker import LlamaWorkerBackend
 
     gguf = Path(model_path) if model_path is not None else gemma_default_gguf()
     tok = tokenizer_from_gguf(gguf)
     with (
-        EmbeddedLlamaBackend(gguf, n_ctx=n_ctx, tokenizer=tok, n_threads=n_threads) as cold,
-        EmbeddedLlamaBackend(
-            gguf, n_ctx=n_ctx, tokenizer=tok, n_threads=n_threads, reuse_prefix=True
-        ) as warm,
+        LlamaWorkerBackend(gguf, n_ctx=n_ctx, tokenizer=tok, n_threads=n_threads) as cold,
+        LlamaWorkerBackend(gguf, n_ctx=n_ctx, tokenizer=tok, n_threads=n_threads, reuse_prefix=True) as warm,
     ):
         return run_cache_control(layouts, cold=cold, warm=warm, max_tokens=max_tokens, repeats=repeats)

@@ -18,7 +18,13 @@ if TYPE_CHECKING:
     import numpy.typing as npt
 
 
-from depthgate.exceptions import BackendRequestError, InfraError, OverLengthError, TransientBackendError
+from depthgate.exceptions import (
+    BackendRequestError,
+    EngineCrashError,
+    InfraError,
+    OverLengthError,
+    TransientBackendError,
+)
 from depthgate.run.backends.base import Backend, Request, Response, endpoint_url
 from depthgate.run.jobs import Job, LayoutSource, layout_position, local_tokens
 from depthgate.run.options import RunOptions
@@ -256,6 +262,12 @@ class JobRunner:
                 continue
             except BackendRequestError:
                 raise
+            except EngineCrashError as exc:  # the worker is gone: this job is lost, the arm stops here
+                attempts += 1
+                last = exc
+                self.breaker.trip(job.arm, exc.message)
+                log.error("%s", exc.message)
+                break
             except InfraError as exc:  # malformed answer, closed backend: no retry now, re-run on resume
                 attempts += 1
                 last = exc

@@ -44,6 +44,8 @@ class RunSummary:
     shards_written: int
     elapsed_s: float
     circuit_open: str | None = None
+    #: Why the circuit opened when not by consecutive transient failures (an engine crash), else None.
+    circuit_reason: str | None = None
 
     @property
     def written(self) -> int:
@@ -158,7 +160,7 @@ class RunLedger:
                 out.append(job)
         return out
 
-    def summary(self, circuit_open: str | None) -> RunSummary:
+    def summary(self, circuit_open: str | None, circuit_reason: str | None = None) -> RunSummary:
         return RunSummary(
             run_id=self.run_id,
             out_dir=self.out,
@@ -170,6 +172,7 @@ class RunLedger:
             shards_written=self.writer.shards_written,
             elapsed_s=time.monotonic() - self.started,
             circuit_open=circuit_open,
+            circuit_reason=circuit_reason,
         )
 
 

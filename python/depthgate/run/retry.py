@@ -72,6 +72,8 @@ class CircuitBreaker:
         self.limit = limit
         self._streak: dict[str, int] = {}
         self.tripped: str | None = None
+        #: Why it opened, when not by the streak (an engine that died: :meth:`trip`).
+        self.reason: str | None = None
 
     def success(self, backend: str) -> None:
         self._streak[backend] = 0
@@ -81,6 +83,12 @@ class CircuitBreaker:
         self._streak[backend] = streak
         if self.limit and streak >= self.limit and self.tripped is None:
             self.tripped = backend
+
+    def trip(self, backend: str, reason: str) -> None:
+        """Open at once for ``backend``: no retry can help (its engine's worker died)."""
+        if self.tripped is None:
+            self.tripped = backend
+            self.reason = reason
 
     @property
     def open(self) -> bool:

@@ -143,7 +143,7 @@ async def arun_pairs(
                 await asyncio.gather(*list(tasks), return_exceptions=True)
         if fatal:
             raise fatal[0]
-    return ledger.summary(run.breaker.tripped)
+    return ledger.summary(run.breaker.tripped, run.breaker.reason)
 
 
 def _blocking(coroutine_function: Callable[_P, Coroutine[Any, Any, _R]], name: str) -> Callable[_P, _R]:

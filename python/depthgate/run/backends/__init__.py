@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
     from depthgate.run.backends.http import HTTPOptions
-    from depthgate.run.backends.llamacpp import EmbeddedLlamaBackend
+    from depthgate.run.backends.llamacpp_worker import LlamaWorkerBackend
     from depthgate.spec.system import DecodeParams, System
 
 __all__ = [
@@ -149,7 +149,7 @@ def make_cache_control_backends(
     *,
     base_dir: str | os.PathLike[str] | None = None,
     tokenizer: Tokenizer | None = None,
-) -> tuple[EmbeddedLlamaBackend, EmbeddedLlamaBackend]:
+) -> tuple[LlamaWorkerBackend, LlamaWorkerBackend]:
     """The two embedded backends of the prefix-cache control (:func:`depthgate.run.cache.run_cache_control`)
     for an embedded ``llamacpp`` system: cold (prefix reuse off) and warm (on), same model, window,
     tokenizer and threads as the system's own backend. The caller closes both."""
@@ -159,16 +159,16 @@ def make_cache_control_backends(
             field=f"{system.name}.runtime.cache_control",
             fix="remove cache_control from this arm",
         )
-    from depthgate.run.backends.llamacpp import EmbeddedLlamaBackend
+    from depthgate.run.backends.llamacpp_worker import LlamaWorkerBackend
 
     base = _base(base_dir)
     model = embedded_model_path(system, base)
     tok = tokenizer if tokenizer is not None else tokenizer_for(system, base)
     n_ctx = system.window or 4096
     threads = system.runtime.n_threads
-    cold = EmbeddedLlamaBackend(model, n_ctx=n_ctx, tokenizer=tok, n_threads=threads, reuse_prefix=False)
+    cold = LlamaWorkerBackend(model, n_ctx=n_ctx, tokenizer=tok, n_threads=threads, reuse_prefix=False)
     try:
-        warm = EmbeddedLlamaBackend(
+        warm = LlamaWorkerBackend(
             model, n_ctx=n_ctx, tokenizer=cold.tokenizer, n_threads=threads, reuse_prefix=True
         )
     except BaseException:

@@ -7,7 +7,10 @@ process, vLLM offline) runs its calls one at a time in a dedicated worker thread
 
 Errors a backend raises, and what the runner does with them:
 
-* :class:`TransientBackendError` (HTTP 429/5xx, timeouts, refused connections, a crashed engine): retried
+* :class:`EngineCrashError` (the embedded engine's worker process died by a signal): not retried; the
+  request in flight is recorded as ``infra_error``, the arm stops sending, the run ends INFRA (exit 30)
+  with its reports, and a rerun resumes.
+* :class:`TransientBackendError` (HTTP 429/5xx, timeouts, refused connections, an engine error): retried
   by the runner with the run's one policy (:mod:`depthgate.run.retry`); a job still failing is recorded
   as ``infra_error`` and re-run on resume.
 * :class:`OverLengthError` (the server refused the prompt as longer than its window): a *system* failure
@@ -33,6 +36,7 @@ from urllib.parse import urlsplit, urlunsplit
 from depthgate.exceptions import (
     BackendError,
     BackendRequestError,
+    EngineCrashError,
     InfraError,
     InputError,
     OverLengthError,
@@ -40,9 +44,14 @@ from depthgate.exceptions import (
 )
 
 if TYPE_CHECKING:
+    from typing import TypeAlias
+
     import numpy.typing as npt
 
     from depthgate.run.backends.llamacpp import EmbeddedLlamaBackend
+    from depthgate.run.backends.llamacpp_worker import LlamaWorkerBackend
+
+    EmbeddedEngine: TypeAlias = EmbeddedLlamaBackend | LlamaWorkerBackend
 
 __all__ = [
     "Backend",
@@ -247,7 +256,9 @@ class OneThreadEngine:
 
 
 class EmbeddedBackendAdapter(OneThreadEngine):
-    """:class:`~depthgate.run.backends.llamacpp.EmbeddedLlamaBackend` behind the async protocol.
+    """The embedded llama.cpp engine behind the async protocol: in a worker process
+    (:class:`~depthgate.run.backends.llamacpp_worker.LlamaWorkerBackend`, the product path) or in process
+    (:class:`~depthgate.run.backends.llamacpp.EmbeddedLlamaBackend`).
 
     llama.cpp is synchronous and holds one context, so calls run one at a time on a single dedicated
     worker thread (concurrency 1 whatever the runner's concurrency). Only the newline stop is supported
@@ -257,9 +268,9 @@ class EmbeddedBackendAdapter(OneThreadEngine):
     accepts_token_ids = True
     count_tolerance = 0.0
 
-    def __init__(self, backend: EmbeddedLlamaBackend, *, name: str = "llamacpp", owns: bool = True) -> None:
+    def __init__(self, backend: EmbeddedEngine, *, name: str = "llamacpp", owns: bool = True) -> None:
         super().__init__("depthgate-llamacpp")
-        self._backend: EmbeddedLlamaBackend | None = backend
+        self._backend: EmbeddedEngine | None = backend
         self.name = name
         self._owns = owns
 
@@ -271,7 +282,7 @@ class EmbeddedBackendAdapter(OneThreadEngine):
         return None if self._backend is None else self._backend.window
 
     @property
-    def backend(self) -> EmbeddedLlamaBackend:
+    def backend(self) -> EmbeddedEngine:
         if self._backend is None:
             raise BackendError("the embedded backend is closed", fix="create a new backend")
         return self._backend
@@ -308,6 +319,15 @@ class EmbeddedBackendAdapter(OneThreadEngine):
                     exc.message, n_prompt_tokens=len(ids), window=backend.window, fix=exc.fix
                 ) from None
             raise BackendRequestError(exc.message, field=exc.field, fix=exc.fix) from None
+        except EngineCrashError as exc:  # the worker is gone: name the request it died on
+            raise EngineCrashError(
+                f"{exc.message} (request in flight: layout {request.layout_id}, seed {request.seed}, "
+                f"arm {request.arm})",
+                signal_name=exc.signal_name,
+                returncode=exc.returncode,
+                summary=exc.summary,
+                fix=exc.fix,
+            ) from None
         except BackendError as exc:
             raise TransientBackendError(
                 exc.message, summary=f"llama.cpp failed: {type(exc).__name__}", fix=exc.fix

