@@ -17,7 +17,8 @@ another. Here instead:
    stops (exit 3) with the fix. The demo never starts on an engine that was not proven here.
 
 ``DEPTHGATE_ENGINE_TIER=<name>`` forces a tier (refused when this CPU's flags do not list it). Stdlib
-only: it runs before depthgate is installed. ``python scripts/engine_setup.py --python .venv/bin/python``.
+only: it runs before depthgate is installed. ``python scripts/engine_setup.py --python .venv/bin/python``;
+``--probe-only`` checks the installed engine without building anything (exit 0 runs, 3 died).
 """
 
 from __future__ import annotations
@@ -360,8 +361,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--python", default=sys.executable, help="the interpreter of the venv to install into"
     )
+    parser.add_argument(
+        "--probe-only",
+        action="store_true",
+        help="build and install nothing: probe the engine installed for --python (exit 0 runs, 3 died)",
+    )
     args = parser.parse_args(argv)
     python = str(Path(args.python))
+    if args.probe_only:
+        result = probe(python)
+        state = "runs here" if result.ok else "the installed build"
+        print(f"engine: {state} ({result.detail})", file=sys.stderr)
+        if not result.ok:
+            print(
+                "engine: the installed llama.cpp cannot run its first forward pass here "
+                "(fix: bash scripts/setup.sh, which rebuilds for a tier that runs)",
+                file=sys.stderr,
+            )
+        return 0 if result.ok else EXIT_NO_TIER
     cache = Path(os.environ.get("DEPTHGATE_CACHE") or Path.home() / ".cache" / "depthgate").expanduser()
     # the venv's folder, not the interpreter its bin/python links to
     venv = Path(os.path.abspath(python)).parent.parent if Path(python).parent.name == "bin" else cache

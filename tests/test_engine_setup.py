@@ -186,6 +186,20 @@ def test_a_forced_tier_this_cpu_cannot_run_is_refused_with_exit_2(tmp_path: Path
     assert "fix:" in done.stderr
 
 
+def test_probe_only_through_the_script_exits_3_on_an_engine_that_dies(tmp_path: Path) -> None:
+    stub = _stub(tmp_path / "crash", _CRASH_SIGILL)
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--probe-only", "--python", sys.executable],
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": str(stub), "DEPTHGATE_CACHE": str(tmp_path / "c"), "HOME": str(tmp_path)},
+    )
+    assert done.returncode == es.EXIT_NO_TIER, done.stderr
+    assert (
+        "died by SIGILL (Illegal instruction)" in done.stderr and "fix: bash scripts/setup.sh" in done.stderr
+    )
+
+
 @pytest.mark.smoke_model
 def test_the_installed_engine_passes_the_real_probe() -> None:
     pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed")
