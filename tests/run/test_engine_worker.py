@@ -16,7 +16,7 @@ import pytest
 
 from depthgate.exceptions import BackendError, EngineCrashError, InputError, TokenizerMismatchError
 from depthgate.run.backends.base import EmbeddedBackendAdapter, Request
-from depthgate.run.backends.llamacpp_worker import error_from_reply, describe_exit
+from depthgate.run.backends.llamacpp_worker import describe_exit, error_from_reply
 
 
 def test_describe_exit_names_signals_and_statuses() -> None:

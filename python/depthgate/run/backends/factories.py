@@ -10,7 +10,9 @@ own ``BackendFactory`` in its own module and names it in its descriptor.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -165,6 +167,15 @@ def _build_embedded_llamacpp(system: System, context: BuildContext) -> Backend:
     return EmbeddedBackendAdapter(embedded, name=system.name)
 
 
+def _engine_tier() -> str:
+    """The tier in this environment's engine stamp (``<venv>/depthgate-engine.json``), else "unknown"."""
+    try:
+        stamp = json.loads((Path(sys.prefix) / "depthgate-engine.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return "unknown"
+    return str(stamp.get("tier", "unknown")) if isinstance(stamp, dict) else "unknown"
+
+
 def _embedded_llamacpp_determinism(system: System, greedy: bool) -> dict[str, Any]:
     from depthgate.run.backends.llamacpp import default_threads
 
@@ -179,6 +190,9 @@ def _embedded_llamacpp_determinism(system: System, greedy: bool) -> dict[str, An
         "reuse_prefix": system.runtime.reuse_prefix,
         "seed_sent": "per request (sampler seed)" if not greedy else "unused (greedy)",
         "batch_invariant": True,
+        # The instruction-set tier scripts/engine_setup.py built and proved here: kernels of another
+        # tier may round differently, so two machines agree only on the same tier.
+        "engine_build": _engine_tier(),
     }
 
 

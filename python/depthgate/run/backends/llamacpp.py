@@ -200,6 +200,11 @@ class LlamaEngine:
         self._lock = threading.Lock()
         self._cached: list[int] = []  # token ids whose K/V are in llama.cpp's cache, in order
 
+    @property
+    def engine_threads(self) -> int:
+        """The thread count llama.cpp's context reports (what ``n_threads`` reached)."""
+        return int(self._lib.llama_n_threads(self._llm.ctx))
+
     def tokenize(self, text: bytes, *, add_bos: bool, special: bool) -> list[int]:
         """llama.cpp's own tokenizer (what :func:`verify_against_llamacpp` compares the harness's with)."""
         if self._llm is None:

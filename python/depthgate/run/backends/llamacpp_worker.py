@@ -129,6 +129,8 @@ class LlamaWorkerBackend:
             self.n_vocab: Final[int] = int(facts["n_vocab"])
             self.reuse_prefix: Final[bool] = bool(facts["reuse_prefix"])
             self.n_threads: Final[int] = int(facts["n_threads"])
+            #: The thread count llama.cpp's context in the worker reports.
+            self.engine_threads: Final[int] = int(facts["engine_threads"])
             #: The tokenizer that was verified against llama.cpp at load.
             self.tokenizer: Final[Tokenizer] = (
                 tokenizer if tokenizer is not None else tokenizer_from_gguf(path)
@@ -315,6 +317,7 @@ def _serve(reader: Connection, writer: Connection) -> None:
                     "n_vocab": engine.n_vocab,
                     "reuse_prefix": engine.reuse_prefix,
                     "n_threads": engine.n_threads,
+                    "engine_threads": engine.engine_threads,
                 }
             elif engine is None:
                 raise BackendError("the worker has no model loaded", fix="report this")
