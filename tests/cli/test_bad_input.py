@@ -353,6 +353,42 @@ def _write_inputs(root: Path, good_layouts: Path) -> dict[str, str]:
     w["m_builtin_seed_huge"] = variant("m-builtin-seed-huge.toml", "seed = 0,", f"seed = {2**63},")
     w["positions_1001"] = ",".join(f"@{i}" for i in range(1001))
 
+    # issue #37, item 6: URLs, floats, sizes, paths and flags refused by name
+    endpoint = 'endpoint = "http://127.0.0.1:9"'
+    for key, url in (
+        ("m_port_99999", "http://127.0.0.1:99999"),
+        ("m_port_space", "http://127.0.0.1:9 "),
+        ("m_port_unicode", "http://127.0.0.1:\u0669"),
+        ("m_port_zero", "http://127.0.0.1:0"),
+        ("m_url_fragment_token", "http://127.0.0.1:9/v1#access_token=s3cr3t"),
+        ("m_url_query_token", "http://127.0.0.1:9/v1?access_token=s3cr3t"),
+        ("m_url_userinfo", "http://user:s3cr3t@127.0.0.1:9"),
+        ("m_url_crlf", "http://127.0.0.1:9/v1\\r\\nX-Injected: 1"),
+        ("m_url_tab", "http://127.0.0.1:9/\tv1"),
+        ("m_url_long", "http://127.0.0.1:9/" + "a" * 1_000_000),
+    ):
+        w[key] = variant(key.replace("_", "-") + ".toml", endpoint, f'endpoint = "{url}"')
+    w["m_endpoints_crlf"] = variant(
+        "m-endpoints-crlf.toml", endpoint, 'endpoints = ["http://127.0.0.1:9", "http://127.0.0.1:8\\r\\n"]'
+    )
+    w["m_alpha_subnormal"] = variant("m-alpha-subnormal.toml", "n_min = 2", "n_min = 2\nalpha = 5e-324")
+    w["m_alpha_tiny"] = variant("m-alpha-tiny.toml", "n_min = 2", "n_min = 2\nalpha = 1e-9")
+    w["m_resamples_1e12"] = variant(
+        "m-resamples-1e12.toml", "bootstrap_resamples = 199", "bootstrap_resamples = 1000000000000"
+    )
+    bos_yes = root / "bos-yes"
+    bos_yes.mkdir()
+    shutil.copyfile(GPT2, bos_yes / "tokenizer.json")
+    (bos_yes / "tokenizer_config.json").write_text('{"add_bos_token": "yes", "bos_token": "<|endoftext|>"}')
+    w["tok_bos_yes"] = str(bos_yes)
+    eos_one = root / "eos-one"
+    eos_one.mkdir()
+    shutil.copyfile(GPT2, eos_one / "tokenizer.json")
+    (eos_one / "tokenizer_config.json").write_text('{"add_eos_token": 1, "eos_token": "<|endoftext|>"}')
+    w["tok_eos_one"] = str(eos_one)
+    # An output name that is not UTF-8 (a byte 0xFF, as a shell passes it): Python holds it as a surrogate.
+    w["out_not_utf8"] = str(root / "out\udcff")
+
     # layouts
     w["layouts_text"] = put("notparquet.parquet", "layout_id,text\nx,y\n")
     w["layouts_empty"] = put("empty.parquet", b"")

@@ -48,6 +48,8 @@ POSITIONS = "positions = [0.0, 0.5, 1.0]"
         ([("turns = 5\n", "turns = 5\nturn_tokens = 256\n")], ["turn_tokens", "both set", "fix", "keep one"]),
         ([("turns = 5\n", "")], ["turns", "neither turns nor turn_tokens", "fix", "turn_tokens = N"]),
         ([("turns = 5\n", "turn_tokens = 0\n")], ["turn_tokens", "not a positive number", "fix"]),
+        # issue #37: an odd count over the limit says the limit, not "needs an odd number"
+        ([("turns = 5\n", "turns = 1000001\n")], ["turns", "over the limit of 255", "fix"]),
         (
             [('shape = "conversation"\n', ""), ("turns = 5\n", "turn_tokens = 256\n")],
             ["turn_tokens", 'shape is "single"', "fix", 'shape = "conversation"'],
@@ -60,6 +62,7 @@ POSITIONS = "positions = [0.0, 0.5, 1.0]"
         "turn-tokens-and-turns",
         "no-turn-count",
         "turn-tokens-zero",
+        "turns-over-limit",
         "turn-tokens-on-single-shape",
     ],
 )

@@ -82,9 +82,28 @@ def _probe_writable(folder: Path, path: Path, option: str) -> None:
         os.unlink(name)
 
 
+def _utf8_or_none(path: str) -> str | None:
+    """None when ``path`` is UTF-8 text; else the path with its undecodable bytes shown as ``\\xNN``."""
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        return os.fsencode(path).decode("utf-8", "backslashreplace")
+    return None
+
+
 def check_output(path: str | os.PathLike[str], kind: OutputKind, *, option: str = "--out") -> Path:
     """Refuse an output path before any work is done (see the module docstring); returns it as a Path."""
     target = Path(path)
+    shown = _utf8_or_none(str(target))
+    if shown is not None:
+        # Every output names its files in UTF-8 (manifest.json, reports; polars takes only str paths):
+        # a name that is not UTF-8 failed deep inside the first write, with a traceback.
+        raise InputError(
+            "the path is not valid UTF-8 (bytes that decode to no character)",
+            file=shown,
+            field=option,
+            fix=f"give {option} a path in UTF-8 (rename the bytes shown as \\xNN)",
+        )
     if kind == "file" and target.is_dir():
         raise InputError(
             "is a folder, but a file is expected",

@@ -47,6 +47,7 @@ from depthgate.commands.freeze import (
 )
 from depthgate.commands.outputs import CreatedPaths
 from depthgate.commands.planned import planned_jobs, shard_jobs
+from depthgate.commands.sequential_shards import check_after
 from depthgate.exceptions import ExitCode, InputError, PlanChangedError
 from depthgate.judge.stats import GateResult, gate
 from depthgate.layout.layouts import (
@@ -313,12 +314,17 @@ def run_matrix(
         arm_setup(arm, sys_, matrix_path.parent)
         for arm, sys_ in zip(ARMS, (matrix.baseline, matrix.candidate), strict=True)
     ]
+    body = build_manifest(matrix, matrix_path, suite, arms, aa=aa)
+    if shard is not None:  # the folder checks before anything is written, built or sent (issue #37)
+        _check_shard(out, shard)
+        if after is not None:
+            check_after(after, body, shard=shard, aa=aa)
     # A folder this call starts (no manifest yet) is removed again when anything fails before a request.
     fresh = None if (out / MANIFEST).is_file() else CreatedPaths(out)
     sending = False
     sent = _Sending(after=after)
     try:
-        manifest = freeze_manifest(out, build_manifest(matrix, matrix_path, suite, arms, aa=aa))
+        manifest = freeze_manifest(out, body)
         freeze_suite(out, suite)
         for a in arms:
             _prepare_arm(
@@ -444,19 +450,26 @@ def _store(layouts: Path, folder: Path) -> LayoutStore:
     return write_layout_store(layouts, folder)
 
 
-def _freeze_shard(out: Path, shard: tuple[int, int]) -> None:
-    """Record which shard a folder holds; a rerun into it must name the same shard."""
+def _check_shard(out: Path, shard: tuple[int, int]) -> None:
+    """A rerun into a shard's folder must name the same shard (checked before any work)."""
     path = out / SHARD_FILE
-    body = {"index": shard[0], "count": shard[1]}
     if path.is_file():
-        old = json.loads(path.read_text(encoding="utf-8"))
-        if old != body:
+        old = read_json(path, _run_file_failures("shard.json"))
+        if old != {"index": shard[0], "count": shard[1]}:
+            said = f"{old.get('index')}/{old.get('count')}" if isinstance(old, dict) else "another shard"
             raise PlanChangedError(
-                f"this folder holds shard {old.get('index')}/{old.get('count')}, not {shard[0]}/{shard[1]}",
+                f"this folder holds shard {said}, not {shard[0]}/{shard[1]}",
                 file=str(path),
                 field="--shard",
                 fix="resume a shard into its own folder",
             )
+
+
+def _freeze_shard(out: Path, shard: tuple[int, int]) -> None:
+    """Record which shard a folder holds (:func:`_check_shard` refused another one before any work)."""
+    path = out / SHARD_FILE
+    body = {"index": shard[0], "count": shard[1]}
+    if path.is_file():
         return
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(body), encoding="utf-8")

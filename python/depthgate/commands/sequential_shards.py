@@ -36,6 +36,7 @@ from depthgate.spec.models import AnalysisPlan
 __all__ = [
     "ROUND_FILE",
     "SHARD_LOOK_FILE",
+    "check_after",
     "read_shard_look",
     "refuse_open_round",
     "scheduled_jobs",
@@ -62,12 +63,7 @@ def _prior(
     if after is None:
         return 0, {}
     manifest = after / "manifest.json"
-    failures = ReadFailures(
-        InputError,
-        missing=("no manifest.json: not a folder written by `depthgate merge`", "pass the merged folder"),
-        unreadable=("cannot read manifest.json ({strerror})", "pass the merged folder"),
-        not_json=("manifest.json is not valid JSON ({msg} at line {lineno})", "merge again"),
-    )
+    failures = _failures("manifest.json")
     theirs, ours = read_json(manifest, failures), read_json(out / "manifest.json", failures)
     if not isinstance(theirs, dict) or theirs.get("manifest_digest") != ours.get("manifest_digest"):
         raise InputError(
@@ -80,6 +76,74 @@ def _prior(
     scored = record_scorer(after, suite, after)()
     history, decided = replay_looks(scored, gplan, design, order)
     return len(history), decided
+
+
+def _after_error(after: Path, problem: str, fix: str = "") -> InputError:
+    return InputError(
+        problem,
+        file=str(after),
+        field="--after",
+        fix=fix or "pass the folder `depthgate merge` wrote from this run's shards in the previous round",
+    )
+
+
+def check_after(after: Path, manifest: Mapping[str, Any], *, shard: tuple[int, int], aa: bool) -> None:
+    """Refuse an ``--after`` folder that is not the merge of a previous round of this very run, before
+    anything is built or sent (issue #37, item 5): missing, not a folder, a shard (not the merge), no
+    manifest, another run (another matrix, or ``--aa`` against a run without it), a run that is not a
+    round's merge (an unsharded run), or a merge of another number of shards. ``manifest``: this call's
+    manifest, as it will be frozen."""
+    if not os.path.lexists(after):
+        raise _after_error(after, "the folder does not exist")
+    if not after.is_dir():
+        raise _after_error(after, "is not a folder")
+    shard_file = after / "shard.json"
+    if shard_file.is_file():
+        spec = read_json(shard_file, _failures("shard.json"))
+        which = f"{spec.get('index')}/{spec.get('count')}" if isinstance(spec, dict) else "?"
+        raise _after_error(
+            after,
+            f"holds shard {which} of a round, not the merge of the round",
+            "merge every shard of the previous round first (depthgate merge DIR_1 … DIR_N --out MERGED_r), "
+            "then pass --after MERGED_r",
+        )
+    theirs = read_json(after / "manifest.json", _failures("manifest.json"))
+    if not isinstance(theirs, dict) or theirs.get("manifest_digest") != manifest.get("manifest_digest"):
+        aa_hint = (
+            " (with --aa the run is the baseline against itself, a run of its own: its rounds merge --aa "
+            "shards only)"
+            if aa
+            else ""
+        )
+        raise _after_error(
+            after,
+            f"the --after folder holds another run: its frozen manifest differs from this shard's{aa_hint}",
+        )
+    if not (after / ROUND_FILE).is_file():
+        raise _after_error(
+            after,
+            f"holds a run of this matrix, but not the merge of a round of a sharded sequential run (no "
+            f"{ROUND_FILE}: an unsharded run, or a merge of another kind)",
+        )
+    spec = _read_look_file(after / ROUND_FILE, ("look", "of", "shards"), "merge the round's shards again")
+    if int(spec["shards"]) != shard[1]:
+        raise _after_error(
+            after,
+            f"merges a round of {spec['shards']} shards; this call is shard {shard[0]}/{shard[1]}",
+            f"run every shard of the round with --shard i/{spec['shards']}, as in the rounds before",
+        )
+
+
+def _failures(name: str) -> ReadFailures:
+    return ReadFailures(
+        InputError,
+        missing=(
+            f"no {name} in the --after folder: not a folder written by `depthgate merge`",
+            "pass the merged folder",
+        ),
+        unreadable=(f"cannot read {name} ({{strerror}})", "pass the merged folder"),
+        not_json=(f"{name} is not valid JSON ({{msg}} at line {{lineno}})", "merge again"),
+    )
 
 
 def send_shard_look(

@@ -224,11 +224,7 @@ def assess(
             {length: [k[0] for k in failing_keys], "position": [k[1] for k in failing_keys]},
             schema={length: pl.Int64, "position": pl.String},
         )
-        cand = (
-            scored.filter(pl.col("arm") == "candidate")
-            .with_columns(pl.col(length).cast(pl.Int64), pl.col("position").cast(pl.String))
-            .join(keys, on=[length, "position"], how="semi")
-        )
+        cand = _candidate_own(scored, length).join(keys, on=[length, "position"], how="semi")
         rows: Iterable[Sequence[Any]] = (
             cand.group_by(length, "position")
             .agg(
@@ -261,14 +257,29 @@ def assess(
     return RunHealth(infra, names, reasons, notes, tuple(findings))
 
 
+def _candidate_own(scored: pl.DataFrame, length: str) -> pl.DataFrame:
+    """The candidate's scored runs without the system failures the baseline shares (issue #37, item 3):
+    a run both arms failed by the system — a layout neither arm can build (``cannot_reach_exact_length``
+    on both), a prompt both refuse — is no fault of the candidate's serving path; only a candidate-only
+    system failure is the candidate's."""
+    typed = scored.with_columns(pl.col(length).cast(pl.Int64), pl.col("position").cast(pl.String))
+    cand = typed.filter(pl.col("arm") == "candidate")
+    key = ["case_id", "seed", length, "position"]
+    if not all(k in typed.columns for k in key):
+        return cand
+    shared = typed.filter((pl.col("arm") == "baseline") & (pl.col("outcome") == "system_fail")).select(key)
+    both = cand.filter(pl.col("outcome") == "system_fail").join(shared, on=key, how="semi")
+    return cand.join(both.select(key), on=key, how="anti")
+
+
 def _reasons_at(scored: pl.DataFrame, length: int, position: str) -> str:
-    """ "reason n, …" of the candidate's system failures in one slice."""
+    """ "reason n, …" of the candidate's own system failures in one slice (none shared with the
+    baseline)."""
     col = "length" if "length" in scored.columns else "target_tokens"
     if "system_fail_reason" not in scored.columns:
         return "system_fail"
-    here = scored.filter(
-        (pl.col("arm") == "candidate")
-        & (pl.col("outcome") == "system_fail")
+    here = _candidate_own(scored, col).filter(
+        (pl.col("outcome") == "system_fail")
         & (pl.col(col).cast(pl.Int64) == length)
         & (pl.col("position").cast(pl.String) == position)
     )

@@ -143,6 +143,13 @@ def turn_roles(turns: int) -> tuple[str, ...]:
 
 
 def _check_turns(turns: int) -> None:
+    if not isinstance(turns, bool) and isinstance(turns, int) and turns > MAX_TURNS:
+        raise SpecError(
+            f"turns = {turns} is over the limit of {MAX_TURNS} (every turn's split is proved with its own "
+            "renders, so the proof grows with the square of the turn count)",
+            field="turns",
+            fix=f"use an odd number of turns between 1 and {MAX_TURNS} (e.g. 3, 5, 9)",
+        )
     if isinstance(turns, bool) or not isinstance(turns, int) or not 1 <= turns <= MAX_TURNS or turns % 2 == 0:
         raise SpecError(
             f"turns = {turns!r}: a conversation alternates user/assistant and ends with the user turn "

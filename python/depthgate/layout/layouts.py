@@ -38,6 +38,7 @@ from depthgate.layout.conversation import (
 )
 from depthgate.layout.gguf_tokenizer import resolve_tokenizer_path
 from depthgate.layout.templates import ChatTemplate, Frame, chat_frame, raw_frame
+from depthgate.layout.tokenizer_errors import named_load_error
 from depthgate.spec.assemblers import assemble
 from depthgate.spec.cases import Case, Suite
 from depthgate.spec.filler import filler_pool, filler_units
@@ -148,7 +149,10 @@ class Tokenizer:
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        self._core = _core.Tokenizer.from_file(str(self.path))
+        try:
+            self._core = _core.Tokenizer.from_file(str(self.path))
+        except InputError as exc:
+            raise named_load_error(self.path, exc) from None
 
     @property
     def digest(self) -> str:

@@ -117,6 +117,20 @@ def _read_config(path: Path) -> dict[str, Any]:
     return read_json_object(path, _CONFIG_READ, "give the model's own tokenizer_config.json")
 
 
+def _flag(config: dict[str, Any], name: str, path: Path) -> bool | None:
+    """A boolean flag of ``tokenizer_config.json`` (None: absent or null). Anything else is refused: a
+    ``"yes"`` or ``1`` used to be read as unset, so the BOS the model needs was silently left out."""
+    value = config.get(name)
+    if value is None or isinstance(value, bool):
+        return value
+    raise InputError(
+        f"{name} is {value!r}, not true or false",
+        file=str(path),
+        field=name,
+        fix=f"write {name}: true or {name}: false (a JSON boolean, no quotes), as the model's own file has",
+    )
+
+
 def _token(value: object) -> str | None:
     if isinstance(value, str):
         return value
@@ -282,10 +296,8 @@ def resolve_model_files(spec: str, *, base_dir: Path | None = None) -> ModelFile
             )
     config_path = folder / _CONFIG
     config = _read_config(config_path) if config_path.is_file() else {}
-    add_bos = config.get("add_bos_token")
-    add_eos = config.get("add_eos_token")
-    add_bos = add_bos if isinstance(add_bos, bool) else None
-    add_eos = add_eos if isinstance(add_eos, bool) else None
+    add_bos = _flag(config, "add_bos_token", config_path)
+    add_eos = _flag(config, "add_eos_token", config_path)
     tokenizer_file, patched = _tokenizer_with_specials(folder, config, add_bos, add_eos)
     digests = {name: sha256_file(folder / name) for name in _FILES if (folder / name).is_file()}
     return ModelFiles(

@@ -344,6 +344,13 @@ class Matrix(Frozen):
                     field="turn_tokens",
                     fix=f"give turn_tokens = {longest // (MAX_TURNS + 1) + 1} or more",
                 )
+        elif self.turns is not None and self.turns > MAX_TURNS:
+            raise violation(
+                f"turns = {self.turns} is over the limit of {MAX_TURNS} (every turn's split is proved with "
+                "its own renders, so the proof grows with the square of the turn count)",
+                field="turns",
+                fix=f"give an odd number of turns up to {MAX_TURNS} (e.g. 3, 5, 9), or turn_tokens = N",
+            )
         elif self.turns is not None and (self.turns < 1 or self.turns % 2 == 0):
             raise violation(
                 f'shape "conversation" needs an odd number of turns (got {self.turns})',

@@ -24,12 +24,17 @@ from pydantic import (
 from depthgate.spec.base import Frozen as _Frozen
 from depthgate.spec.base import StrictFloat, StrictInt
 from depthgate.spec.base import violation as _violation
-from depthgate.spec.limits import MAX_LENGTH, length_problem
+from depthgate.spec.limits import MAX_BOOTSTRAP_RESAMPLES, MAX_LENGTH, length_problem
 from depthgate.spec.sequential import BoundaryName, sequential_violations
 
 #: Adjustments of the confirmed-regression family the gate supports (valid under any dependence).
 RegressionMethod: TypeAlias = Literal["BY", "holm"]
 StopRule: TypeAlias = Literal["fixed", "one_extension", "sequential"]
+
+
+#: The smallest alpha a plan may give: a bootstrap p-value is at least 1/(B+1), so below
+#: 1/(MAX_BOOTSTRAP_RESAMPLES + 1) no slice could ever be confirmed.
+MIN_ALPHA = 1.0 / (MAX_BOOTSTRAP_RESAMPLES + 1)
 
 
 def look_alpha(alpha: float, stop_rule: str) -> float:
@@ -87,6 +92,17 @@ def plan_violations(
                 "give a one-sided alpha in (0, 0.5), e.g. 0.05",
             )
         )
+    elif alpha < MIN_ALPHA:
+        # A bootstrap p-value is at least 1/(B+1): a smaller alpha could never be reached with B within
+        # its limit (and 1/alpha overflows for a subnormal alpha such as 5e-324).
+        problems.append(
+            (
+                "alpha",
+                f"alpha {alpha!r} is below {MIN_ALPHA:.3g}, the smallest level {MAX_BOOTSTRAP_RESAMPLES} "
+                "bootstrap resamples (the limit) can confirm",
+                f"give a one-sided alpha in [{MIN_ALPHA:.3g}, 0.5), e.g. 0.05",
+            )
+        )
     if n_min < 2:
         problems.append(
             ("n_min", f"n_min {n_min!r} < 2", "give at least 2 cases per slice (a real plan uses 40)")
@@ -107,11 +123,20 @@ def plan_violations(
                 "use at least 99 (the spec uses 9999)",
             )
         )
+    elif bootstrap_resamples > MAX_BOOTSTRAP_RESAMPLES:
+        problems.append(
+            (
+                "bootstrap_resamples",
+                f"{bootstrap_resamples} bootstrap resamples is over the limit of {MAX_BOOTSTRAP_RESAMPLES} "
+                "(the gate and the report hold every resample of a slice in memory)",
+                f"use at most {MAX_BOOTSTRAP_RESAMPLES} (the spec uses 9999)",
+            )
+        )
     if stop_rule not in ("fixed", "one_extension", "sequential"):
         problems.append(
             ("stop_rule", f"unknown stop rule {stop_rule!r}", "use 'fixed', 'one_extension' or 'sequential'")
         )
-    if n_slices is not None and n_slices >= 1 and 0.0 < alpha < 0.5:
+    if n_slices is not None and n_slices >= 1 and MIN_ALPHA <= alpha < 0.5:
         level = look_alpha(alpha, stop_rule)
         need = min_bootstrap_resamples(n_slices, level, regression_method)
         if bootstrap_resamples < need:

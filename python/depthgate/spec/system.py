@@ -28,6 +28,7 @@ from depthgate.spec.limits import (
     summarise_urls,
 )
 from depthgate.spec.text_checks import check_id, check_prompt_text
+from depthgate.spec.urls import check_url
 
 
 def _registered_backend(name: str) -> str:
@@ -296,13 +297,14 @@ class System(Frozen):
 
     @model_validator(mode="after")
     def _check_system(self) -> System:
+        # The URLs first: the runtime checks below parse them.
+        if self.endpoint is not None:
+            check_url(self.endpoint, field="endpoint")
+        if self.endpoints is not None:
+            self._check_endpoints()
         self._check_runtime()
         check_id(self.name, field="name")
         check_prompt_text(self.preamble, field="preamble")
-        if self.endpoint is not None:
-            _check_url(self.endpoint, field="endpoint")
-        if self.endpoints is not None:
-            self._check_endpoints()
         path = self.serving
         hint = f", {path.endpoint_hint}" if path.endpoint_hint else ""
         if path.endpoint == "required" and not self.urls:
@@ -340,7 +342,7 @@ class System(Frozen):
                 "the run with --shard i/N",
             )
         for i, url in enumerate(endpoints):
-            _check_url(url, field=f"endpoints[{i}]")
+            check_url(url, field=f"endpoints[{i}]")
         seen: dict[str, int] = {}
         for i, url in enumerate(endpoints):
             norm = _url_identity(url)
@@ -359,21 +361,6 @@ class System(Frozen):
                 fix="use backend 'vllm-server' or 'llamacpp' (or 'openai' with runtime.api = 'completions'), "
                 "or one endpoint (a load balancer in front of the replicas)",
             )
-
-
-def _check_url(url: str, *, field: str) -> None:
-    if not re.match(r"^https?://[^\s/]+", url, re.IGNORECASE):  # HTTP://host is http://host
-        raise violation(
-            f"{url!r} is not an http(s) URL",
-            field=field,
-            fix="give a URL such as 'http://127.0.0.1:8000'",
-        )
-    if re.match(r"^https?://[^/\s]*@", url) or re.search(r"[?&](api[-_]?key|key|token)=", url, re.IGNORECASE):
-        raise violation(
-            "contains credentials",
-            field=field,
-            fix="remove them; API keys are read from the environment and never written to a spec",
-        )
 
 
 def _url_identity(url: str) -> str:
