@@ -79,7 +79,8 @@ class GatePlan(AnalysisPlan):
     @model_validator(mode="after")
     def _check_design(self) -> GatePlan:
         n_slices = None if self.planned_slices is None else len(set(self.planned_slices))
-        self.raise_violations(n_slices=n_slices, regression_method=self.regression_method)
+        n_cases = None if self.planned_cases is None else len(self.planned_cases)
+        self.raise_violations(n_slices=n_slices, regression_method=self.regression_method, n_cases=n_cases)
         distinct = "a non-empty list of distinct {}, or None"
         for name, values in (("planned_cases", self.planned_cases), ("planned_seeds", self.planned_seeds)):
             if values is not None and (not values or len(set(values)) != len(values)):

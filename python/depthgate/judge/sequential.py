@@ -58,14 +58,24 @@ __all__ = [
     "look_outcome",
     "nominal_levels",
     "obf_spending",
+    "regression_levels",
     "regression_q",
     "slice_decision",
+    "smallest_look_level",
 ]
 
 Boundary = Literal["obrien-fleming", "haybittle-peto", "power-4", "power-5", "confidence-sequence"]
 BOUNDARIES: tuple[str, ...] = get_args(Boundary)
 #: Haybittle-Peto: the nominal one-sided level of every interim look (the textbook p < .001, z 3.09).
 HAYBITTLE_PETO_INTERIM = 0.001
+#: The spending family of the regression side (H0: delta >= -M, confirmed when the family's q <= the
+#: look's regression level), alpha t: the non-inferiority families spend almost nothing early (power-5 at
+#: eight looks: 1.2e-4 at 30 % of the cases), a level no bootstrap p-value of a BY family can reach
+#: (q >= n c(n) / (B + 1)), so futility closed a slice losing badly before its regression could be
+#: confirmed (issue #36, F2). The two sides test disjoint hypotheses, so each spends its own alpha; the
+#: regression side's levels (eight looks from 30 %: .015, .011, ..., .021 at the last) are reachable at
+#: every look once B serves the smallest (:func:`depthgate.spec.models.plan_violations`).
+REGRESSION_SPENDING = "power-1"
 #: The family a plan gets when it names none: the one whose power stays within .02 of the fixed design in
 #: every simulated cell (docs/gate-calibration.md §8.6; O'Brien-Fleming fell .032 short).
 DEFAULT_BOUNDARY = "power-4"
@@ -214,6 +224,38 @@ def nominal_levels(
     raise ValueError(f"unknown boundary {boundary!r}; use one of {list(BOUNDARIES)}")
 
 
+def regression_levels(fractions: Sequence[float], alpha: float, boundary: str) -> tuple[float, ...]:
+    """The one-sided level of every look's regression confirmation: :data:`REGRESSION_SPENDING` (alpha t)
+    for the spending families, whatever the non-inferiority side spends; ``alpha`` at every look for the
+    confidence sequence (its regression p-value is anytime-valid)."""
+    if boundary == "confidence-sequence":
+        return nominal_levels(fractions, alpha, boundary)
+    if boundary not in BOUNDARIES:
+        raise ValueError(f"unknown boundary {boundary!r}; use one of {list(BOUNDARIES)}")
+    return nominal_levels(fractions, alpha, REGRESSION_SPENDING)
+
+
+def smallest_look_level(
+    looks: Sequence[float] | None,
+    every: int | None,
+    boundary: str | None,
+    alpha: float,
+    n_cases: int | None = None,
+) -> float:
+    """The smallest level at which a look of a sequential plan tests a regression: the smallest
+    regression level, or the last look's level where :func:`gate` re-validates the plan (never smaller
+    today). The bootstrap rule is checked there when the plan is frozen, so no look refuses a plan after
+    requests were sent (issue #36, F1). Without ``n_cases`` the looks are the fractions as given (the
+    matrix before its suite is built; ceil moves each by less than 1/n)."""
+    if n_cases is None:
+        fractions = look_fractions(looks, None, 0)
+    else:
+        counts = cases_at_looks(look_fractions(looks, every, n_cases), n_cases)
+        fractions = tuple(c / n_cases for c in counts)
+    name = boundary or DEFAULT_BOUNDARY
+    return min(*regression_levels(fractions, alpha, name), nominal_levels(fractions, alpha, name)[-1])
+
+
 def expected_share(
     fractions: Sequence[float], upper: Sequence[float], lower: Sequence[float], drift: float
 ) -> float:
@@ -316,15 +358,26 @@ def slice_decision(
     return LookDecision(st.n_cases, st.delta, st.lower, st.p_ni, st.p_reg, "PASS" if shown else None)
 
 
-def look_outcome(q_reg: float, level: float, shown: bool, p_reg: float, futility: float | None) -> str | None:
-    """What one interim look decides for a slice: ``"FAIL_REGRESSION"`` (its family-adjusted regression
-    q <= the look's level), ``"PASS"`` (non-inferiority shown at the look's level), ``"FUTILITY"`` (its
-    own, unadjusted regression p-value <= ``futility``: the upper bound of delta lies below -M, so
-    non-inferiority cannot reasonably be shown; the slice FAILs as not shown, no regression is
-    claimed), or None (continue). Futility is non-binding: it only ever stops a slice as a FAIL, so the
-    size of the non-inferiority test (the PASS boundary) is untouched; its price is the chance that an
-    A/A slice that would have passed is stopped, measured in docs/gate-calibration.md §8."""
-    if q_reg <= level:
+def look_outcome(
+    q_reg: float,
+    level: float,
+    shown: bool,
+    p_reg: float,
+    futility: float | None,
+    *,
+    regression_level: float | None = None,
+) -> str | None:
+    """What one interim look decides for a slice, in this order: ``"FAIL_REGRESSION"`` (its
+    family-adjusted regression q <= the look's ``regression_level``, :func:`regression_levels`; the
+    look's ``level`` when None), ``"PASS"`` (non-inferiority shown at the look's ``level``),
+    ``"FUTILITY"`` (its own, unadjusted regression p-value <= ``futility``: the upper bound of delta lies
+    below -M, so non-inferiority cannot reasonably be shown; the slice FAILs as not shown, no regression
+    is claimed), or None (continue). The regression is tested first, at a level it can reach, so
+    futility closes only a slice whose regression this look cannot confirm (issue #36, F2). Futility is
+    non-binding: it only ever stops a slice as a FAIL, so the size of the non-inferiority test (the PASS
+    boundary) is untouched; its price is the chance that an A/A slice that would have passed is stopped,
+    measured in docs/gate-calibration.md §8."""
+    if q_reg <= (level if regression_level is None else regression_level):
         return "FAIL_REGRESSION"
     if shown:
         return "PASS"
