@@ -324,7 +324,6 @@ def main(argv: list[str] | None = None) -> int:
             r
             for r in load_rows(args.results)
             if r.get("futility", False) == FUTILITY
-            and r.get("regression_levels", "nominal") == REGRESSION
             and tuple(r.get("looks", DEFAULT_LOOKS)) == LOOKS
             and SHIPPED in r.get("designs", DEFAULT_DESIGNS)
         ]
