@@ -36,6 +36,7 @@ from depthgate.judge.sequential import (
     cases_at_looks,
     look_outcome,
     nominal_levels,
+    regression_levels,
     regression_q,
     slice_decision,
 )
@@ -66,6 +67,9 @@ NAMES = {
 }
 #: Non-binding futility at alpha (unadjusted regression p) at every interim look (--no-futility: off).
 FUTILITY = True
+#: The regression side's levels: "separate" (``regression_levels``, alpha t spending; issue #36) or
+#: "nominal" (the non-inferiority boundary's own levels, the design before issue #36; --regression).
+REGRESSION = "separate"
 
 
 def draw(
@@ -97,9 +101,10 @@ def sequential_design(data, margin, reps, key, boundary):
     n = data[0][0].shape[0]
     counts = cases_at_looks(LOOKS, n)
     levels = nominal_levels(LOOKS, ALPHA, boundary)
+    reg_levels = levels if REGRESSION == "nominal" else regression_levels(LOOKS, ALPHA, boundary)
     status: list[str | None] = [None] * len(data)
     used = [n] * len(data)
-    for k, (c, level) in enumerate(zip(counts, levels, strict=True)):
+    for k, (c, level, reg_level) in enumerate(zip(counts, levels, reg_levels, strict=True)):
         open_ = [j for j, s in enumerate(status) if s is None]
         p_reg = [1.0] * len(data)
         looks = {}
@@ -110,11 +115,12 @@ def sequential_design(data, margin, reps, key, boundary):
             )
             looks[j] = dec
             p_reg[j] = dec.p_reg
-        q = regression_q(p_reg, level)
+        q = regression_q(p_reg, reg_level)
         final = k == len(counts) - 1
         for j in open_:
             futility = ALPHA if FUTILITY and not final else None
-            outcome = look_outcome(q[j], level, looks[j].decision == "PASS", looks[j].p_reg, futility)
+            shown = looks[j].decision == "PASS"
+            outcome = look_outcome(q[j], level, shown, looks[j].p_reg, futility, regression_level=reg_level)
             if outcome is not None:
                 status[j], used[j] = outcome, c
         if all(s is not None for s in status):
@@ -148,6 +154,7 @@ def run_cell(mu, seeds, n, delta_m, sims, reps, slices) -> dict:
         "mu": mu,
         "margin": MARGIN,
         "futility": FUTILITY,
+        "regression_levels": REGRESSION,
         "looks": list(LOOKS),
         "seeds": seeds,
         "n": n,
@@ -274,13 +281,20 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--shipped", default="obrien-fleming", help="the design the summary line is about")
     ap.add_argument("--marker", default=None, help="doc marker to write (default: by futility and looks)")
+    ap.add_argument(
+        "--regression",
+        choices=("separate", "nominal"),
+        default="separate",
+        help="regression levels: alpha t spending (issue #36) or the NI boundary's own (before it)",
+    )
     ap.add_argument("--looks", type=float, nargs="*", default=list(DEFAULT_LOOKS), help="look fractions")
     ap.add_argument(
         "--frontier", action="store_true", help="write every (looks, family) of the results as one table"
     )
     args = ap.parse_args(argv)
-    global FUTILITY, LOOKS, DESIGNS, SHIPPED
+    global FUTILITY, LOOKS, DESIGNS, SHIPPED, REGRESSION
     FUTILITY = not args.no_futility
+    REGRESSION = args.regression
     LOOKS = tuple(args.looks)
     DESIGNS = ("fixed", *args.designs)
     SHIPPED = args.shipped
@@ -289,6 +303,7 @@ def main(argv: list[str] | None = None) -> int:
         for r in load_rows(args.results)
         if tuple(r.get("looks", DEFAULT_LOOKS)) == LOOKS
         and r.get("futility", False) == FUTILITY
+        and r.get("regression_levels", "nominal") == REGRESSION
         and tuple(r.get("designs", DEFAULT_DESIGNS)) == DESIGNS
     }
     started = time.monotonic()

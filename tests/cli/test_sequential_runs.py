@@ -33,7 +33,16 @@ from depthgate.exceptions import ExitCode
 from depthgate.run.records import FINAL_STATUSES, read_records
 from depthgate.spec.suites import builtin_suite
 from fixtures_paths import tokenizers_dir
-from helpers import StubServer, answer_in, free_port, read_verdict, reading_handler, sigkill_when, stub_matrix
+from helpers import (
+    StubServer,
+    answer_in,
+    free_port,
+    read_verdict,
+    reading_handler,
+    sigkill_when,
+    small_smoke_matrix,
+    stub_matrix,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 GPT2 = tokenizers_dir() / "gpt2" / "tokenizer.json"
@@ -216,3 +225,26 @@ def test_shards_run_look_by_look_and_merge_to_the_unsharded_verdict(
     # --after belongs to a shard of a sequential run
     assert main([*base, "--out", str(tmp_path / "x"), "--after", str(merged)]) == ExitCode.BAD_INPUT
     assert "--after" in capsys.readouterr().err
+
+
+def test_a_sequential_plan_the_last_look_would_refuse_is_exit_20_before_anything_is_built(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue #36, F1 through the CLI: 10 slices, power-5 at eight looks and B 650 passed the matrix,
+    sent every request and only then the last look refused B (exit 20). The gate plan is now built with
+    the suite's cases before anything: exit 20 naming the field, no run folder, no engine started."""
+    text = small_smoke_matrix(cases=40, lengths="[480, 640]")
+    text = text.replace("positions = [0.0, 1.0]", "positions = [0.0, 0.25, 0.5, 0.75, 1.0]")
+    text = text.replace("bootstrap_resamples = 199", "bootstrap_resamples = 650")
+    text = text.replace(
+        "n_min = 2",
+        'n_min = 40\nstop_rule = "sequential"\nlooks = [0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0]\n'
+        'boundary = "power-5"',
+    )
+    matrix = tmp_path / "late-looks.toml"
+    matrix.write_text(text, encoding="utf-8")
+    out = tmp_path / "run"
+    assert main(["run", str(matrix), "--out", str(out)]) == ExitCode.BAD_INPUT
+    err = capsys.readouterr().err
+    assert "plan.bootstrap_resamples" in err and "smallest level a look of the sequential plan" in err, err
+    assert not out.exists()

@@ -12,7 +12,7 @@ import polars as pl
 import pytest
 
 from depthgate.commands.sequential import refuse_sequential, sent_jobs
-from depthgate.exceptions import InputError
+from depthgate.exceptions import InputError, SpecError
 from depthgate.judge.sequential import (
     betting_wealth,
     cases_at_looks,
@@ -20,11 +20,13 @@ from depthgate.judge.sequential import (
     look_fractions,
     nominal_levels,
     obf_spending,
+    regression_levels,
+    smallest_look_level,
 )
 from depthgate.judge.sequential_gate import SequentialDesign, replay_looks, sequential_gate
-from depthgate.judge.stats import GatePlan, SliceStatus, Verdict
+from depthgate.judge.stats import GatePlan, SliceStatus, Verdict, gate
 from depthgate.run.looks import case_order, look_jobs
-from depthgate.spec.models import AnalysisPlan
+from depthgate.spec.models import AnalysisPlan, min_bootstrap_resamples, regression_test_level
 
 LOOKS = (0.25, 0.5, 0.75, 1.0)
 
@@ -330,3 +332,105 @@ def test_run_refuses_after_without_shard_before_anything_is_built(tmp_path, caps
     assert main(["run", str(matrix), "--out", str(out), "--no-controls", *extra]) == ExitCode.BAD_INPUT
     assert "--after" in capsys.readouterr().err
     assert not out.exists()
+
+
+LATE_LOOKS = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+
+
+def _sequential_plan(n_slices: int, bootstrap_resamples: int, cases: int = 40) -> GatePlan:
+    return GatePlan(
+        stop_rule="sequential",
+        looks=list(LATE_LOOKS),
+        boundary="power-5",
+        n_min=cases,
+        bootstrap_resamples=bootstrap_resamples,
+        planned_slices=tuple((512 * (i + 1), "0.5") for i in range(n_slices)),
+        planned_cases=tuple(f"case-{i:02d}" for i in range(cases)),
+        planned_seeds=(0, 1, 2),
+    )
+
+
+def test_a_plan_whose_last_look_would_refuse_b_is_refused_when_frozen() -> None:
+    """Issue #36, F1: 10 slices, power-5 at eight looks, B 585-650 were accepted, every request sent, and
+    the last look (the gate at .0449) refused B (exit 20). B is now checked at the smallest level any
+    look tests a regression at, when the plan is built: before any request."""
+    for b in (585, 650, 1000):
+        with pytest.raises(SpecError, match="smallest level a look of the sequential plan"):
+            _sequential_plan(10, b)
+    # the plan alone, looks as given, with the judge's levels (the spec layer never imports the judge)
+    with pytest.raises(ValueError, match="sequential plan"):
+        AnalysisPlan(
+            stop_rule="sequential", looks=list(LATE_LOOKS), boundary="power-5", bootstrap_resamples=650
+        ).raise_violations(n_slices=10, look_level=smallest_look_level)
+    design = SequentialDesign.of(40, 0.05, looks=LATE_LOOKS, every=None, boundary="power-5")
+    smallest = smallest_look_level(LATE_LOOKS, None, "power-5", 0.05, 40)
+    assert smallest == min(*design.regression_levels, design.levels[-1])
+    need = min_bootstrap_resamples(10, smallest)
+    plan = _sequential_plan(10, need)  # accepted: then every look can use it, the last one included
+    plan.replace(alpha=design.levels[-1], stop_rule="fixed", looks=None, look_every=None, boundary=None)
+    look_every = AnalysisPlan(stop_rule="sequential", look_every=10, bootstrap_resamples=need)
+    assert regression_test_level(look_every, look_level=smallest_look_level) == 0.05  # needs the cases
+    assert regression_test_level(look_every, 40) == 0.05  # and the judge's levels
+    assert regression_test_level(look_every, 40, smallest_look_level) == pytest.approx(
+        smallest_look_level(None, 10, None, 0.05, 40)
+    )
+
+
+def test_regression_levels_spend_alpha_and_are_reachable_early() -> None:
+    """The regression side spends alpha t (issue #36, F2): alpha in all on a Brownian motion, and a first
+    level a bootstrap p-value can reach (power-5 spends 1.2e-4 there)."""
+    rng = np.random.default_rng(36)
+    steps = rng.standard_normal((400_000, len(LATE_LOOKS))) * np.sqrt(np.diff([0.0, *LATE_LOOKS]))
+    z = np.cumsum(steps, axis=1) / np.sqrt(LATE_LOOKS)
+    levels = regression_levels(LATE_LOOKS, 0.05, "power-5")
+    bounds = [-NormalDist().inv_cdf(p) for p in levels]
+    assert float(np.mean(np.any(z > np.asarray(bounds), axis=1))) == pytest.approx(0.05, abs=0.0012)
+    assert levels[0] == pytest.approx(0.015, abs=1e-6)
+    assert nominal_levels(LATE_LOOKS, 0.05, "power-5")[0] < 2e-4
+    assert regression_levels(LOOKS, 0.05, "confidence-sequence") == (0.05,) * 4
+
+
+def test_a_slice_losing_badly_is_confirmed_as_a_regression_as_the_fixed_design_does() -> None:
+    """Issue #36, F2: one slice whose first 12 of 40 cases (frozen order) fail every run. Before, futility
+    closed it at look 1 as FAIL_NOT_SHOWN ("no regression claimed") while the fixed design confirmed
+    the regression (LB -.433); now the regression is tested first, at a level it can reach."""
+    cases = [f"case-{i:02d}" for i in range(40)]
+    order = case_order(cases, "run-f2")
+    lost = set(order[:12])
+    rows = [
+        {
+            "arm": arm,
+            "case_id": case,
+            "length": 512,
+            "position": "0.5",
+            "seed": seed,
+            "outcome": "fail" if arm == "candidate" and case in lost else "pass",
+            "safety": False,
+        }
+        for case in cases
+        for seed in (0, 1, 2)
+        for arm in ("baseline", "candidate")
+    ]
+    records = pl.DataFrame(rows)
+    plan = _sequential_plan(1, 999)
+    design = SequentialDesign.of(40, plan.alpha, looks=LATE_LOOKS, every=None, boundary="power-5")
+    result, section = sequential_gate(records, plan, design, order)
+    fixed = gate(records, plan.replace(stop_rule="fixed", looks=None, boundary=None)).slice_results[0]
+    assert fixed.status is SliceStatus.FAIL_REGRESSION and fixed.lower == pytest.approx(-0.433, abs=1e-3)
+    row = result.slice_results[0]
+    assert row.status is SliceStatus.FAIL_REGRESSION, row.reason
+    assert row.reason.startswith("decided at look 1 of 8") and "regression level" in row.reason
+    assert section["slices"][0]["decision"] == "FAIL_REGRESSION"
+    assert section["requests_sent"] == 12 * 2 * 3
+
+
+def test_the_last_look_confirms_at_the_last_regression_level() -> None:
+    """A slice still open at the last look: the gate's regression q is compared with the design's last
+    regression level (below the last non-inferiority level: the regression side spent some alpha
+    before)."""
+    plan, design, order, slices = _setup()
+    assert design.regression_levels[-1] < design.levels[-1]
+    result, _ = sequential_gate(_records(order, slices), plan, design, order)
+    for row in result.slice_results:
+        if row.status is SliceStatus.FAIL_REGRESSION and not row.reason.startswith("decided"):
+            assert row.q_reg <= design.regression_levels[-1]

@@ -22,7 +22,7 @@ import sys
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from depthgate.commands.console import naming_the_file, pipe_safe_stdout
 from depthgate.commands.outputs import (
@@ -235,20 +235,42 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
     matrix_path = Path(args.matrix)
     matrix = load_matrix(matrix_path)  # refused before the heavy imports (issue #21)
-    from depthgate.commands.plan import matrix_power, near_ceiling_power, print_power, read_pilot
+    if args.simulate and not 1 <= args.draws <= 5000:  # judge.release_sim.MAX_DRAWS, before any work
+        raise InputError(f"--draws {args.draws} out of range", field="--draws", fix="1 to 5000 releases")
+    from depthgate.commands import plan as planning
     from depthgate.spec.suites import resolve_suite
 
     suite = resolve_suite(matrix.suite, base_dir=matrix_path.parent)
-    pilot = read_pilot(args.pilot) if args.pilot else None
-    power = matrix_power(matrix, suite, p_baseline=args.p_baseline, icc=args.icc, pilot=pilot)
-    ceiling = near_ceiling_power(matrix, suite, icc=args.icc)
-    print_power(power, ceiling)
+    pilot = planning.read_pilot(args.pilot) if args.pilot else None
+    power = planning.matrix_power(matrix, suite, p_baseline=args.p_baseline, icc=args.icc, pilot=pilot)
+    ceiling = planning.near_ceiling_power(matrix, suite, icc=args.icc)
+    planning.print_power(power, ceiling, simulate=args.simulate)
+    simulated: dict[str, Any] = {}
+    if args.simulate:
+        given = "the pilot" if pilot is not None else f"p_baseline {args.p_baseline:g}, ICC {args.icc:g}"
+        near = f"p_baseline {planning.NEAR_CEILING_P:g}, ICC {args.icc:g}"
+        todo = [("simulated", power, given), ("simulated_near_ceiling", ceiling, near)]
+        if pilot is None and args.p_baseline == planning.NEAR_CEILING_P:
+            todo = todo[:1]  # the assumption is the ceiling: one simulation serves both
+        joint = []
+        for key, pp, label in todo:
+            progress = planning.simulation_progress(f"{len(pp.rows)} slices at {label}")
+            sim = planning.simulated_power(
+                matrix, suite, pp, draws=args.draws, seed=args.seed, progress=progress
+            )
+            simulated[key] = planning.print_simulated(sim, pp, label)
+            joint.append(sim.power_all_slices)
+        if min(joint) < power.target:
+            print(
+                "under-powered (simulated): the release passes all slices less often than the target",
+                file=sys.stderr,
+            )
     if matrix.plan.stop_rule == "sequential":
         from depthgate.commands.sequential import sequential_plan_lines
 
         print("\n".join(sequential_plan_lines(matrix, suite, p_baseline=args.p_baseline, icc=args.icc)))
     if args.json:
-        out = {**power.to_dict(), "power_all_slices_near_ceiling": ceiling.power_all_slices}
+        out = {**power.to_dict(), "power_all_slices_near_ceiling": ceiling.power_all_slices, **simulated}
         write_text_atomic(args.json, json.dumps(out, indent=2, allow_nan=False) + "\n", option="--json")
     return ExitCode.PASS
 
@@ -463,6 +485,14 @@ def _add_plan_merge_gate_parsers(sub: argparse._SubParsersAction[argparse.Argume
     pl_.add_argument("--pilot", help="a finished run folder: estimate the design from its scored.parquet")
     pl_.add_argument("--p-baseline", type=float, default=0.85, help="assumed baseline accuracy")
     pl_.add_argument("--icc", type=float, default=0.33, help="assumed intra-case correlation of runs")
+    pl_.add_argument(
+        "--simulate",
+        action="store_true",
+        help="also gate simulated A/A releases through the gate itself, at the assumption and near the "
+        "ceiling (the approximation is far too low there: rows flagged check_by_sim)",
+    )
+    pl_.add_argument("--draws", type=int, default=200, help="--simulate: releases per assumption (1-5000)")
+    pl_.add_argument("--seed", type=int, default=0, help="--simulate: the simulation's seed")
     pl_.add_argument(
         "--json",
         help="also write the plan as JSON to this file (every slice's power and cases for the target, "

@@ -47,6 +47,7 @@ from depthgate.commands.freeze import (
 )
 from depthgate.commands.outputs import CreatedPaths
 from depthgate.commands.planned import planned_jobs, shard_jobs
+from depthgate.commands.run_inputs import matrix_and_suite
 from depthgate.commands.sequential_shards import check_after
 from depthgate.exceptions import ExitCode, InputError, PlanChangedError
 from depthgate.judge.stats import GateResult, gate
@@ -185,37 +186,6 @@ def _prepare_arm(
         sent.canaries.extend(arm_canaries)
 
 
-def _matrix_and_suite(
-    matrix_path: Path,
-    *,
-    aa: bool,
-    controls: bool,
-    shard: tuple[int, int] | None,
-    after: Path | None = None,
-) -> tuple[Matrix, Suite]:
-    """The matrix (its A/A form with ``aa``) and its suite; a plan whose primary metric needs the
-    controls is refused when they are skipped, ``--after`` outside a sharded sequential run (issue #26)."""
-    from depthgate.commands.sequential import refuse_sequential
-    from depthgate.spec.suites import resolve_suite
-
-    matrix = load_matrix(matrix_path)
-    if aa:
-        from depthgate.commands.plan import aa_matrix
-
-        matrix = aa_matrix(matrix)
-    suite = resolve_suite(matrix.suite, base_dir=matrix_path.parent)
-    if matrix.plan.primary_metric == "control_normalised" and not controls:
-        raise InputError(
-            "the plan's primary metric control_normalised needs the evidence-only controls, and "
-            "--no-controls skips them",
-            file=str(matrix_path),
-            field="plan.primary_metric",
-            fix='drop --no-controls, or pre-register primary_metric = "pass"',
-        )
-    refuse_sequential(matrix.plan, shard=shard, file=str(matrix_path), after=after)
-    return matrix, suite
-
-
 def _matrix_sender(
     matrix: Matrix,
     suite: Suite,
@@ -307,7 +277,7 @@ def run_matrix(
     from depthgate.run.records import compact
 
     matrix_path = Path(matrix_path)
-    matrix, suite = _matrix_and_suite(matrix_path, aa=aa, controls=controls, shard=shard, after=after)
+    matrix, suite = matrix_and_suite(matrix_path, aa=aa, controls=controls, shard=shard, after=after)
     run_jobs = _engine(engine, matrix, matrix_path.parent, ray_actors)  # refused before anything is built
     out = Path(out_dir)
     arms = [

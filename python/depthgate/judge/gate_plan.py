@@ -12,6 +12,7 @@ from pydantic import Field, ValidationError, model_validator
 from depthgate.exceptions import SpecError
 from depthgate.judge.bootstrap import BootstrapBounds
 from depthgate.judge.percentile import bootstrap_percentile
+from depthgate.judge.sequential_levels import smallest_look_level
 from depthgate.spec.base import violation
 from depthgate.spec.loading import spec_error_from_validation
 from depthgate.spec.models import AnalysisPlan
@@ -79,7 +80,13 @@ class GatePlan(AnalysisPlan):
     @model_validator(mode="after")
     def _check_design(self) -> GatePlan:
         n_slices = None if self.planned_slices is None else len(set(self.planned_slices))
-        self.raise_violations(n_slices=n_slices, regression_method=self.regression_method)
+        n_cases = None if self.planned_cases is None else len(self.planned_cases)
+        self.raise_violations(
+            n_slices=n_slices,
+            regression_method=self.regression_method,
+            n_cases=n_cases,
+            look_level=smallest_look_level,
+        )
         distinct = "a non-empty list of distinct {}, or None"
         for name, values in (("planned_cases", self.planned_cases), ("planned_seeds", self.planned_seeds)):
             if values is not None and (not values or len(set(values)) != len(values)):

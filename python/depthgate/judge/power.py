@@ -185,8 +185,13 @@ def _t_power(effect: float, n: int, alpha: float) -> float:
         return 0.0
     if math.isinf(effect):
         return 1.0 if effect > 0 else 0.0
-    value = TTestPower().power(effect_size=effect, nobs=n, alpha=alpha, alternative="larger")
-    return float(np.asarray(value).item())
+    value = float(
+        np.asarray(TTestPower().power(effect_size=effect, nobs=n, alpha=alpha, alternative="larger")).item()
+    )
+    if not math.isfinite(value):  # statsmodels' noncentral t returns NaN far out in the tail (n 300, d 2.2)
+        z = statistics.NormalDist()
+        return z.cdf(effect * math.sqrt(n) - z.inv_cdf(1.0 - alpha))
+    return value
 
 
 def _effect(margin: float, true_delta: float, sd: float) -> float:
@@ -274,7 +279,11 @@ def predicted_power(
 
 
 MIN_DISCORDANT_RUNS = 10.0
-MIN_CASES_APPROX = 30
+#: Measured against simulation through the gate (issue #36, docs/gate-calibration.md §10; 100 slices a
+#: cell): per slice the approximation was off by more than .05 in 20 of 27 cells of p .85/.95/.99 x ICC
+#: 0/.33/.5 x R 1/3/5 at 40 cases, in 2 of 54 at 100 and 300 (both within 2.1 MC-SE); the bound of 30
+#: let every 40-case row through unflagged.
+MIN_CASES_APPROX = 100
 
 
 @dataclass(frozen=True)

@@ -7,9 +7,11 @@ decisions in every process), so the runner, a resume and ``depthgate gate`` all 
 
 * a slice whose look-k lower bound, at the look's nominal level, is > -M is decided PASS at look k;
 * a slice whose regression q (BY/Holm over every planned slice, decided slices at p = 1) is <= the
-  look's level is decided FAIL_REGRESSION at look k;
+  look's regression level (:func:`depthgate.judge.sequential.regression_levels`, tested first) is
+  decided FAIL_REGRESSION at look k;
 * a decided slice gets no more cases. The final look is the gate itself (:func:`gate`) at the last
-  nominal level on every slice still open; the rows of slices decided earlier are their look's.
+  nominal level on every slice still open, its regressions confirmed at the last regression level;
+  the rows of slices decided earlier are their look's.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from depthgate.judge.sequential import (
     look_fractions,
     look_outcome,
     nominal_levels,
+    regression_levels,
     regression_q,
     slice_decision,
 )
@@ -38,6 +41,7 @@ from depthgate.judge.stats import (
     RUN_SCORE,
     GatePlan,
     GateResult,
+    SliceResult,
     SliceStatus,
     gate,
     release_verdict,
@@ -49,12 +53,15 @@ __all__ = ["LookRecord", "SequentialDesign", "replay_looks", "sequential_gate"]
 
 @dataclass(frozen=True)
 class SequentialDesign:
-    """The frozen sequential part of a plan, resolved against the planned case count."""
+    """The frozen sequential part of a plan, resolved against the planned case count: per look its
+    cases, its non-inferiority level and its regression level (issue #36: a spending of its own, so a
+    slice losing badly is confirmed before futility closes it)."""
 
     boundary: str
     fractions: tuple[float, ...]
     counts: tuple[int, ...]
     levels: tuple[float, ...]
+    regression_levels: tuple[float, ...]
 
     @classmethod
     def of(
@@ -71,7 +78,8 @@ class SequentialDesign:
         # The information fraction of each look is its share of cases (ceil may move it a little).
         actual = tuple(c / n_cases for c in counts)
         name = boundary or DEFAULT_BOUNDARY
-        return cls(name, actual, counts, nominal_levels(actual, alpha, name))
+        levels = nominal_levels(actual, alpha, name)
+        return cls(name, actual, counts, levels, regression_levels(actual, alpha, name))
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -79,6 +87,7 @@ class SequentialDesign:
             "fractions": list(self.fractions),
             "cases": list(self.counts),
             "levels": list(self.levels),
+            "regression_levels": list(self.regression_levels),
         }
 
 
@@ -90,9 +99,16 @@ class LookRecord:
     cases: int
     level: float
     slices: tuple[dict[str, Any], ...]
+    regression_level: float
 
     def to_dict(self) -> dict[str, Any]:
-        return {"look": self.look, "cases": self.cases, "level": self.level, "slices": list(self.slices)}
+        return {
+            "look": self.look,
+            "cases": self.cases,
+            "level": self.level,
+            "regression_level": self.regression_level,
+            "slices": list(self.slices),
+        }
 
 
 def _arrays(
@@ -161,7 +177,8 @@ def replay_looks(
     paired = _paired(scored)
     decided: dict[tuple[int, str], tuple[int, str]] = {}
     history: list[LookRecord] = []
-    for k, (count, level) in enumerate(zip(design.counts[:-1], design.levels[:-1], strict=True)):
+    looks = zip(design.counts[:-1], design.levels[:-1], design.regression_levels[:-1], strict=True)
+    for k, (count, level, reg_level) in enumerate(looks):
         look_cases = list(case_order[:count])
         open_slices = [s for s in slices if s not in decided]
         decisions: dict[tuple[int, str], Any] = {}
@@ -188,13 +205,14 @@ def replay_looks(
         if not complete:
             break
         p_reg = [decisions[s].p_reg if s in decisions else 1.0 for s in slices]
-        q = regression_q(p_reg, level, plan.regression_method)
+        q = regression_q(p_reg, reg_level, plan.regression_method)
         rows = []
         for i, s in enumerate(slices):
             if s not in decisions:
                 continue
             dec = decisions[s]
-            what = look_outcome(q[i], level, dec.decision == "PASS", dec.p_reg, plan.alpha)
+            shown = dec.decision == "PASS"
+            what = look_outcome(q[i], level, shown, dec.p_reg, plan.alpha, regression_level=reg_level)
             if what is not None:
                 decided[s] = (k + 1, what)
             rows.append(
@@ -210,7 +228,7 @@ def replay_looks(
                     "decision": what,
                 }
             )
-        history.append(LookRecord(k + 1, count, level, tuple(rows)))
+        history.append(LookRecord(k + 1, count, level, tuple(rows), reg_level))
         if len(decided) == len(slices):
             break
     return history, decided
@@ -239,7 +257,7 @@ def sequential_gate(
     for row in result.slice_results:
         key = (row.length, row.position)
         if key not in decided:
-            slices.append(row)
+            slices.append(_at_last_look(row, plan, design))
             continue
         look, what = decided[key]
         at = rows[(row.length, row.position, look)]
@@ -262,7 +280,11 @@ def sequential_gate(
                 else "non-inferior (anytime-valid wealth reached 1/level)"
             )
         else:
-            why = f"confirmed regression, {plan.regression_method} q {at['q_reg']:.4g} <= {level:.3g}"
+            reg_level = design.regression_levels[look - 1]
+            why = (
+                f"confirmed regression, {plan.regression_method} q {at['q_reg']:.4g} <= {reg_level:.3g} (the "
+                "look's regression level)"
+            )
         head = f"decided at look {look} of {len(design.counts)} ({at['n_cases']} cases, level {level:.3g})"
         reason = f"{head}: {why}"
         if (
@@ -296,6 +318,26 @@ def sequential_gate(
         result, verdict=verdict, reasons=tuple(reasons), slice_results=tuple(slices), plan=plan
     )
     return final, _section(plan, design, case_order, history, decided, slices, cases_of)
+
+
+def _at_last_look(row: SliceResult, plan: GatePlan, design: SequentialDesign) -> SliceResult:
+    """A slice still open at the last look: :func:`gate` tested its regression at the last look's
+    non-inferiority level; the design confirms it at the last regression level (issue #36), which is
+    never above it (the regression side spent part of its alpha at the interim looks)."""
+    level = design.regression_levels[-1]
+    if row.status is not SliceStatus.FAIL_REGRESSION:
+        return row
+    test = f"{plan.regression_method} q {row.q_reg:.4g}"
+    if row.q_reg <= level:
+        upper = "" if row.upper is None else f"upper bound {row.upper:+.4f} < -{plan.margin:g}, "
+        why = f"confirmed regression: {upper}{test} <= {level:.4g} (the last look's regression level)"
+        return dataclasses.replace(row, reason=why)
+    lower = "" if row.lower is None else f": lower bound {row.lower:+.4f} <= -{plan.margin:g}"
+    why = (
+        f"non-inferiority not shown{lower}; regression not confirmed, {test} > {level:.4g} (the last "
+        "look's regression level)"
+    )
+    return dataclasses.replace(row, status=SliceStatus.FAIL_NOT_SHOWN, reason=why)
 
 
 def _section(

@@ -261,7 +261,12 @@ class Matrix(Frozen):
                     field="lengths",
                     fix="build fewer cases, lengths or positions per matrix (split the study into several)",
                 )
-        self.plan.raise_violations(n_slices=len(self.lengths) * len(self.position_values()), prefix="plan.")
+        # A builtin suite's case count resolves a sequential plan's looks here (issue #36, F1); a file
+        # suite's is known when the gate plan is built, still before any request.
+        n_cases = self.suite.cases if isinstance(self.suite, BuiltinSuiteRef) else None
+        self.plan.raise_violations(
+            n_slices=len(self.lengths) * len(self.position_values()), prefix="plan.", n_cases=n_cases
+        )
         return self
 
     def _check_shape(self) -> None:

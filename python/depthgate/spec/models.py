@@ -10,6 +10,7 @@ The other spec models live beside it: cases and suites (:mod:`depthgate.spec.cas
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from typing import Any, Literal, TypeAlias
 
 from pydantic import (
@@ -64,8 +65,40 @@ def _smallest_q_factor(n_slices: int, method: RegressionMethod) -> float:
     return factor
 
 
+#: ``(looks, look_every, boundary, alpha, n_cases) -> level``: the smallest level a look of a sequential
+#: plan tests a regression at. The judge computes it (:func:`depthgate.judge.sequential.smallest_look_level`,
+#: numeric integration) and passes it in: the spec layer never imports the judge.
+LookLevel = Callable[[Sequence[float] | None, int | None, str | None, float, int | None], float]
+
+
+def regression_test_level(
+    plan: AnalysisPlan, n_cases: int | None = None, look_level: LookLevel | None = None
+) -> float:
+    """The smallest level at which any look of ``plan`` tests a regression, where the B rule is checked:
+    look_alpha for a fixed or one-extension plan; under stop_rule "sequential" the smallest of every
+    look's regression level and the last look's level (issue #36, F1: the last look re-validated there
+    and refused a plan whose requests were all sent). ``n_cases``: the planned cases (a plan of
+    ``look_every`` is resolved only with them; ``looks`` are taken as given without them). Without
+    ``look_level`` (the matrix, before the judge is involved) the level is ``look_alpha``; the gate plan,
+    built before the first request, checks the sequential levels."""
+    level = look_alpha(plan.alpha, plan.stop_rule)
+    if plan.stop_rule != "sequential" or not 0.0 < plan.alpha < 0.5:
+        return level
+    if sequential_violations(plan.stop_rule, plan.looks, plan.look_every, plan.boundary, "pass"):
+        return level
+    if look_level is None or (plan.looks is None and n_cases is None):
+        return level
+    looks = None if n_cases is not None and plan.looks is None else plan.looks
+    return min(level, look_level(looks, plan.look_every, plan.boundary, plan.alpha, n_cases))
+
+
 def plan_violations(
-    plan: AnalysisPlan, *, regression_method: RegressionMethod = "BY", n_slices: int | None = None
+    plan: AnalysisPlan,
+    *,
+    regression_method: RegressionMethod = "BY",
+    n_slices: int | None = None,
+    n_cases: int | None = None,
+    look_level: LookLevel | None = None,
 ) -> list[tuple[str, str, str]]:
     """Every rule a plan must meet before anything runs, as (field, problem, fix); empty when valid.
 
@@ -75,7 +108,9 @@ def plan_violations(
     after the requests were sent. The bootstrap size is checked when the slice count is known, whatever
     the repeats: one seed per case uses
     Newcombe-10 p-values, which have no 1/(B+1) floor, but one rule that does not depend on R keeps the
-    matrix and the gate in agreement (the default B = 9999 serves up to 96 slices).
+    matrix and the gate in agreement (the default B = 9999 serves up to 96 slices). Under a sequential
+    plan B is checked at the smallest level a look tests a regression at (:func:`regression_test_level`),
+    so the last look never refuses it after the requests were sent.
     """
     margin, alpha, n_min, floor = plan.margin, plan.alpha, plan.n_min, plan.floor
     max_missing, bootstrap_resamples, stop_rule = plan.max_missing, plan.bootstrap_resamples, plan.stop_rule
@@ -137,7 +172,7 @@ def plan_violations(
             ("stop_rule", f"unknown stop rule {stop_rule!r}", "use 'fixed', 'one_extension' or 'sequential'")
         )
     if n_slices is not None and n_slices >= 1 and MIN_ALPHA <= alpha < 0.5:
-        level = look_alpha(alpha, stop_rule)
+        level = regression_test_level(plan, n_cases, look_level)
         need = min_bootstrap_resamples(n_slices, level, regression_method)
         if bootstrap_resamples < need:
             floor_p = 1.0 / (bootstrap_resamples + 1)
@@ -148,7 +183,12 @@ def plan_violations(
                     f"{bootstrap_resamples} bootstrap resamples cannot confirm a regression among "
                     f"{n_slices} slices: the smallest p-value is 1/(B+1) = {floor_p:.2g} and its "
                     f"{regression_method}-adjusted q is about {min(1.0, factor * floor_p):.3g} > "
-                    f"{level:g}",
+                    f"{level:.4g}"
+                    + (
+                        " (the smallest level a look of the sequential plan tests a regression at)"
+                        if stop_rule == "sequential"
+                        else ""
+                    ),
                     f"set bootstrap_resamples >= {need} (or plan fewer slices)",
                 )
             )
@@ -261,19 +301,37 @@ class AnalysisPlan(_Frozen):
         return data
 
     def violations(
-        self, *, n_slices: int | None = None, regression_method: RegressionMethod = "BY"
+        self,
+        *,
+        n_slices: int | None = None,
+        regression_method: RegressionMethod = "BY",
+        n_cases: int | None = None,
+        look_level: LookLevel | None = None,
     ) -> list[tuple[str, str, str]]:
-        """:func:`plan_violations` of this plan (with the slice count when known), then the sequential
-        stop rule's (:func:`depthgate.spec.sequential.sequential_violations`)."""
+        """:func:`plan_violations` of this plan (with the slice and case counts when known), then the
+        sequential stop rule's (:func:`depthgate.spec.sequential.sequential_violations`)."""
         return plan_violations(
-            self, n_slices=n_slices, regression_method=regression_method
+            self,
+            n_slices=n_slices,
+            regression_method=regression_method,
+            n_cases=n_cases,
+            look_level=look_level,
         ) + sequential_violations(
             self.stop_rule, self.looks, self.look_every, self.boundary, self.primary_metric
         )
 
     def raise_violations(
-        self, *, n_slices: int | None = None, prefix: str = "", regression_method: RegressionMethod = "BY"
+        self,
+        *,
+        n_slices: int | None = None,
+        prefix: str = "",
+        regression_method: RegressionMethod = "BY",
+        n_cases: int | None = None,
+        look_level: LookLevel | None = None,
     ) -> None:
         """Raise the first violation as a validation error on ``prefix + field``."""
-        for field, problem, fix in self.violations(n_slices=n_slices, regression_method=regression_method):
+        found = self.violations(
+            n_slices=n_slices, regression_method=regression_method, n_cases=n_cases, look_level=look_level
+        )
+        for field, problem, fix in found:
             raise _violation(problem, field=f"{prefix}{field}", fix=fix)
