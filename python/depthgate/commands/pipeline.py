@@ -274,7 +274,6 @@ def run_matrix(
     record sink; ``ray_actors`` sizes its actor pool. ``after``: see ``_Sending.after``.
     """
     from depthgate.run.options import RunOptions
-    from depthgate.run.records import compact
 
     matrix_path = Path(matrix_path)
     matrix, suite = matrix_and_suite(matrix_path, aa=aa, controls=controls, shard=shard, after=after)
@@ -286,9 +285,7 @@ def run_matrix(
     ]
     body = build_manifest(matrix, matrix_path, suite, arms, aa=aa)
     if shard is not None:  # the folder checks before anything is written, built or sent (issue #37)
-        _check_shard(out, shard)
-        if after is not None:
-            check_after(after, body, shard=shard, aa=aa)
+        _check_shard(out, shard, body, after=after, aa=aa)
     # A folder this call starts (no manifest yet) is removed again when anything fails before a request.
     fresh = None if (out / MANIFEST).is_file() else CreatedPaths(out)
     sending = False
@@ -346,11 +343,7 @@ def run_matrix(
             # Closing must not hide the run's own error.
             with contextlib.suppress(Exception):
                 asyncio.run(backend.aclose())
-    compact(out)
-    if sent.control_jobs:
-        compact(out / CONTROLS_DIR)
-    if sent.canaries:
-        compact(out / CANARIES_DIR)
+    _compact(out, sent)
     if shard is not None:
         return None, _shard_exit(out, matrix, shard), out
     return gate_run(out, matrix=matrix, suite=suite)
@@ -420,8 +413,22 @@ def _store(layouts: Path, folder: Path) -> LayoutStore:
     return write_layout_store(layouts, folder)
 
 
-def _check_shard(out: Path, shard: tuple[int, int]) -> None:
-    """A rerun into a shard's folder must name the same shard (checked before any work)."""
+def _compact(out: Path, sent: _Sending) -> None:
+    """Merge the record shards of the matrix, its controls and its canaries, each in its folder."""
+    from depthgate.run.records import compact
+
+    compact(out)
+    if sent.control_jobs:
+        compact(out / CONTROLS_DIR)
+    if sent.canaries:
+        compact(out / CANARIES_DIR)
+
+
+def _check_shard(
+    out: Path, shard: tuple[int, int], body: Mapping[str, Any], *, after: Path | None, aa: bool
+) -> None:
+    """A rerun into a shard's folder must name the same shard, and ``--after`` must be the previous
+    round's merge of this run (:func:`check_after`): checked before any work."""
     path = out / SHARD_FILE
     if path.is_file():
         old = read_json(path, _run_file_failures("shard.json"))
@@ -433,6 +440,8 @@ def _check_shard(out: Path, shard: tuple[int, int]) -> None:
                 field="--shard",
                 fix="resume a shard into its own folder",
             )
+    if after is not None:
+        check_after(after, body, shard=shard, aa=aa)
 
 
 def _freeze_shard(out: Path, shard: tuple[int, int]) -> None:

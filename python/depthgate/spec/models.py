@@ -92,6 +92,39 @@ def regression_test_level(
     return min(level, look_level(looks, plan.look_every, plan.boundary, plan.alpha, n_cases))
 
 
+def _bootstrap_problems(
+    plan: AnalysisPlan,
+    n_slices: int,
+    n_cases: int | None,
+    look_level: LookLevel | None,
+    regression_method: RegressionMethod,
+) -> list[tuple[str, str, str]]:
+    """B against the slice count: the smallest bootstrap p-value, BY-adjusted over ``n_slices``, must be
+    able to reach the smallest level a regression is tested at (:func:`regression_test_level`)."""
+    bootstrap_resamples, stop_rule = plan.bootstrap_resamples, plan.stop_rule
+    level = regression_test_level(plan, n_cases, look_level)
+    need = min_bootstrap_resamples(n_slices, level, regression_method)
+    if bootstrap_resamples < need:
+        floor_p = 1.0 / (bootstrap_resamples + 1)
+        factor = _smallest_q_factor(n_slices, regression_method)
+        return [
+            (
+                "bootstrap_resamples",
+                f"{bootstrap_resamples} bootstrap resamples cannot confirm a regression among "
+                f"{n_slices} slices: the smallest p-value is 1/(B+1) = {floor_p:.2g} and its "
+                f"{regression_method}-adjusted q is about {min(1.0, factor * floor_p):.3g} > "
+                f"{level:.4g}"
+                + (
+                    " (the smallest level a look of the sequential plan tests a regression at)"
+                    if stop_rule == "sequential"
+                    else ""
+                ),
+                f"set bootstrap_resamples >= {need} (or plan fewer slices)",
+            )
+        ]
+    return []
+
+
 def plan_violations(
     plan: AnalysisPlan,
     *,
@@ -172,26 +205,7 @@ def plan_violations(
             ("stop_rule", f"unknown stop rule {stop_rule!r}", "use 'fixed', 'one_extension' or 'sequential'")
         )
     if n_slices is not None and n_slices >= 1 and MIN_ALPHA <= alpha < 0.5:
-        level = regression_test_level(plan, n_cases, look_level)
-        need = min_bootstrap_resamples(n_slices, level, regression_method)
-        if bootstrap_resamples < need:
-            floor_p = 1.0 / (bootstrap_resamples + 1)
-            factor = _smallest_q_factor(n_slices, regression_method)
-            problems.append(
-                (
-                    "bootstrap_resamples",
-                    f"{bootstrap_resamples} bootstrap resamples cannot confirm a regression among "
-                    f"{n_slices} slices: the smallest p-value is 1/(B+1) = {floor_p:.2g} and its "
-                    f"{regression_method}-adjusted q is about {min(1.0, factor * floor_p):.3g} > "
-                    f"{level:.4g}"
-                    + (
-                        " (the smallest level a look of the sequential plan tests a regression at)"
-                        if stop_rule == "sequential"
-                        else ""
-                    ),
-                    f"set bootstrap_resamples >= {need} (or plan fewer slices)",
-                )
-            )
+        problems.extend(_bootstrap_problems(plan, n_slices, n_cases, look_level, regression_method))
     return problems
 
 
