@@ -386,6 +386,14 @@ def _write_inputs(root: Path, good_layouts: Path) -> dict[str, str]:
     shutil.copyfile(GPT2, eos_one / "tokenizer.json")
     (eos_one / "tokenizer_config.json").write_text('{"add_eos_token": 1, "eos_token": "<|endoftext|>"}')
     w["tok_eos_one"] = str(eos_one)
+    # Issue #37: a template that writes {{ bos_token }}, alone in its folder (no tokenizer_config.json).
+    w["tpl_bos_alone"] = put(
+        "bos-alone/bos.jinja", "{{ bos_token }}{% for m in messages %}{{ m.content }}{% endfor %}"
+    )
+    # A run folder whose manifest.json is a folder (a device or a symlink loop would stall the corpus's
+    # own snapshot of this tree: tests/cli/test_named_wording.py covers those).
+    (root / "run-manifest-folder" / "manifest.json").mkdir(parents=True)
+    w["run_manifest_folder"] = str(root / "run-manifest-folder")
     # An output name that is not UTF-8 (a byte 0xFF, as a shell passes it): Python holds it as a surrogate.
     w["out_not_utf8"] = str(root / "out\udcff")
 

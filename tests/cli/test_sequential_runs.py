@@ -248,3 +248,53 @@ def test_a_sequential_plan_the_last_look_would_refuse_is_exit_20_before_anything
     err = capsys.readouterr().err
     assert "plan.bootstrap_resamples" in err and "smallest level a look of the sequential plan" in err, err
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    "base_lines",
+    [
+        "",  # the default: NoLiMa with the short base lengths 250/500/1000 built beside the grid
+        'base_score = "short"\nbase_lengths = [300]\n',
+        'base_score = "control"\n',
+        'effective_length_rule = "ruler"\n',
+    ],
+    ids=["default-short", "short-300", "control", "ruler"],
+)
+def test_sharded_rounds_finish_with_every_base_score_mode(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], base_lines: str
+) -> None:
+    """Issue #37, item 4: with the default base score every shard sent its part of the look, then exited
+    30 "shard 1/2 incomplete" and merge refused "12 of 18 planned jobs without a final record": the
+    completeness check counted the short base-length jobs, which no look sends (unsharded or not). Every
+    shipped base-score mode now runs its rounds to the unsharded verdict, every shard exit 0."""
+    port = free_port()
+    text = stub_matrix(
+        "sequential-bases",
+        where=f'endpoint = "http://127.0.0.1:{port}"',
+        cases=CASES,
+        candidate_model="deep-blind",
+        resamples=499,
+        base_score=None,
+    )
+    matrix = tmp_path / "bases.toml"
+    matrix.write_text(text + base_lines + 'stop_rule = "sequential"\nlooks = [0.5, 1.0]\n')
+    base = ["run", str(matrix), "--no-controls"]
+    shards = [tmp_path / f"shard{i}" for i in (1, 2)]
+    with DeepBlindReader(port):
+        code = main([*base, "--out", str(tmp_path / "whole")])
+        after: list[str] = []
+        for r in (1, 2):
+            for i, shard in enumerate(shards, start=1):
+                assert main([*base, "--out", str(shard), "--shard", f"{i}/2", *after]) == ExitCode.PASS
+                assert "incomplete" not in capsys.readouterr().out
+            merged = tmp_path / f"merged{r}"
+            assert main(["merge", *map(str, shards), "--out", str(merged)]) == ExitCode.PASS, (
+                capsys.readouterr().err
+            )
+            after = ["--after", str(merged)]
+    assert code == ExitCode.FAIL  # the planted depth-1 regression
+    assert main(["gate", str(tmp_path / "merged2")]) == code
+    joined, whole = read_verdict(tmp_path / "merged2"), read_verdict(tmp_path / "whole")
+    for key in ("verdict", "slices", "sequential"):
+        assert joined[key] == whole[key], key
+    assert joined["infra"]["lost"] == whole["infra"]["lost"] == 0

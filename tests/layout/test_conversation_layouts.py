@@ -130,7 +130,9 @@ def test_conversation_needs_a_template_and_a_turn_label(tmp_path: Path) -> None:
 
 def test_template_stripping_reasoning_refuses_the_build(tmp_path: Path) -> None:
     tok = load_tokenizer(TOK / "llama3-from-gguf" / "tokenizer.json")
-    chat = load_chat_template(TPL / "deepseek-ai-DeepSeek-R1-Distill-Llama-8B.jinja")
+    chat = load_chat_template(
+        TPL / "deepseek-ai-DeepSeek-R1-Distill-Llama-8B.jinja", bos_token="<｜begin▁of▁sentence｜>"
+    )
     options = BuildOptions(lengths=[1024], positions=POSITIONS, template=chat, conversation=Conversation(3))
     with pytest.raises(TemplateError, match="strips reasoning"):
         build_layouts(builtin_suite(1), tok, options, tmp_path / "l.parquet")

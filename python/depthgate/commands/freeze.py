@@ -26,7 +26,7 @@ from depthgate.layout.layouts import (
     parse_positions,
 )
 from depthgate.layout.model_files import is_model_reference, load_template, resolve_model_files
-from depthgate.layout.templates import ChatTemplate
+from depthgate.layout.templates import ChatTemplate, check_template_bos
 from depthgate.spec.base import canonical_json
 from depthgate.spec.cases import Suite
 from depthgate.spec.files import dist_version
@@ -133,6 +133,7 @@ def _snapshots(system: System, matrix_dir: Path) -> dict[str, Any]:
 def arm_setup(arm: str, system: System, matrix_dir: Path) -> ArmSetup:
     tok = load_tokenizer(system.tokenizer, base_dir=matrix_dir)
     template = load_template(system.chat_template, base_dir=matrix_dir) if system.chat_template else None
+    check_template_bos(template, tok.bos_id)  # before anything is written or built
     return ArmSetup(
         arm=arm, system=system, tokenizer=tok, template=template, snapshots=_snapshots(system, matrix_dir)
     )

@@ -131,6 +131,15 @@ def _check_shards(dirs: Sequence[Path]) -> int:
     for spec, folder in zip(specs, dirs, strict=True):
         index = int(spec.get("index", 0))
         if index in seen:
+            runs = [_read_json(d / MANIFEST, "manifest.json").get("run_id") for d in (seen[index], folder)]
+            if runs[0] != runs[1]:  # not one shard twice: the same shard of two different runs
+                raise PlanChangedError(
+                    f"{seen[index]} and {folder} hold different runs ({runs[0]} and {runs[1]}), each its "
+                    f"shard {index}/{count}",
+                    file=str(folder / MANIFEST),
+                    field="run_id",
+                    fix="merge only the shards of one run (same matrix, plan, suite, systems and versions)",
+                )
             raise InputError(
                 f"shard {index}/{count} twice: {seen[index]} and {folder}",
                 field="--shard",

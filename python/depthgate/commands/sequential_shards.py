@@ -172,6 +172,9 @@ def send_shard_look(
         "decided": [[s[0], s[1], at, what] for s, (at, what) in sorted(decided.items())],
         "case_order": order,
         "cases": list(design.counts),
+        # The gated slices: the only jobs a look sends (NoLiMa's short base lengths, built beside the
+        # grid, are in no slice: no look sends them, sharded or not, and merge must not wait for them).
+        "slices": [[s[0], s[1]] for s in slices],
     }
     _write_json(out / SHARD_LOOK_FILE, body)
     batch = look_jobs(jobs, order[: design.counts[look - 1]], open_slices) if open_slices else []
@@ -207,13 +210,17 @@ def read_shard_look(folder: Path) -> dict[str, Any]:
 
 
 def scheduled_jobs(planned: pl.DataFrame, spec: Mapping[str, Any]) -> pl.DataFrame:
-    """The planned jobs a round scheduled up to ``spec``'s look: per slice, the cases of the look it was
-    decided at, or of ``spec['look']`` while open (``spec``: a ``shard-look.json``)."""
+    """The planned jobs a round scheduled up to ``spec``'s look: per gated slice, the cases of the look it
+    was decided at, or of ``spec['look']`` while open (``spec``: a ``shard-look.json``). Jobs outside the
+    gated slices (the short base lengths of NoLiMa's base score) are never scheduled by a look; a
+    ``shard-look.json`` written before it named its slices counts every planned slice."""
     look, order, counts = int(spec["look"]), list(spec["case_order"]), list(spec["cases"])
     until = {(int(d[0]), str(d[1])): int(d[2]) for d in spec.get("decided", [])}
+    gated = {(int(s[0]), str(s[1])) for s in spec["slices"]} if "slices" in spec else None
     rank = {c: i for i, c in enumerate(order)}
     mask = [
-        rank.get(str(c), len(order)) < counts[min(look, until.get((int(t), str(p)), look)) - 1]
+        (gated is None or (int(t), str(p)) in gated)
+        and rank.get(str(c), len(order)) < counts[min(look, until.get((int(t), str(p)), look)) - 1]
         for c, t, p in planned.select("case_id", "target_tokens", "position").iter_rows()
     ]
     return planned.filter(pl.Series(mask, dtype=pl.Boolean))

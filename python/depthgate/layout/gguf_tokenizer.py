@@ -764,10 +764,11 @@ def resolve_tokenizer_path(spec: str, *, base_dir: Path | None = None) -> Path:
         gguf = resolve_relative(target, base_dir) if target else gemma_default_gguf()
         return tokenizer_json_from_gguf(gguf)
     from depthgate.layout.model_files import is_model_reference, resolve_model_files
+    from depthgate.layout.whitespace_specials import whitespace_specials_as_text
 
     if is_model_reference(spec, base_dir=base_dir):
         # A model folder or hf:ORG/NAME@REV: its tokenizer.json with the BOS/EOS its config asks for.
-        return resolve_model_files(spec, base_dir=base_dir).tokenizer_file
+        return whitespace_specials_as_text(resolve_model_files(spec, base_dir=base_dir).tokenizer_file)
     path = resolve_relative(spec, base_dir)
     fix = "pass the path of a tokenizer.json (or .json.gz), a model folder, hf:ORG/NAME@REV, or 'gguf:' for "
     require_file(
@@ -786,5 +787,5 @@ def resolve_tokenizer_path(spec: str, *, base_dir: Path | None = None) -> Path:
                     fix="give a tokenizer.json, or a tokenizer.json.gz made with gzip",
                 ) from None
             _atomic_write_bytes(target_json, data)
-        return target_json
-    return path
+        return whitespace_specials_as_text(target_json)
+    return whitespace_specials_as_text(path)

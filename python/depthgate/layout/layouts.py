@@ -37,7 +37,7 @@ from depthgate.layout.conversation import (
     turn_columns,
 )
 from depthgate.layout.gguf_tokenizer import resolve_tokenizer_path
-from depthgate.layout.templates import ChatTemplate, Frame, chat_frame, raw_frame
+from depthgate.layout.templates import ChatTemplate, Frame, chat_frame, check_template_bos, raw_frame
 from depthgate.layout.tokenizer_errors import named_load_error
 from depthgate.spec.assemblers import assemble
 from depthgate.spec.cases import Case, Suite
@@ -611,6 +611,7 @@ def build_layouts(
     cases = [c for c in (suite.cases if isinstance(suite, Suite) else suite) if c.decisive]
     groups = _spacing_groups(options.positions)
     _check_build_inputs(cases, options, groups)
+    check_template_bos(options.template, tokenizer.bos_id)
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     tmp_dir = Path(tempfile.mkdtemp(prefix=".layouts-", dir=out_path.parent))

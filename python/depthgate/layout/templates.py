@@ -26,6 +26,7 @@ from typing import Any, NoReturn
 import jinja2
 import jinja2.exceptions
 import jinja2.ext
+import jinja2.meta
 import jinja2.nodes
 import jinja2.parser
 import jinja2.sandbox
@@ -39,6 +40,7 @@ __all__ = [
     "ChatTemplate",
     "Frame",
     "chat_frame",
+    "check_template_bos",
     "load_chat_template",
     "raw_frame",
 ]
@@ -184,6 +186,9 @@ class ChatTemplate:
     bos_token: str = ""
     eos_token: str = ""
     pinned_date: _dt.date = DEFAULT_PINNED_DATE
+    # Whether ``bos_token`` is the model's (given, or named by a config the template came with), not the
+    # empty default of a template found with no config: :func:`check_template_bos`.
+    bos_known: bool = True
     # Derived in __post_init__, never taken from the caller: it must identify the bytes we render.
     digest: str = dataclasses.field(init=False)
     _compiled: jinja2.Template = dataclasses.field(init=False, repr=False, compare=False)
@@ -200,6 +205,12 @@ class ChatTemplate:
                 fix="use the model's published chat template unmodified",
             ) from exc
         object.__setattr__(self, "_compiled", compiled)
+
+    @property
+    def uses_bos_token(self) -> bool:
+        """Whether the template writes ``bos_token`` anywhere (Llama-3.x and Gemma start with it)."""
+        ast = _build_environment(self.pinned_date).parse(self.source)
+        return "bos_token" in jinja2.meta.find_undeclared_variables(ast)
 
     def render(
         self,
@@ -311,20 +322,23 @@ def _select_template(value: object, path: Path) -> str:
     )
 
 
-def _sibling_tokens(directory: Path, *, skip: Path | None) -> tuple[str | None, str | None]:
-    """bos/eos from tokenizer_config.json, then special_tokens_map.json, next to the template."""
+def _sibling_tokens(directory: Path, *, skip: Path | None) -> tuple[str | None, str | None, bool]:
+    """bos/eos from tokenizer_config.json, then special_tokens_map.json, next to the template, and
+    whether either names a ``bos_token`` at all (null included: a model without BOS says so)."""
     bos: str | None = None
     eos: str | None = None
+    named = False
     for name in ("tokenizer_config.json", "special_tokens_map.json"):
         candidate = directory / name
         if not candidate.is_file() or (skip is not None and candidate.resolve() == skip.resolve()):
             continue
         data = _read_json_object(candidate)
+        named = named or "bos_token" in data
         if bos is None:
             bos = _token_string(data.get("bos_token"), path=candidate, name="bos_token")
         if eos is None:
             eos = _token_string(data.get("eos_token"), path=candidate, name="eos_token")
-    return bos, eos
+    return bos, eos, named
 
 
 def load_chat_template(
@@ -338,11 +352,14 @@ def load_chat_template(
 
     bos/eos come from, in order: the explicit arguments, the JSON file itself, a sibling
     ``tokenizer_config.json``, a sibling ``special_tokens_map.json``; otherwise they are empty strings
-    (a wrong BOS string would be as bad as a missing one, so nothing is guessed).
+    (a wrong BOS string would be as bad as a missing one, so nothing is guessed) and ``bos_known`` is
+    False: a template that writes ``bos_token`` is then refused at build unless the tokenizer adds the
+    BOS itself (:func:`check_template_bos`).
     """
     p = Path(path)
     file_bos: str | None = None
     file_eos: str | None = None
+    file_named = False
     if p.suffix.lower() == ".json":
         data = _read_json_object(p)
         if "chat_template" not in data:
@@ -355,10 +372,11 @@ def load_chat_template(
         source = _select_template(data["chat_template"], p)
         file_bos = _token_string(data.get("bos_token"), path=p, name="bos_token")
         file_eos = _token_string(data.get("eos_token"), path=p, name="eos_token")
-        sibling_bos, sibling_eos = _sibling_tokens(p.parent, skip=p)
+        file_named = "bos_token" in data
+        sibling_bos, sibling_eos, sibling_named = _sibling_tokens(p.parent, skip=p)
     else:
         source = _read_text(p)
-        sibling_bos, sibling_eos = _sibling_tokens(p.parent, skip=None)
+        sibling_bos, sibling_eos, sibling_named = _sibling_tokens(p.parent, skip=None)
 
     def pick(explicit: str | None, *found: str | None) -> str:
         if explicit is not None:
@@ -371,6 +389,27 @@ def load_chat_template(
         bos_token=pick(bos_token, file_bos, sibling_bos),
         eos_token=pick(eos_token, file_eos, sibling_eos),
         pinned_date=pinned_date,
+        bos_known=bos_token is not None or file_named or sibling_named,
+    )
+
+
+def check_template_bos(template: ChatTemplate | None, tokenizer_bos_id: int | None) -> None:
+    """Refuse a template that writes ``{{ bos_token }}`` when no BOS string is known (no
+    ``tokenizer_config.json`` or ``special_tokens_map.json`` came with it) and the tokenizer adds none
+    (``tokenizer_bos_id``: the id its post-processor puts first, None when it adds nothing): every
+    prompt would start without the model's BOS and nothing would say so (issue #37: Llama-3.1 and
+    Gemma-3 templates given as a bare file). A tokenizer whose post-processor adds the BOS is fine: the
+    frame renders no BOS and the tokenizer adds it (``add_special_tokens``)."""
+    if template is None or template.bos_known or tokenizer_bos_id is not None or not template.uses_bos_token:
+        return
+    raise TemplateError(
+        "the chat template writes {{ bos_token }} but no BOS is known: no tokenizer_config.json or "
+        "special_tokens_map.json naming bos_token came with the template, and the tokenizer's "
+        "post-processor adds none, so every prompt would start without the model's BOS",
+        file=template.path,
+        field="bos_token",
+        fix="put the model's tokenizer_config.json beside the template, or name the model folder (its "
+        "tokenizer.json, tokenizer_config.json and chat template) as tokenizer and chat_template",
     )
 
 

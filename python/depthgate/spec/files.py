@@ -9,10 +9,12 @@ own wording, so the messages the tests pin stay as they were.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import importlib
 import json
 import os
+import stat
 import tempfile
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -93,8 +95,29 @@ def require_file(path: Path, error: type[DepthgateError], message: str, **where:
     """Raise ``error(message, **where)`` unless ``path`` is a file: the one check before a file is
     opened. The error names ``path`` unless ``where`` names another file (e.g. the run folder)."""
     if not path.is_file():
+        what = _not_a_file(path)
         where.setdefault("file", str(path))
-        raise error(message, **where)
+        # Something is there but cannot be read as a file: name it, never "no <file>" (issue #37).
+        raise error(message if what is None else f"{path.name} is {what}, not a regular file", **where)
+
+
+def _not_a_file(path: Path) -> str | None:
+    """What stands at ``path`` when it is not a regular file, or None when nothing does."""
+    if not os.path.lexists(path):
+        return None
+    try:
+        mode = path.stat().st_mode
+    except OSError as exc:  # a symlink loop (ELOOP) or a link to nothing
+        target = "a symlink loop" if path.is_symlink() and exc.errno == errno.ELOOP else None
+        return target or f"a link or entry that cannot be followed ({exc.strerror})"
+    kinds = (
+        (stat.S_ISDIR, "a folder"),
+        (stat.S_ISCHR, "a character device (such as /dev/zero)"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISFIFO, "a named pipe"),
+        (stat.S_ISSOCK, "a socket"),
+    )
+    return next((name for test, name in kinds if test(mode)), "not a regular file")
 
 
 def read_json(path: Path, failures: ReadFailures) -> Any:
