@@ -112,7 +112,7 @@ def test_a_worker_killed_mid_run_is_exit_30_then_the_rerun_resumes_to_the_same_v
     assert proc.returncode == ExitCode.INFRA, err
     assert f"pid {killed}) died by {sig.name}" in err, err
     assert "request in flight: layout " in err and "arm baseline" in err, err
-    assert "stopped sending on arm 'baseline'" in err, err
+    assert "circuit open on arm 'baseline', stopped sending: " in err, err
     assert "Traceback" not in err, err
     # the run wrote its reports and says INFRA, naming the crash
     verdict = read_verdict(out)

@@ -3,7 +3,7 @@ the arm's build options, and absent from the digest of single-slot matrices (the
 
 from __future__ import annotations
 
-import dataclasses
+import json
 from pathlib import Path
 
 import polars as pl
@@ -23,10 +23,22 @@ CONVERSATION = ROOT / "matrices" / "conversation-embedded.toml"
 SINGLE = ROOT / "matrices" / "template-upgrade-embedded.toml"
 
 
-def test_conversation_matrix_loads_and_builds_conversations() -> None:
+def _with_config(template: Path, folder: Path, bos: str, eos: str | None = None) -> Path:
+    """``template`` copied into ``folder`` beside a tokenizer_config.json naming its BOS (a template that
+    writes {{ bos_token }} with no BOS known is refused: issue #37)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    copy = folder / template.name
+    copy.write_text(template.read_text(encoding="utf-8"), encoding="utf-8")
+    config = {"bos_token": bos, **({"eos_token": eos} if eos is not None else {})}
+    (folder / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
+    return copy
+
+
+def test_conversation_matrix_loads_and_builds_conversations(tmp_path: Path) -> None:
     matrix = load_matrix(CONVERSATION)
     assert matrix.shape == "conversation" and matrix.turns == 5
-    template = ROOT / "matrices" / "templates" / "gemma-turns.jinja"
+    # SmolLM's tokenizer under the Gemma turn template: the BOS the template writes is named beside it
+    template = _with_config(ROOT / "matrices" / "templates" / "gemma-turns.jinja", tmp_path, "<|endoftext|>")
     system = matrix.baseline.model_copy(
         update={
             "tokenizer": str(ROOT / "tests/fixtures/tokenizers/smollm/tokenizer.json.gz"),
@@ -100,16 +112,12 @@ def test_a_matrix_places_evidence_by_turn(
     path.write_text(text, encoding="utf-8")
     matrix = load_matrix(path)
     assert matrix.position_values() == ["@turn:1", "@turn:2", "@turn:4", "@turn:5", "0.5"]
+    if bos is not None:  # the model's BOS and EOS, named beside the template as a model folder has them
+        template = _with_config(template, tmp_path / "template", bos, eos)
     system = matrix.baseline.model_copy(
         update={"tokenizer": str(TOK / family / "tokenizer.json"), "chat_template": str(template)}
     )
     setup = arm_setup("baseline", system, path.parent)
-    if bos or eos:
-        from depthgate.layout.templates import load_chat_template
-
-        setup = dataclasses.replace(
-            setup, template=load_chat_template(template, bos_token=bos, eos_token=eos)
-        )
     options = setup.build_options(matrix, "full", base_lengths=False)
     out = tmp_path / "layouts.parquet"
     build_layouts(builtin_suite(3), setup.tokenizer, options, out)

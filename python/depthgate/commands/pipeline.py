@@ -235,7 +235,7 @@ def _send(
             f"{options.retry.breaker_after} consecutive transient failures"
         )
         print(
-            f"depthgate: stopped sending on arm {summary.circuit_open!r}: {why} "
+            f"depthgate: circuit open on arm {summary.circuit_open!r}, stopped sending: {why} "
             f"({summary.written} records written, the rest are re-sent by a rerun of the same folder)",
             file=sys.stderr,
         )
