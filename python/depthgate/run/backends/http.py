@@ -59,6 +59,7 @@ from depthgate.exceptions import (
     BackendError,
     BackendRequestError,
     InputError,
+    MalformedAnswerError,
     OverLengthError,
     TransientBackendError,
 )
@@ -82,6 +83,7 @@ from depthgate.run.backends.http_wire import (
     normalize_base_url,
     retry_after_seconds,
     same_ids,
+    server_excerpt,
     text_of,
 )
 
@@ -165,6 +167,20 @@ class PerLoop(Generic[_T]):
         if self._value is None or self._loop is not loop:
             self._value, self._loop = self._make(), loop
         return self._value
+
+
+def _prompt_text(payload: Mapping[str, Any] | None) -> str | None:
+    """The prompt text a request body carries (a text ``prompt``, or its messages' contents), to be kept
+    out of an excerpt of the answer."""
+    if not payload:
+        return None
+    prompt = payload.get("prompt")
+    if isinstance(prompt, str):
+        return prompt
+    messages = payload.get("messages")
+    if isinstance(messages, list):
+        return "\n".join(str(m.get("content")) for m in messages if isinstance(m, Mapping)) or None
+    return None
 
 
 class HTTPBackendArgs(TypedDict, total=False):
@@ -312,10 +328,13 @@ class HTTPBackend:
             decoded = None
         if 200 <= status < 300:
             if decoded is None:
-                raise TransientBackendError(
-                    f"{where} returned HTTP {status} without a JSON body",
+                excerpt = self._redact(server_excerpt(None, raw, _prompt_text(payload)))
+                raise MalformedAnswerError(
+                    f"{where} returned HTTP {status} without a JSON body (the server said: {excerpt!r})",
                     summary=f"HTTP {status} non-JSON: {where}",
                     status=status,
+                    excerpt=excerpt,
+                    fix="check what answers at this URL (a proxy's or gateway's page is not the server)",
                 )
             return decoded
         message = self._message(decoded, raw)
@@ -375,6 +394,23 @@ class HTTPBackend:
             f"{where} returned a response without {what}", fix="check the server's API version"
         )
 
+    def _malformed_answer(
+        self, where: str, what: str, body: Any, request: Request | None, reason: str = "malformed_answer"
+    ) -> MalformedAnswerError:
+        """A 2xx answer that is not the model's (issue #37, item 2): ``reason`` names it, ``what`` says
+        what is wrong, the excerpt keeps the server's own words (key redacted, prompt removed)."""
+        prompt = request.text if request is not None else None
+        excerpt = self._redact(server_excerpt(body, None, prompt))
+        return MalformedAnswerError(
+            f"{where} answered 200 with {what}: not the model's answer ({reason}; the server said: "
+            f"{excerpt!r})",
+            summary=f"{reason}: {what}",
+            reason=reason,
+            excerpt=excerpt,
+            fix="check the server or gateway in front of the model (its logs at this time); the run "
+            "retries such an answer and records it as a serving failure, never as the model's",
+        )
+
 
 class OpenAIShapedBackend(HTTPBackend):
     """What the OpenAI-shaped APIs share: a bearer key, answers with ``choices`` and ``usage``."""
@@ -385,13 +421,47 @@ class OpenAIShapedBackend(HTTPBackend):
             headers["Authorization"] = f"Bearer {self._api_key.reveal()}"
         return headers
 
-    def _first_choice(self, body: Any, path: str) -> tuple[Mapping[str, Any], Mapping[str, Any]]:
-        """The first choice and the ``usage`` (empty when absent) of the answer to ``POST path``."""
+    def _first_choice(
+        self, body: Any, path: str, request: Request | None = None
+    ) -> tuple[Mapping[str, Any], Mapping[str, Any]]:
+        """The first choice and the ``usage`` (empty when absent) of the answer to ``POST path``; an
+        answer without one is a :class:`MalformedAnswerError` (``malformed_answer``)."""
         choices = body.get("choices") if isinstance(body, Mapping) else None
         if not isinstance(choices, list) or not choices or not isinstance(choices[0], Mapping):
-            raise self._malformed(f"POST {self.base_url}{path}", "choices")
+            raise self._malformed_answer(f"POST {self.base_url}{path}", "no 'choices'", body, request)
         usage = body.get("usage") if isinstance(body.get("usage"), Mapping) else {}
         return choices[0], usage
+
+    def _verify_answer(
+        self,
+        body: Any,
+        usage: Mapping[str, Any],
+        choice: Mapping[str, Any],
+        text: str,
+        path: str,
+        request: Request,
+    ) -> None:
+        """Refuse an answer that contradicts itself (issue #37, item 2): zero tokens generated
+        (``empty_completion``: a model that stops at once still generates its end token), text beside
+        ``completion_tokens: 0``, negative counts, or generated ids (vLLM's ``token_ids``) of another
+        number than ``completion_tokens``."""
+        where = f"POST {self.base_url}{path}"
+        counts = {k: int_or_none(usage.get(k)) for k in ("prompt_tokens", "completion_tokens")}
+        completion = counts["completion_tokens"]
+        negative = [k for k, v in counts.items() if v is not None and v < 0]
+        generated = choice.get("token_ids")
+        what: str | None = None
+        if negative:
+            what = f"a negative usage.{negative[0]}"
+        elif completion == 0 and text:
+            what = f"{len(text)} characters of text but usage.completion_tokens 0"
+        elif completion == 0:
+            what = "no generated token (empty text, usage.completion_tokens 0)"
+            raise self._malformed_answer(where, what, body, request, reason="empty_completion")
+        elif isinstance(generated, list) and completion is not None and len(generated) != completion:
+            what = f"{len(generated)} generated token ids but usage.completion_tokens {completion}"
+        if what is not None:
+            raise self._malformed_answer(where, what, body, request)
 
     @staticmethod
     def _response(
@@ -573,7 +643,12 @@ class OpenAICompletionsBackend(OpenAIShapedBackend):
         return self._parse(body, request)
 
     def _parse(self, body: Any, request: Request) -> Response:
-        choice, usage = self._first_choice(body, "/v1/completions")
+        choice, usage = self._first_choice(body, "/v1/completions", request)
+        text = choice.get("text")
+        if not isinstance(text, str):
+            what = "no 'text' in its choice" if text is None else f"a {type(text).__name__} as its text"
+            raise self._malformed_answer(f"POST {self.base_url}/v1/completions", what, body, request)
+        self._verify_answer(body, usage, choice, text, "/v1/completions", request)
         echoed = choice.get("prompt_token_ids", body.get("prompt_token_ids"))
         match: bool | None = None
         if isinstance(echoed, list) and request.token_ids is not None:
@@ -586,7 +661,7 @@ class OpenAICompletionsBackend(OpenAIShapedBackend):
         return self._response(
             body,
             usage,
-            text=str(choice.get("text") or ""),
+            text=text,
             finish_reason=choice.get("finish_reason"),
             extra=extra,
             server_prompt_ids_match=match,
