@@ -524,6 +524,10 @@ class OpenAICompletionsBackend(OpenAIShapedBackend):
         self._probe_lock = PerLoop(asyncio.Lock)
         self._served_window: int | None = None
         self.served_models: list[str] = []
+        #: The index (in :meth:`_tokenize_routes`) of the route that answered, once one has.
+        self._tokenize_route: int | None = None
+        #: What each tokenizer route answered when none of them is on the server.
+        self.tokenize_tried: tuple[str, ...] = ()
 
     @property
     def window(self) -> int | None:
@@ -565,36 +569,56 @@ class OpenAICompletionsBackend(OpenAIShapedBackend):
         self._probed = True
         return dict(card or {})
 
+    def _tokenize_routes(self, text: str, add_special_tokens: bool) -> list[tuple[str, dict[str, Any], bool]]:
+        """Every tokenizer route a server of this kind may have, the likeliest first: (path, body, whether
+        the route adds special tokens). vLLM's ``/tokenize`` (also behind ``/v1``), llama.cpp's
+        ``llama-server`` ``/tokenize`` (``content``, ``add_special``, ``parse_special``), llama-cpp-python's
+        ``/extras/tokenize`` (always adds BOS and parses special tokens: what it does to a text prompt)."""
+        vllm_body = {"model": self.model, "prompt": text, "add_special_tokens": add_special_tokens}
+        llama_body = {"content": text, "add_special": add_special_tokens, "parse_special": True}
+        extras = ("/extras/tokenize", {"input": text, "model": self.model}, True)
+        vllm = [("/tokenize", vllm_body, add_special_tokens), ("/v1/tokenize", vllm_body, add_special_tokens)]
+        llama = [("/tokenize", llama_body, add_special_tokens)]
+        return [*vllm, extras, *llama] if self.vllm else [*llama, extras, *vllm]
+
     async def server_tokenize(
         self, text: str, *, add_special_tokens: bool
     ) -> tuple[list[int], str, bool] | None:
         """The server's own ids for ``text``, the route that gave them and whether that route adds special
-        tokens (BOS …), or ``None`` when it offers no tokenizer route. vLLM: ``POST /tokenize``
-        (``add_special_tokens`` as asked); llama.cpp's ``llama-server``: ``POST /tokenize`` (``content``,
-        ``add_special``, ``parse_special``); llama-cpp-python: ``POST /extras/tokenize`` (always adds BOS
-        and parses special tokens: what it does to a text prompt)."""
-        routes: list[tuple[str, dict[str, Any], bool]] = []
-        if self.vllm:
-            payload = {"model": self.model, "prompt": text, "add_special_tokens": add_special_tokens}
-            routes.append(("/tokenize", payload, add_special_tokens))
-        else:
-            payload = {"content": text, "add_special": add_special_tokens, "parse_special": True}
-            routes.append(("/tokenize", payload, add_special_tokens))
-            routes.append(("/extras/tokenize", {"input": text, "model": self.model}, True))
-        for path, body_out, specials in routes:
+        tokens (BOS …), or ``None`` when it offers none of :meth:`_tokenize_routes` (each answered 404 or
+        405, or refused the other dialect's body with 400/422; :attr:`tokenize_tried` says what each
+        answered). The route that answered is kept for the next calls. One attempt per route: a failure
+        worth retrying raises :class:`TransientBackendError`, an answer without a token list
+        :class:`MalformedAnswerError` (the caller, :mod:`depthgate.run.parity`, retries both)."""
+        routes = list(enumerate(self._tokenize_routes(text, add_special_tokens)))
+        if self._tokenize_route is not None:
+            routes = [routes[self._tokenize_route]]
+        tried: list[str] = []
+        for index, (path, body_out, specials) in routes:
             try:
                 body = await self._call("POST", path, body_out)
             except BackendRequestError as exc:
-                if exc.status in (404, 405):  # no such route on this server: try the next
+                if exc.status in (400, 404, 405, 422) and self._tokenize_route is None:
+                    tried.append(f"{path} HTTP {exc.status}")  # not here, or another server's dialect
                     continue
                 raise
             tokens = body.get("tokens") if isinstance(body, Mapping) else None
-            if isinstance(tokens, list) and all(isinstance(t, int) for t in tokens):
-                return [int(t) for t in tokens], path, specials
+            ids: list[int] | None = None
+            if isinstance(tokens, list) and all(
+                isinstance(t, int) and not isinstance(t, bool) for t in tokens
+            ):
+                ids = [int(t) for t in tokens]
             # llama-server answers pieces with ids when asked (with_pieces); take the ids.
-            if isinstance(tokens, list) and all(isinstance(t, Mapping) and "id" in t for t in tokens):
-                return [int(t["id"]) for t in tokens], path, specials
-            raise self._malformed(f"POST {self.base_url}{path}", "a token list ('tokens')")
+            elif isinstance(tokens, list) and all(isinstance(t, Mapping) and "id" in t for t in tokens):
+                ids = [int(t["id"]) for t in tokens]
+            if ids is None:
+                what = (
+                    "no token list ('tokens')" if tokens is None else "a 'tokens' that is not a list of ids"
+                )
+                raise self._malformed_answer(f"POST {self.base_url}{path}", what, body, None)
+            self._tokenize_route = index
+            return ids, path, specials
+        self.tokenize_tried = tuple(tried)
         return None
 
     async def _ensure_probed(self) -> None:
