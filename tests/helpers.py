@@ -58,7 +58,7 @@ class JSONHandler(BaseHTTPRequestHandler):
     # The tokenizer routes a real server may offer (vLLM, llama.cpp): a stub that does not implement them
     # answers 404 there, as an OpenAI-compatible server without them does (depthgate then records the
     # tokenizer parity check as "not checked"), instead of treating the call as a completion.
-    tokenizer_routes: tuple[str, ...] = ("/tokenize", "/extras/tokenize")
+    tokenizer_routes: tuple[str, ...] = ("/tokenize", "/v1/tokenize", "/extras/tokenize")
     serves_tokenize = False
 
     def parse_request(self) -> bool:

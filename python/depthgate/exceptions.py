@@ -174,6 +174,30 @@ class TransientBackendError(RequestFailure, BackendError):
         self.failover = failover
 
 
+class MalformedAnswerError(TransientBackendError):
+    """A 2xx answer that is not the model's: no ``choices`` or no ``text``, zero generated tokens, a body
+    that contradicts its own ``usage`` counts, or no JSON at all (issue #37, item 2). ``reason`` names it
+    as a serving failure (``malformed_answer``, ``empty_completion``); ``excerpt`` is a short excerpt of
+    the server's own words, safe for records (the API key redacted, the prompt and its ids removed:
+    :func:`depthgate.run.backends.http_wire.server_excerpt`).
+
+    Retried with the run's policy (a gateway's glitch passes) without feeding the circuit breaker (the
+    server answers); still so after the last try, the job is recorded ``system_fail`` with ``reason``
+    and the excerpt in ``error``, never scored as the model's answer and never lost data (INFRA)."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        reason: str = "malformed_answer",
+        excerpt: str = "",
+        **facts: Unpack[RequestFacts],
+    ) -> None:
+        super().__init__(message, **facts)
+        self.reason = reason
+        self.excerpt = excerpt
+
+
 class EngineCrashError(RequestFailure, BackendError):
     """The engine's worker process died (by a signal: ``SIGILL``, ``SIGSEGV``, ``SIGKILL`` …, or an exit)
     while loading the model or answering a request (:mod:`depthgate.run.backends.llamacpp_worker`).
@@ -234,6 +258,7 @@ __all__ = [
     "ExitCode",
     "InfraError",
     "InputError",
+    "MalformedAnswerError",
     "OverLengthError",
     "PlanChangedError",
     "RequestFacts",

@@ -328,6 +328,11 @@ def _write_inputs(root: Path, good_layouts: Path) -> dict[str, str]:
         ("m_tolerance_nan", "count_tolerance = nan"),
         ("m_connections_huge", "max_connections = 1000000000000"),
         ("m_concurrency_huge", "concurrency = 1000000000000"),
+        # issue #37, item 1: what a tokenize route that fails means, one of three names
+        ("m_parity_unknown", 'tokenizer_parity = "sometimes"'),
+        ("m_parity_bool", "tokenizer_parity = false"),
+        ("m_parity_case", 'tokenizer_parity = "Required"'),
+        ("m_parity_list", 'tokenizer_parity = ["required"]'),
     ):
         w[key] = put(key.replace("_", "-") + ".toml", matrix_text(candidate_extra=runtime + line))
     w["m_margin_inf"] = variant("m-margin-inf.toml", "margin = 0.20", "margin = inf")

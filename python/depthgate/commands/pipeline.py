@@ -132,8 +132,10 @@ def _prepare_arm(
     # disagree are refused, exit 20), so the pre-send gate below checks the served window.
     asyncio.run(probe_backend(backend))
     # The server's own tokenizer on built prompts, before anything is sent (exit 22 on a
-    # difference): a sample for id arms, every prompt for text arms.
-    for line in summary_lines(verify_arm(a.arm, backend, layout_path, out / a.arm, a.tokenizer)):
+    # difference; a route that fails refuses per runtime.tokenizer_parity): a sample for id arms,
+    # every prompt for text arms.
+    policy = a.system.runtime.tokenizer_parity
+    for line in summary_lines(verify_arm(a.arm, backend, layout_path, out / a.arm, a.tokenizer, policy)):
         print(line, file=sys.stderr)
     note_endpoints(a.arm, backend, concurrency)
     # The pre-send gate: built under this system's tokenizer, Rust pre-send checks against

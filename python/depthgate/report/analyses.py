@@ -7,10 +7,12 @@ from __future__ import annotations
 from depthgate.report.controls import controls_section
 from depthgate.report.document import Analysis, AnalysisContext, Section
 from depthgate.report.noise import noise_floor_section
+from depthgate.report.parity import parity_section
 from depthgate.report.position import position_section
 from depthgate.report.sequential import sequential_section
 
 ANALYSES: tuple[Analysis, ...] = (
+    parity_section,
     sequential_section,
     controls_section,
     position_section,

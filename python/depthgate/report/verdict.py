@@ -174,6 +174,9 @@ class VerdictDocument(StrictModel):
     # The serving-path checks that ran (depthgate.judge.serving: "canaries" …), by name; left out of the
     # file when none ran.
     serving_checks: dict[str, Any] | None = None
+    # Tokenizer parity per arm (depthgate.report.parity, issue #37): checked, or not and why; left out
+    # of the file for a run whose arms were not checked against a server (embedded engines).
+    tokenizer_parity: dict[str, Any] | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> VerdictDocument:
@@ -362,7 +365,7 @@ def verdict_data(verdict: VerdictDocument) -> dict[str, Any]:
     """The document as written: ``serving_checks`` left out when none ran, ``sequential`` when the plan
     is not sequential (files as before them)."""
     data = verdict.model_dump(mode="json")
-    for name in ("serving_checks", "sequential"):
+    for name in ("serving_checks", "sequential", "tokenizer_parity"):
         if data.get(name) is None:
             data.pop(name, None)
     return data

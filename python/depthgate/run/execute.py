@@ -22,6 +22,7 @@ from depthgate.exceptions import (
     BackendRequestError,
     EngineCrashError,
     InfraError,
+    MalformedAnswerError,
     OverLengthError,
     TransientBackendError,
 )
@@ -184,6 +185,34 @@ class JobRunner:
             **{column: getattr(resp, column) for column in _RESPONSE_COLUMNS},
         )
 
+    def _unanswered(
+        self, job: Job, last: InfraError | None, attempts: int, failed: Sequence[str]
+    ) -> dict[str, Any]:
+        """The record of a job whose tries all failed. The last one got an answer that is not the
+        model's (issue #37, item 2): a system failure named by it (``malformed_answer``,
+        ``empty_completion``) with the server's own words (a safe excerpt) in ``error``, never scored as
+        the model's answer, never lost data. Else ``infra_error`` (re-run on resume)."""
+        if isinstance(last, MalformedAnswerError):
+            said = f"; the server said: {last.excerpt}" if last.excerpt else ""
+            return self.record(
+                job,
+                "system_fail",
+                system_fail_reason=last.reason,
+                attempts=attempts,
+                error=f"{last.summary}{said}"[:400],
+                endpoint=last.endpoint or (failed[-1] if failed else None),
+                failed=failed,
+            )
+        summary = getattr(last, "summary", None) or (type(last).__name__ if last else "unknown")
+        return self.record(
+            job,
+            "infra_error",
+            attempts=attempts,
+            error=str(summary)[:300],
+            endpoint=failed[-1] if failed else None,
+            failed=failed,
+        )
+
     async def execute(self, job: Job) -> dict[str, Any]:
         """Send one job; retry transient failures; return its record. Raises only for a refusal the
         caller must fix (:class:`BackendRequestError`) or a bug.
@@ -245,7 +274,8 @@ class JobRunner:
                     )
                     continue
                 tries += 1
-                self.breaker.failure(job.arm)
+                if not isinstance(exc, MalformedAnswerError):  # a server that answers is not down
+                    self.breaker.failure(job.arm)
                 log.warning(
                     "transient failure on %s layout %s seed %d (attempt %d/%d): %s",
                     job.arm,
@@ -274,12 +304,4 @@ class JobRunner:
                 break
             self.breaker.success(job.arm)
             return self._check(job, resp, time.perf_counter() - start, attempts + 1, failed)
-        summary = getattr(last, "summary", None) or (type(last).__name__ if last else "unknown")
-        return self.record(
-            job,
-            "infra_error",
-            attempts=attempts,
-            error=str(summary)[:300],
-            endpoint=failed[-1] if failed else None,
-            failed=failed,
-        )
+        return self._unanswered(job, last, attempts, failed)

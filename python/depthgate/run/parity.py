@@ -22,12 +22,26 @@ What is compared:
   add_special_tokens=False)`` (a route that always adds them, like llama-cpp-python's, against
   ``encode(text, add_special_tokens=True)``).
 
-A server with no tokenizer route is recorded as "not checked" (the per-request count and echo checks
-still run); an endpoint that cannot be reached is left to the run's retries, as the probe does.
+Every route the servers have is tried (``/tokenize`` in vLLM's and llama-server's dialects,
+``/v1/tokenize``, ``/extras/tokenize``) before the server is said to have none. A call that fails, hangs
+or answers garbage (HTTP 5xx, a timeout, HTML, JSON without ``tokens``) is retried
+(:data:`ATTEMPTS` tries). What happens when parity still cannot be checked is the arm's
+``runtime.tokenizer_parity`` (issue #37, item 1):
+
+* ``"refuse_on_failure"`` (the default): a route that still fails refuses the run (exit 30, nothing
+  sent); a server with no tokenize route runs with parity "not checked";
+* ``"required"``: that too refuses (exit 22: the served tokenizer cannot be proven);
+* ``"best_effort"``: the run goes on with parity "not checked" and the reason.
+
+An endpoint that does not answer at all (connection refused) is left to the run's retries and circuit
+breaker, as the probe does, unless parity is ``"required"``. Whatever happened is in the arm's
+``tokenizer_parity.json``, on the console, and in verdict.json, summary.md and junit.xml
+(:mod:`depthgate.report.parity`); the per-request count and echo checks run either way.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
@@ -36,13 +50,25 @@ from typing import Any, Protocol
 
 import polars as pl
 
-from depthgate.exceptions import TokenizerMismatchError, TransientBackendError
+from depthgate.exceptions import InfraError, TokenizerMismatchError, TransientBackendError
 from depthgate.run.backends.base import Backend
 from depthgate.spec.limits import summarise_urls
 
-__all__ = ["PARITY_FILE", "ParityReport", "check_parity", "sample_rows", "summary_lines", "verify_arm"]
+__all__ = [
+    "PARITY_FILE",
+    "ParityReport",
+    "check_parity",
+    "refuse_unchecked",
+    "sample_rows",
+    "summary_lines",
+    "verify_arm",
+]
 
 PARITY_FILE = "tokenizer_parity.json"
+ATTEMPTS = 3
+"""Tries per tokenize call before it counts as failed (backoff 0.5 s, then 1 s)."""
+BACKOFF_S = 0.5
+DEFAULT_POLICY = "refuse_on_failure"
 SAMPLE_SIZE = 8
 """Prompts checked per endpoint for a token-id arm: one tokenize call each (≈ 10–40 ms for 1–2K tokens on
 vLLM CPU, measured 2026-12-03), spread over the layouts' lengths and positions."""
@@ -59,12 +85,23 @@ class ParityReport:
     """``"sample"`` (token-id arms) or ``"every prompt"`` (text arms)."""
     unreachable: bool = False
     """Not checked because the endpoint did not answer (the run's retries and breaker decide)."""
+    status: str = "checked"
+    """``checked``, ``no_route`` (every route 404/405, or another dialect), ``failed`` (a route that
+    failed, hung or answered garbage on every try) or ``unreachable``."""
+    reason: str | None = None
+    """Why not checked: the routes tried and their answers, or the last failure."""
+    policy: str = DEFAULT_POLICY
+    """The arm's ``runtime.tokenizer_parity`` that decided what happened."""
 
     def outcome(self) -> str:
-        if self.unreachable:
-            return "not checked (unreachable: the run's retries decide)"
-        if self.route is None:
-            return "not checked (the server has no tokenize route)"
+        why = f": {self.reason}" if self.reason else ""
+        if self.status == "unreachable":
+            return f"not checked (unreachable, the run's retries decide{why})"
+        if self.status == "no_route":
+            return f"not checked (the server has no tokenize route{why})"
+        if self.status == "failed":
+            done = f"{self.checked} prompt(s) identical, then " if self.checked else ""
+            return f"not checked ({done}the tokenize route failed {ATTEMPTS} tries{why})"
         return f"{self.checked} prompt(s) ({self.scope}) tokenized identically by {self.route}"
 
     def line(self) -> str:
@@ -125,65 +162,153 @@ class _Encoder(Protocol):
     def encode(self, text: str, *, add_special_tokens: bool = False) -> Any: ...
 
 
+def _unreachable(exc: TransientBackendError) -> bool:
+    """No server answered at all (connection refused, DNS): the run's retries and breaker decide."""
+    return exc.status is None and str(exc.summary).startswith(("unreachable", "all "))
+
+
+async def _tokenize(target: Any, text: str, specials: bool) -> tuple[list[int], str, bool] | None:
+    """``target.server_tokenize`` with :data:`ATTEMPTS` tries for a failure worth retrying (5xx, a
+    timeout, a non-JSON or token-less answer); an endpoint that does not answer at all is not retried."""
+    for attempt in range(1, ATTEMPTS + 1):
+        try:
+            answer: tuple[list[int], str, bool] | None = await target.server_tokenize(
+                text, add_special_tokens=specials
+            )
+            return answer
+        except TransientBackendError as exc:
+            if attempt == ATTEMPTS or _unreachable(exc):
+                raise
+            await asyncio.sleep(BACKOFF_S * 2 ** (attempt - 1))
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _mismatch(
+    arm: str,
+    label: str,
+    route: str,
+    row: dict[str, Any],
+    ours: list[int],
+    theirs: list[int],
+    every_prompt: bool,
+) -> TokenizerMismatchError:
+    at = _first_difference(ours, theirs)
+    what = "the prompt as sent" if every_prompt else "the prompt text (without special tokens)"
+    return TokenizerMismatchError(
+        f"arm {arm!r}: the server at {label} ({route}) tokenizes layout {row['layout_id'][:16]} "
+        f"differently from depthgate: {what} first differs at token {at} of {len(ours)} "
+        f"(depthgate {_window(ours, at)} vs server {_window(theirs, at)} from position "
+        f"{max(0, at - 3)}; the server made {len(theirs)} tokens); nothing was sent",
+        field=f"{arm}.tokenizer",
+        fix="name the served model's own tokenizer (its folder or hf:ORG/NAME@REV) as the arm's "
+        "tokenizer, or serve the model with the tokenizer the layouts were built with"
+        + ("; a text arm whose server adds no BOS: send token ids instead" if every_prompt else ""),
+    )
+
+
+async def _check_endpoint(
+    arm: str,
+    label: str,
+    target: Any,
+    rows: pl.DataFrame,
+    *,
+    every_prompt: bool,
+    tokenizer: _Encoder,
+    policy: str,
+) -> ParityReport:
+    """One endpoint's :class:`ParityReport` (raises :class:`TokenizerMismatchError` on a difference)."""
+    route: str | None = None
+    checked = 0
+    status, reason = "checked", None
+    for row in _rows(rows):
+        text = row["text"]
+        try:
+            # A text arm: what the server does to a text prompt (special tokens added). An id arm:
+            # the content only, since the specials are in the ids sent.
+            answer = await _tokenize(target, text, every_prompt)
+        except TransientBackendError as exc:
+            status = "unreachable" if _unreachable(exc) else "failed"
+            reason = str(exc.summary)[:300]
+            break
+        if answer is None:
+            status = "no_route"
+            reason = "tried " + ", ".join(getattr(target, "tokenize_tried", ()) or ("every route",))
+            break
+        theirs, route, specials = answer
+        if every_prompt:
+            ours = [int(t) for t in row["token_ids"]]
+        else:
+            ours = [int(t) for t in tokenizer.encode(text, add_special_tokens=specials)]
+        if theirs != ours:
+            raise _mismatch(arm, label, route, row, ours, theirs, every_prompt)
+        checked += 1
+    scope = "every prompt" if every_prompt else "sample"
+    return ParityReport(
+        arm=arm,
+        endpoint=label,
+        route=route if status == "checked" else None,
+        checked=checked,
+        scope=scope,
+        unreachable=status == "unreachable",
+        status=status,
+        reason=reason,
+        policy=policy,
+    )
+
+
+def refuse_unchecked(report: ParityReport) -> None:
+    """Refuse the run when ``report``'s arm may not run with it (see the module docstring): exit 22 for
+    a server without a tokenize route under ``"required"``, exit 30 for one whose route failed."""
+    refuse = (report.status == "failed" and report.policy != "best_effort") or (
+        report.status in ("no_route", "unreachable") and report.policy == "required"
+    )
+    if not refuse:
+        return
+    where = f"arm {report.arm!r}: tokenizer parity at {report.endpoint}: {report.outcome()}"
+    field = f"{report.arm}.runtime.tokenizer_parity"
+    if report.status == "no_route":
+        raise TokenizerMismatchError(
+            f"{where}; tokenizer_parity = 'required', so the served tokenizer cannot be proven and nothing "
+            "was sent",
+            field=field,
+            fix="serve the model from a server with a tokenize route (vLLM, llama-server, "
+            "llama-cpp-python), or set tokenizer_parity = 'refuse_on_failure' to run without the check",
+        )
+    raise InfraError(
+        f"{where}; tokenizer_parity = {report.policy!r}, so nothing was sent",
+        field=field,
+        fix="check the server's tokenize route (its logs; a proxy in front of it) and rerun; to run "
+        "without the check, set tokenizer_parity = 'best_effort' in this arm's runtime block",
+    )
+
+
 async def check_parity(
-    arm: str, backend: Backend, rows: pl.DataFrame, *, every_prompt: bool, tokenizer: _Encoder
+    arm: str,
+    backend: Backend,
+    rows: pl.DataFrame,
+    *,
+    every_prompt: bool,
+    tokenizer: _Encoder,
+    policy: str = DEFAULT_POLICY,
 ) -> list[ParityReport]:
     """Ask every endpoint of ``backend`` to tokenize ``rows`` (columns ``layout_id``, ``text``,
     ``token_ids``, ``add_special_tokens``) and compare with depthgate's ids (see the module docstring;
-    ``every_prompt``: the arm sends text). Raises :class:`TokenizerMismatchError` on the first
-    difference."""
-    reports: list[ParityReport] = []
-    scope = "every prompt" if every_prompt else "sample"
-    for label, target in _targets(backend):
-        route: str | None = None
-        checked = 0
-        unreachable = False
-        for row in _rows(rows):
-            text = row["text"]
-            try:
-                # A text arm: what the server does to a text prompt (special tokens added). An id arm:
-                # the content only, since the specials are in the ids sent.
-                answer = await target.server_tokenize(text, add_special_tokens=every_prompt)
-            except TransientBackendError:
-                unreachable = checked == 0
-                break  # unreachable: the run's retries and breaker decide, as for the probe
-            if answer is None:
-                break
-            theirs, route, specials = answer
-            if every_prompt:
-                ours = [int(t) for t in row["token_ids"]]
-            else:
-                ours = [int(t) for t in tokenizer.encode(text, add_special_tokens=specials)]
-            if theirs != ours:
-                at = _first_difference(ours, theirs)
-                what = "the prompt as sent" if every_prompt else "the prompt text (without special tokens)"
-                raise TokenizerMismatchError(
-                    f"arm {arm!r}: the server at {label} ({route}) tokenizes layout {row['layout_id'][:16]} "
-                    f"differently from depthgate: {what} first differs at token {at} of {len(ours)} "
-                    f"(depthgate {_window(ours, at)} vs server {_window(theirs, at)} from position "
-                    f"{max(0, at - 3)}; the server made {len(theirs)} tokens); nothing was sent",
-                    field=f"{arm}.tokenizer",
-                    fix="name the served model's own tokenizer (its folder or hf:ORG/NAME@REV) as the arm's "
-                    "tokenizer, or serve the model with the tokenizer the layouts were built with"
-                    + (
-                        "; a text arm whose server adds no BOS: send token ids instead"
-                        if every_prompt
-                        else ""
-                    ),
-                )
-            checked += 1
-        reports.append(
-            ParityReport(
-                arm=arm, endpoint=label, route=route, checked=checked, scope=scope, unreachable=unreachable
-            )
+    ``every_prompt``: the arm sends text; ``policy``: the arm's ``runtime.tokenizer_parity``). Raises
+    :class:`TokenizerMismatchError` on the first difference; what an endpoint that could not be checked
+    means is :func:`refuse_unchecked`'s (the caller's) to decide."""
+    return [
+        await _check_endpoint(
+            arm, label, target, rows, every_prompt=every_prompt, tokenizer=tokenizer, policy=policy
         )
-    return reports
+        for label, target in _targets(backend)
+    ]
 
 
 def write_reports(reports: Sequence[ParityReport], path: Path) -> None:
     """``RUN/<arm>/tokenizer_parity.json``: what was checked, for the run folder's record."""
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps([asdict(r) for r in reports], indent=2), encoding="utf-8")
+    data = [{**asdict(r), "outcome": r.outcome()} for r in reports]
+    tmp.write_text(json.dumps(data, indent=2), encoding="utf-8")
     tmp.replace(path)
 
 
@@ -194,12 +319,18 @@ def _prompt_rows(layouts: Path, every_prompt: bool) -> pl.DataFrame:
 
 
 def verify_arm(
-    arm: str, backend: Backend, layouts: Path, arm_dir: Path, tokenizer: _Encoder
+    arm: str,
+    backend: Backend,
+    layouts: Path,
+    arm_dir: Path,
+    tokenizer: _Encoder,
+    policy: str | None = None,
 ) -> list[ParityReport]:
     """:func:`check_parity` for one arm's built layouts: every prompt when the arm sends text, a sample
     when it sends ids; the reports go to ``arm_dir/tokenizer_parity.json``. HTTP clients opened here are
-    closed again (the run opens its own in its event loop)."""
-    import asyncio
+    closed again (the run opens its own in its event loop). ``policy``: the arm's
+    ``runtime.tokenizer_parity`` (None: the default); an endpoint that may not run unchecked refuses the
+    run (:func:`refuse_unchecked`), its report written first."""
 
     every_prompt = not bool(getattr(backend, "accepts_token_ids", True))
     targets = _targets(backend)
@@ -209,11 +340,20 @@ def verify_arm(
     async def run() -> list[ParityReport]:
         try:
             rows = _prompt_rows(layouts, every_prompt)
-            return await check_parity(arm, backend, rows, every_prompt=every_prompt, tokenizer=tokenizer)
+            return await check_parity(
+                arm,
+                backend,
+                rows,
+                every_prompt=every_prompt,
+                tokenizer=tokenizer,
+                policy=policy or DEFAULT_POLICY,
+            )
         finally:
             if any(hasattr(t, "base_url") for _, t in targets):
                 await backend.aclose()
 
     reports = asyncio.run(run())
     write_reports(reports, arm_dir / PARITY_FILE)
+    for report in reports:
+        refuse_unchecked(report)
     return reports

@@ -10,7 +10,10 @@ with bounded concurrency, and append each finished record atomically.
 * **Outcomes.** ``ok``; ``system_fail`` with a reason — a refused layout (its ``reason_code``, never sent),
   ``overflow`` (the backend refused the prompt as too long), ``server_count_mismatch`` (the server's
   prompt count differs from the local one), ``server_ids_mismatch`` (the echoed prompt ids differ),
-  ``server_count_missing`` (no count to verify), ``max_tokens_clamped``; or ``infra_error`` (a transient
+  ``server_count_missing`` (no count to verify), ``max_tokens_clamped``, ``empty_completion`` /
+  ``malformed_answer`` (a 200 that is not the model's answer: nothing generated, no ``choices`` or
+  ``text``, counts that contradict the body; retried first, the server's words kept in ``error``,
+  :class:`~depthgate.exceptions.MalformedAnswerError`); or ``infra_error`` (a transient
   failure that outlived the retries), which is never scored and is re-run on resume.
 * **Durability.** Finished records are buffered and written in batches, each as a new parquet shard
   ``records/part-<seq>-<uuid>.parquet`` (temp file, fsync, ``os.replace``, directory fsync). A shard is

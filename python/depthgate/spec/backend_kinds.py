@@ -60,7 +60,7 @@ HTTP_FIELDS = frozenset(
     }
 )
 #: Runtime fields of an OpenAI-compatible ``/v1/completions`` path (ids or text, the arm's choice).
-COMPLETIONS_FIELDS = HTTP_FIELDS | {"prompt_format"}
+COMPLETIONS_FIELDS = HTTP_FIELDS | {"prompt_format", "tokenizer_parity"}
 
 
 @dataclass(frozen=True)
@@ -152,7 +152,10 @@ def serving_path(name: str, *, has_endpoint: bool, api: str | None = None) -> Se
 
 _FACTORIES = "depthgate.run.backends.factories"
 _COMPLETIONS_PROBE = "served model and max_model_len from /v1/models; every replica, windows must agree"
-_COMPLETIONS_PARITY = "the server's /tokenize (or llama-cpp-python's /extras/tokenize) route"
+_COMPLETIONS_PARITY = (
+    "the server's /tokenize, /v1/tokenize or /extras/tokenize route (runtime.tokenizer_parity: what a "
+    "server without one, or one that fails, does)"
+)
 
 
 def _completions(label: str, factory: str, **changes: Any) -> ServingPath:

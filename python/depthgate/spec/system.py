@@ -147,7 +147,12 @@ class Runtime(Frozen):
 
     * OpenAI-compatible ``/v1/completions`` (``vllm-server``, ``llamacpp`` with an endpoint, ``openai``
       with ``api = "completions"``): ``prompt_format`` — ``"token_ids"`` (default; vLLM, llama-server) or
-      ``"text"`` (servers that take text only, e.g. llama-cpp-python's).
+      ``"text"`` (servers that take text only, e.g. llama-cpp-python's); ``tokenizer_parity`` — what
+      happens when the server's tokenizer cannot be asked (:mod:`depthgate.run.parity`; a route that
+      fails, hangs or answers garbage is retried first): ``"refuse_on_failure"`` (default: a route that
+      still fails refuses the run, exit 30; a server with no tokenize route runs with parity "not
+      checked", said in every report), ``"required"`` (also no route refuses, exit 22) or
+      ``"best_effort"`` (run with parity "not checked" and the reason, in every report).
     * ``openai``: ``api`` — ``"chat"`` (default) or ``"completions"``.
     * every HTTP backend: ``api_key_env`` (the NAME of the variable holding the key), ``allow_insecure_key``
       (send the key over plain http to a non-loopback endpoint: refused otherwise), ``count_tolerance``
@@ -162,10 +167,11 @@ class Runtime(Frozen):
     The system digest (and so the run id) binds the fields that can change an answer — ``prompt_format``,
     ``api``, ``count_tolerance``, ``n_threads``, ``reuse_prefix``, ``vllm`` — and only when set; the
     operational ones (key variable, timeouts, pool, concurrency, ``allow_insecure_key``,
-    ``cache_control``) can change between a run and its resume.
+    ``cache_control``, ``tokenizer_parity``) can change between a run and its resume.
     """
 
     prompt_format: Literal["token_ids", "text"] | None = None
+    tokenizer_parity: Literal["required", "refuse_on_failure", "best_effort"] | None = None
     api: Literal["chat", "completions"] | None = None
     api_key_env: str | None = None
     allow_insecure_key: StrictBool = False

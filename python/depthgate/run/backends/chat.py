@@ -131,9 +131,15 @@ class OpenAIChatBackend(OpenAIShapedBackend):
         if request.stop:
             payload["stop"] = list(request.stop)[:4]
         body = await self._call("POST", "/v1/chat/completions", payload)
-        choice, usage = self._first_choice(body, "/v1/chat/completions")
-        message: Mapping[str, Any] = choice["message"] if isinstance(choice.get("message"), Mapping) else {}
-        text, stopped = apply_stops(str(message.get("content") or ""), request.stop[4:])
+        choice, usage = self._first_choice(body, "/v1/chat/completions", request)
+        message = choice.get("message")
+        if not isinstance(message, Mapping):
+            raise self._malformed_answer(
+                f"POST {self.base_url}/v1/chat/completions", "no 'message' in its choice", body, request
+            )
+        content = str(message.get("content") or "")
+        self._verify_answer(body, usage, choice, content, "/v1/chat/completions", request)
+        text, stopped = apply_stops(content, request.stop[4:])
         expected: int | None = None
         extra: dict[str, Any] = {}
         if overhead is not None and self.local_count is not None:

@@ -59,6 +59,7 @@ from depthgate.exceptions import (
     BackendError,
     BackendRequestError,
     InputError,
+    MalformedAnswerError,
     OverLengthError,
     TransientBackendError,
 )
@@ -82,6 +83,7 @@ from depthgate.run.backends.http_wire import (
     normalize_base_url,
     retry_after_seconds,
     same_ids,
+    server_excerpt,
     text_of,
 )
 
@@ -165,6 +167,20 @@ class PerLoop(Generic[_T]):
         if self._value is None or self._loop is not loop:
             self._value, self._loop = self._make(), loop
         return self._value
+
+
+def _prompt_text(payload: Mapping[str, Any] | None) -> str | None:
+    """The prompt text a request body carries (a text ``prompt``, or its messages' contents), to be kept
+    out of an excerpt of the answer."""
+    if not payload:
+        return None
+    prompt = payload.get("prompt")
+    if isinstance(prompt, str):
+        return prompt
+    messages = payload.get("messages")
+    if isinstance(messages, list):
+        return "\n".join(str(m.get("content")) for m in messages if isinstance(m, Mapping)) or None
+    return None
 
 
 class HTTPBackendArgs(TypedDict, total=False):
@@ -312,10 +328,13 @@ class HTTPBackend:
             decoded = None
         if 200 <= status < 300:
             if decoded is None:
-                raise TransientBackendError(
-                    f"{where} returned HTTP {status} without a JSON body",
+                excerpt = self._redact(server_excerpt(None, raw, _prompt_text(payload)))
+                raise MalformedAnswerError(
+                    f"{where} returned HTTP {status} without a JSON body (the server said: {excerpt!r})",
                     summary=f"HTTP {status} non-JSON: {where}",
                     status=status,
+                    excerpt=excerpt,
+                    fix="check what answers at this URL (a proxy's or gateway's page is not the server)",
                 )
             return decoded
         message = self._message(decoded, raw)
@@ -375,6 +394,23 @@ class HTTPBackend:
             f"{where} returned a response without {what}", fix="check the server's API version"
         )
 
+    def _malformed_answer(
+        self, where: str, what: str, body: Any, request: Request | None, reason: str = "malformed_answer"
+    ) -> MalformedAnswerError:
+        """A 2xx answer that is not the model's (issue #37, item 2): ``reason`` names it, ``what`` says
+        what is wrong, the excerpt keeps the server's own words (key redacted, prompt removed)."""
+        prompt = request.text if request is not None else None
+        excerpt = self._redact(server_excerpt(body, None, prompt))
+        return MalformedAnswerError(
+            f"{where} answered 200 with {what}: not the model's answer ({reason}; the server said: "
+            f"{excerpt!r})",
+            summary=f"{reason}: {what}",
+            reason=reason,
+            excerpt=excerpt,
+            fix="check the server or gateway in front of the model (its logs at this time); the run "
+            "retries such an answer and records it as a serving failure, never as the model's",
+        )
+
 
 class OpenAIShapedBackend(HTTPBackend):
     """What the OpenAI-shaped APIs share: a bearer key, answers with ``choices`` and ``usage``."""
@@ -385,13 +421,47 @@ class OpenAIShapedBackend(HTTPBackend):
             headers["Authorization"] = f"Bearer {self._api_key.reveal()}"
         return headers
 
-    def _first_choice(self, body: Any, path: str) -> tuple[Mapping[str, Any], Mapping[str, Any]]:
-        """The first choice and the ``usage`` (empty when absent) of the answer to ``POST path``."""
+    def _first_choice(
+        self, body: Any, path: str, request: Request | None = None
+    ) -> tuple[Mapping[str, Any], Mapping[str, Any]]:
+        """The first choice and the ``usage`` (empty when absent) of the answer to ``POST path``; an
+        answer without one is a :class:`MalformedAnswerError` (``malformed_answer``)."""
         choices = body.get("choices") if isinstance(body, Mapping) else None
         if not isinstance(choices, list) or not choices or not isinstance(choices[0], Mapping):
-            raise self._malformed(f"POST {self.base_url}{path}", "choices")
+            raise self._malformed_answer(f"POST {self.base_url}{path}", "no 'choices'", body, request)
         usage = body.get("usage") if isinstance(body.get("usage"), Mapping) else {}
         return choices[0], usage
+
+    def _verify_answer(
+        self,
+        body: Any,
+        usage: Mapping[str, Any],
+        choice: Mapping[str, Any],
+        text: str,
+        path: str,
+        request: Request,
+    ) -> None:
+        """Refuse an answer that contradicts itself (issue #37, item 2): zero tokens generated
+        (``empty_completion``: a model that stops at once still generates its end token), text beside
+        ``completion_tokens: 0``, negative counts, or generated ids (vLLM's ``token_ids``) of another
+        number than ``completion_tokens``."""
+        where = f"POST {self.base_url}{path}"
+        counts = {k: int_or_none(usage.get(k)) for k in ("prompt_tokens", "completion_tokens")}
+        completion = counts["completion_tokens"]
+        negative = [k for k, v in counts.items() if v is not None and v < 0]
+        generated = choice.get("token_ids")
+        what: str | None = None
+        if negative:
+            what = f"a negative usage.{negative[0]}"
+        elif completion == 0 and text:
+            what = f"{len(text)} characters of text but usage.completion_tokens 0"
+        elif completion == 0:
+            what = "no generated token (empty text, usage.completion_tokens 0)"
+            raise self._malformed_answer(where, what, body, request, reason="empty_completion")
+        elif isinstance(generated, list) and completion is not None and len(generated) != completion:
+            what = f"{len(generated)} generated token ids but usage.completion_tokens {completion}"
+        if what is not None:
+            raise self._malformed_answer(where, what, body, request)
 
     @staticmethod
     def _response(
@@ -454,6 +524,10 @@ class OpenAICompletionsBackend(OpenAIShapedBackend):
         self._probe_lock = PerLoop(asyncio.Lock)
         self._served_window: int | None = None
         self.served_models: list[str] = []
+        #: The index (in :meth:`_tokenize_routes`) of the route that answered, once one has.
+        self._tokenize_route: int | None = None
+        #: What each tokenizer route answered when none of them is on the server.
+        self.tokenize_tried: tuple[str, ...] = ()
 
     @property
     def window(self) -> int | None:
@@ -495,36 +569,56 @@ class OpenAICompletionsBackend(OpenAIShapedBackend):
         self._probed = True
         return dict(card or {})
 
+    def _tokenize_routes(self, text: str, add_special_tokens: bool) -> list[tuple[str, dict[str, Any], bool]]:
+        """Every tokenizer route a server of this kind may have, the likeliest first: (path, body, whether
+        the route adds special tokens). vLLM's ``/tokenize`` (also behind ``/v1``), llama.cpp's
+        ``llama-server`` ``/tokenize`` (``content``, ``add_special``, ``parse_special``), llama-cpp-python's
+        ``/extras/tokenize`` (always adds BOS and parses special tokens: what it does to a text prompt)."""
+        vllm_body = {"model": self.model, "prompt": text, "add_special_tokens": add_special_tokens}
+        llama_body = {"content": text, "add_special": add_special_tokens, "parse_special": True}
+        extras = ("/extras/tokenize", {"input": text, "model": self.model}, True)
+        vllm = [("/tokenize", vllm_body, add_special_tokens), ("/v1/tokenize", vllm_body, add_special_tokens)]
+        llama = [("/tokenize", llama_body, add_special_tokens)]
+        return [*vllm, extras, *llama] if self.vllm else [*llama, extras, *vllm]
+
     async def server_tokenize(
         self, text: str, *, add_special_tokens: bool
     ) -> tuple[list[int], str, bool] | None:
         """The server's own ids for ``text``, the route that gave them and whether that route adds special
-        tokens (BOS …), or ``None`` when it offers no tokenizer route. vLLM: ``POST /tokenize``
-        (``add_special_tokens`` as asked); llama.cpp's ``llama-server``: ``POST /tokenize`` (``content``,
-        ``add_special``, ``parse_special``); llama-cpp-python: ``POST /extras/tokenize`` (always adds BOS
-        and parses special tokens: what it does to a text prompt)."""
-        routes: list[tuple[str, dict[str, Any], bool]] = []
-        if self.vllm:
-            payload = {"model": self.model, "prompt": text, "add_special_tokens": add_special_tokens}
-            routes.append(("/tokenize", payload, add_special_tokens))
-        else:
-            payload = {"content": text, "add_special": add_special_tokens, "parse_special": True}
-            routes.append(("/tokenize", payload, add_special_tokens))
-            routes.append(("/extras/tokenize", {"input": text, "model": self.model}, True))
-        for path, body_out, specials in routes:
+        tokens (BOS …), or ``None`` when it offers none of :meth:`_tokenize_routes` (each answered 404 or
+        405, or refused the other dialect's body with 400/422; :attr:`tokenize_tried` says what each
+        answered). The route that answered is kept for the next calls. One attempt per route: a failure
+        worth retrying raises :class:`TransientBackendError`, an answer without a token list
+        :class:`MalformedAnswerError` (the caller, :mod:`depthgate.run.parity`, retries both)."""
+        routes = list(enumerate(self._tokenize_routes(text, add_special_tokens)))
+        if self._tokenize_route is not None:
+            routes = [routes[self._tokenize_route]]
+        tried: list[str] = []
+        for index, (path, body_out, specials) in routes:
             try:
                 body = await self._call("POST", path, body_out)
             except BackendRequestError as exc:
-                if exc.status in (404, 405):  # no such route on this server: try the next
+                if exc.status in (400, 404, 405, 422) and self._tokenize_route is None:
+                    tried.append(f"{path} HTTP {exc.status}")  # not here, or another server's dialect
                     continue
                 raise
             tokens = body.get("tokens") if isinstance(body, Mapping) else None
-            if isinstance(tokens, list) and all(isinstance(t, int) for t in tokens):
-                return [int(t) for t in tokens], path, specials
+            ids: list[int] | None = None
+            if isinstance(tokens, list) and all(
+                isinstance(t, int) and not isinstance(t, bool) for t in tokens
+            ):
+                ids = [int(t) for t in tokens]
             # llama-server answers pieces with ids when asked (with_pieces); take the ids.
-            if isinstance(tokens, list) and all(isinstance(t, Mapping) and "id" in t for t in tokens):
-                return [int(t["id"]) for t in tokens], path, specials
-            raise self._malformed(f"POST {self.base_url}{path}", "a token list ('tokens')")
+            elif isinstance(tokens, list) and all(isinstance(t, Mapping) and "id" in t for t in tokens):
+                ids = [int(t["id"]) for t in tokens]
+            if ids is None:
+                what = (
+                    "no token list ('tokens')" if tokens is None else "a 'tokens' that is not a list of ids"
+                )
+                raise self._malformed_answer(f"POST {self.base_url}{path}", what, body, None)
+            self._tokenize_route = index
+            return ids, path, specials
+        self.tokenize_tried = tuple(tried)
         return None
 
     async def _ensure_probed(self) -> None:
@@ -573,7 +667,12 @@ class OpenAICompletionsBackend(OpenAIShapedBackend):
         return self._parse(body, request)
 
     def _parse(self, body: Any, request: Request) -> Response:
-        choice, usage = self._first_choice(body, "/v1/completions")
+        choice, usage = self._first_choice(body, "/v1/completions", request)
+        text = choice.get("text")
+        if not isinstance(text, str):
+            what = "no 'text' in its choice" if text is None else f"a {type(text).__name__} as its text"
+            raise self._malformed_answer(f"POST {self.base_url}/v1/completions", what, body, request)
+        self._verify_answer(body, usage, choice, text, "/v1/completions", request)
         echoed = choice.get("prompt_token_ids", body.get("prompt_token_ids"))
         match: bool | None = None
         if isinstance(echoed, list) and request.token_ids is not None:
@@ -586,7 +685,7 @@ class OpenAICompletionsBackend(OpenAIShapedBackend):
         return self._response(
             body,
             usage,
-            text=str(choice.get("text") or ""),
+            text=text,
             finish_reason=choice.get("finish_reason"),
             extra=extra,
             server_prompt_ids_match=match,

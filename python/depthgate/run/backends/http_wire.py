@@ -128,6 +128,67 @@ def apply_stops(text: str, stops: Sequence[str]) -> tuple[str, bool]:
     return (text[:cut], True) if cut >= 0 else (text, False)
 
 
+#: Answer fields that carry the prompt or its ids back (an echo): never kept in an excerpt.
+_PROMPT_FIELDS = frozenset(
+    {"prompt", "prompt_token_ids", "token_ids", "prompt_logprobs", "messages", "input", "inputs", "echo"}
+)
+EXCERPT_LIMIT = 240
+_PROMPT_WINDOW = 32
+_HTML_TAG = re.compile(r"<[^>]{0,200}>")
+
+
+def _scrub(value: Any, depth: int = 0) -> Any:
+    """``value`` (a decoded answer) without what could carry the prompt: prompt fields dropped, id lists
+    counted, long strings cut, nesting beyond 4 levels elided."""
+    if depth > 4:
+        return "…"
+    if isinstance(value, Mapping):
+        return {
+            str(k): ("<removed>" if str(k) in _PROMPT_FIELDS else _scrub(v, depth + 1))
+            for k, v in list(value.items())[:12]
+        }
+    if isinstance(value, list):
+        if len(value) > 4 and all(isinstance(v, int) for v in value[:64]):
+            return f"<{len(value)} ids>"
+        return [_scrub(v, depth + 1) for v in value[:4]] + (["…"] if len(value) > 4 else [])
+    if isinstance(value, str) and len(value) > 80:
+        return value[:80] + "…"
+    return value
+
+
+def _without_prompt(text: str, prompt: str) -> str:
+    """``text`` with every run of at least ``2 × _PROMPT_WINDOW`` characters that is also in ``prompt``
+    replaced by ``<prompt text>`` (windows of 32 characters at a stride of 16 are looked up: a few
+    substring searches, not one per character)."""
+    w = _PROMPT_WINDOW
+    hidden = [False] * len(text)
+    for i in range(0, max(0, len(text) - w) + 1, w // 2):
+        if text[i : i + w] in prompt:
+            hidden[i : i + w] = [True] * len(text[i : i + w])
+    out: list[str] = []
+    for i, ch in enumerate(text):
+        if not hidden[i]:
+            out.append(ch)
+        elif i == 0 or not hidden[i - 1]:
+            out.append("<prompt text>")
+    return "".join(out)
+
+
+def server_excerpt(body: Any, raw: bytes | None = None, prompt: str | None = None) -> str:
+    """A short excerpt of what a server answered, safe to keep in a record (issue #37, item 2): the
+    decoded JSON with its prompt fields removed and id lists counted (:func:`_scrub`), or the raw bytes
+    as text without HTML tags; any run of the prompt's own text replaced; at most
+    :data:`EXCERPT_LIMIT` characters. The caller redacts its API key."""
+    if body is not None:
+        text = json.dumps(_scrub(body), ensure_ascii=False, default=str)
+    else:
+        text = " ".join(_HTML_TAG.sub(" ", (raw or b"")[:4096].decode("utf-8", "replace")).split())
+    if prompt:
+        text = _without_prompt(text, prompt)
+    text = "".join(ch if ch.isprintable() else " " for ch in text)
+    return text if len(text) <= EXCERPT_LIMIT else text[:EXCERPT_LIMIT] + "…"
+
+
 # --------------------------------------------------------------------------------------------------
 # JSON and the two HTTP clients
 

@@ -48,6 +48,7 @@ from depthgate.exceptions import (
     BackendRequestError,
     DepthgateError,
     InputError,
+    MalformedAnswerError,
     OverLengthError,
     TransientBackendError,
 )
@@ -411,6 +412,16 @@ class ReplicaPool:
             if r.streak >= self.drain_after:
                 self._drain(r, f"{r.streak} consecutive failures, last: {exc.summary}")
             failover = any(x.healthy and x.index not in self._failed[key] for x in self._replicas)
+            if isinstance(exc, MalformedAnswerError):  # named, with the server's words, on any replica
+                raise MalformedAnswerError(
+                    f"{r.endpoint}: {exc.message}",
+                    summary=exc.summary,
+                    reason=exc.reason,
+                    excerpt=exc.excerpt,
+                    status=exc.status,
+                    endpoint=r.endpoint,
+                    fix=exc.fix,
+                ) from exc
             raise TransientBackendError(
                 f"{r.endpoint}: {exc.message}",
                 summary=exc.summary,
