@@ -235,6 +235,7 @@ def test_every_built_in_path_names_a_factory_that_exists() -> None:
             assert not path.sends_token_ids("text") or path.takes == "token_ids"
             assert path.runtime_fields <= HTTP_FIELDS | {
                 "prompt_format",
+                "tokenizer_parity",
                 "api",
                 "n_threads",
                 "reuse_prefix",
