@@ -93,8 +93,8 @@ class ParityReport:
     policy: str = DEFAULT_POLICY
     """The arm's ``runtime.tokenizer_parity`` that decided what happened."""
 
-    def outcome(self) -> str:
-        why = f": {self.reason}" if self.reason else ""
+    def outcome(self, *, reason: bool = True) -> str:
+        why = f": {self.reason}" if self.reason and reason else ""
         if self.status == "unreachable":
             return f"not checked (unreachable, the run's retries decide{why})"
         if self.status == "no_route":
@@ -111,13 +111,19 @@ class ParityReport:
 def summary_lines(reports: Sequence[ParityReport]) -> list[str]:
     """One console line per arm and outcome, the endpoints summarised (an arm may list hundreds of
     replicas; ``tokenizer_parity.json`` has every one)."""
-    groups: dict[tuple[str, str], list[str]] = {}
+    # Grouped by the outcome without its reason (which names each endpoint's own URL); one reason is
+    # shown as an example when the endpoints of a group differ only by it.
+    groups: dict[tuple[str, str], list[ParityReport]] = {}
     for report in reports:
-        groups.setdefault((report.arm, report.outcome()), []).append(report.endpoint)
-    return [
-        f"tokenizer parity: {arm} @ {summarise_urls(endpoints)}: {outcome}"
-        for (arm, outcome), endpoints in groups.items()
-    ]
+        groups.setdefault((report.arm, report.outcome(reason=False)), []).append(report)
+    lines = []
+    for (arm, outcome), members in groups.items():
+        endpoints = summarise_urls([m.endpoint for m in members])
+        text = members[0].outcome() if len(members) == 1 else outcome
+        if len(members) > 1 and members[0].reason:
+            text += f" (e.g. {members[0].reason})"
+        lines.append(f"tokenizer parity: {arm} @ {endpoints}: {text}")
+    return lines
 
 
 def sample_rows(layouts: pl.DataFrame, k: int = SAMPLE_SIZE) -> pl.DataFrame:
