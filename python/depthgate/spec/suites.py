@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -403,9 +403,7 @@ def _claims(
     return required, forbidden
 
 
-def _override_evidence(
-    case_id: str, fact: FactType, draw: _Draw, writer: _Writer, threshold: str
-) -> list[EvidenceDoc]:
+def _override_evidence(case_id: str, fact: FactType, draw: _Draw, writer: _Writer) -> list[EvidenceDoc]:
     assert draw.answer is not None and draw.old is not None
     region, version = draw.region, draw.version
     old_text = writer.sentence(
@@ -434,80 +432,53 @@ def _override_evidence(
     ]
 
 
-def _single_evidence(
-    case_id: str, fact: FactType, draw: _Draw, writer: _Writer, threshold: str
-) -> list[EvidenceDoc]:
-    assert draw.answer is not None
-    text = writer.fact(fact, draw.region, draw.answer, threshold)
-    return [EvidenceDoc(id=f"{case_id}/evidence", text=" " + text, supports=["answer"])]
-
-
-def _exception_evidence(
-    case_id: str, fact: FactType, draw: _Draw, writer: _Writer, threshold: str
-) -> list[EvidenceDoc]:
-    return [
-        EvidenceDoc(
-            id=f"{case_id}/general",
-            text=" " + writer.sentence(fact, "general_rule", value=draw.old),
-            supports=["competing"],
-            role="competing",
-        ),
-        EvidenceDoc(
-            id=f"{case_id}/exception",
-            text=" " + writer.sentence(fact, "exception", region=draw.region, value=draw.answer),
-            supports=["answer"],
-        ),
-    ]
-
-
-def _order_evidence(
-    case_id: str, fact: FactType, draw: _Draw, writer: _Writer, threshold: str
-) -> list[EvidenceDoc]:
-    year = min(draw.year_new, 2025)
-    text = writer.sentence(fact, "order", region=draw.region, old=draw.old, new=draw.answer, year=year)
-    return [EvidenceDoc(id=f"{case_id}/history", text=" " + text, supports=["answer"])]
-
-
-def _conflict_evidence(
-    case_id: str, fact: FactType, draw: _Draw, writer: _Writer, threshold: str
-) -> list[EvidenceDoc]:
-    return [
-        EvidenceDoc(
-            id=f"{case_id}/source-{letter}",
-            text=" " + writer.sentence(fact, f"conflict_{letter}", region=draw.region, value=value),
-            supports=[f"source_{letter}"],
-        )
-        for letter, value in (("a", draw.answer), ("b", draw.old))
-    ]
-
-
-def _negation_evidence(
-    case_id: str, fact: FactType, draw: _Draw, writer: _Writer, threshold: str
-) -> list[EvidenceDoc]:
-    text = writer.sentence(fact, "negation", region=draw.region, old=draw.old, new=draw.answer)
-    return [EvidenceDoc(id=f"{case_id}/evidence", text=" " + text, supports=["answer"])]
-
-
-#: How the built-in suite writes the evidence of each pattern it schedules (``absent``: none). A pattern
-#: registered elsewhere (:mod:`depthgate.spec.evidence_patterns`) comes in suites of its own, not here.
-_BUILTIN_EVIDENCE: dict[str, Callable[[str, FactType, _Draw, _Writer, str], list[EvidenceDoc]]] = {
-    "single": _single_evidence,
-    "override": _override_evidence,
-    "exception": _exception_evidence,
-    "order": _order_evidence,
-    "conflict": _conflict_evidence,
-    "negation": _negation_evidence,
-}
-
-
 def _evidence(
     case_id: str, pattern: EvidencePattern, fact: FactType, draw: _Draw, writer: _Writer, threshold: str
 ) -> list[EvidenceDoc]:
-    """The evidence documents of a case, by its evidence pattern (none for ``absent``)."""
-    write = _BUILTIN_EVIDENCE.get(pattern)
-    if write is None or draw.answer is None or (evidence_pattern(pattern).second_value and draw.old is None):
+    """The evidence documents of a case, by its evidence pattern (none for ``absent``): the built-in
+    suite's own wording of each pattern it schedules. A pattern registered elsewhere
+    (:mod:`depthgate.spec.evidence_patterns`) comes in suites of its own and never reaches here."""
+    region, answer, old = draw.region, draw.answer, draw.old
+    if answer is None:
         return []
-    return write(case_id, fact, draw, writer, threshold)
+    if pattern == "single":
+        text = writer.fact(fact, region, answer, threshold)
+        return [EvidenceDoc(id=f"{case_id}/evidence", text=" " + text, supports=["answer"])]
+    if old is None:
+        return []
+    if pattern == "override":
+        return _override_evidence(case_id, fact, draw, writer)
+    if pattern == "exception":
+        return [
+            EvidenceDoc(
+                id=f"{case_id}/general",
+                text=" " + writer.sentence(fact, "general_rule", value=old),
+                supports=["competing"],
+                role="competing",
+            ),
+            EvidenceDoc(
+                id=f"{case_id}/exception",
+                text=" " + writer.sentence(fact, "exception", region=region, value=answer),
+                supports=["answer"],
+            ),
+        ]
+    if pattern == "order":
+        year = min(draw.year_new, 2025)
+        text = writer.sentence(fact, "order", region=region, old=old, new=answer, year=year)
+        return [EvidenceDoc(id=f"{case_id}/history", text=" " + text, supports=["answer"])]
+    if pattern == "conflict":
+        return [
+            EvidenceDoc(
+                id=f"{case_id}/source-{letter}",
+                text=" " + writer.sentence(fact, f"conflict_{letter}", region=region, value=value),
+                supports=[f"source_{letter}"],
+            )
+            for letter, value in (("a", answer), ("b", old))
+        ]
+    if pattern == "negation":
+        text = writer.sentence(fact, "negation", region=region, old=old, new=answer)
+        return [EvidenceDoc(id=f"{case_id}/evidence", text=" " + text, supports=["answer"])]
+    return []
 
 
 def _distractors(
