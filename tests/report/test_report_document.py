@@ -137,16 +137,16 @@ def test_a_failure_mid_write_leaves_the_old_set(
     old_and_new: tuple[Path, dict[str, bytes], GateResult, pl.DataFrame], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     out, old, other, scored = old_and_new
-    real = writer.write_bytes
+    real = writer.atomic_write
     calls: list[str] = []
 
-    def third_fails(path: Path, data: bytes) -> None:
+    def third_fails(path: Path, data: bytes, *, fsync: bool = False) -> Path:
         calls.append(path.name)
         if len(calls) == 3:
             raise OSError(28, "No space left on device")
-        real(path, data)
+        return real(path, data, fsync=fsync)
 
-    monkeypatch.setattr(writer, "write_bytes", third_fails)
+    monkeypatch.setattr(writer, "atomic_write", third_fails)
     with pytest.raises(OSError, match="No space"):
         write_reports(other, scored, out, manifest=MANIFEST)
     assert _state(out) == old
@@ -193,13 +193,13 @@ from depthgate.judge.stats import gate
 from depthgate.report import writer
 from depthgate.report.report import write_reports
 from test_report import MANIFEST, PLAN, synthetic_scored
-real, calls = writer.write_bytes, []
-def dies(path, data):
+real, calls = writer.atomic_write, []
+def dies(path, data, *, fsync=False):
     calls.append(path)
     if len(calls) == 4:
         os._exit(9)
-    real(path, data)
-writer.write_bytes = dies
+    return real(path, data, fsync=fsync)
+writer.atomic_write = dies
 scored = synthetic_scored(seed=1)
 write_reports(gate(scored, PLAN), scored, {str(out)!r}, manifest=MANIFEST)
 """

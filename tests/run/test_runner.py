@@ -497,7 +497,7 @@ def test_sigkill_mid_run_then_resume_loses_and_duplicates_nothing(slow_server: s
     assert max(counts.values()) == 1  # nothing duplicated, even before compaction
     assert keys_before <= set(counts)  # every record written before the kill is kept
     assert set(raw.get_column("status")) == {"ok"}
-    assert not list((out_dir / "records").glob(".tmp-*"))
+    assert not list((out_dir / "records").glob(".*.tmp"))  # no temp file of a killed writer left
     merged = pl.read_parquet(compact(out_dir))
     assert len(merged) == 120
     assert merged.select(["arm", "layout_id", "seed"]).is_duplicated().sum() == 0

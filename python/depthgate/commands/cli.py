@@ -30,7 +30,7 @@ from depthgate.commands.outputs import (
     check_output,
     read_text_arg,
     undo_on_error,
-    write_text_atomic,
+    write_output_text,
 )
 from depthgate.exceptions import DepthgateError, ExitCode, InputError, RoundOpenError
 from depthgate.spec.limits import (
@@ -165,7 +165,7 @@ def _cmd_schema(args: argparse.Namespace) -> int:
 
     text = json.dumps(schema(), indent=2, sort_keys=True)
     if args.out:
-        write_text_atomic(args.out, text + "\n", option="--out")
+        write_output_text(args.out, text + "\n", option="--out")
     else:
         print(text)
     return ExitCode.PASS
@@ -177,7 +177,7 @@ def _cmd_suite_generate(args: argparse.Namespace) -> int:
     suite = generate_suite(args.seed, args.cases, args.lang, conflict=args.conflict)
     text = suite.model_dump_json(indent=1)
     if args.out:
-        out = write_text_atomic(args.out, text, option="--out")
+        out = write_output_text(args.out, text, option="--out")
         print(f"{out}: {len(suite.cases)} cases, digest {suite.digest()[:16]}")
     else:
         print(text)
@@ -271,7 +271,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         print("\n".join(sequential_plan_lines(matrix, suite, p_baseline=args.p_baseline, icc=args.icc)))
     if args.json:
         out = {**power.to_dict(), "power_all_slices_near_ceiling": ceiling.power_all_slices, **simulated}
-        write_text_atomic(args.json, json.dumps(out, indent=2, allow_nan=False) + "\n", option="--json")
+        write_output_text(args.json, json.dumps(out, indent=2, allow_nan=False) + "\n", option="--json")
     return ExitCode.PASS
 
 
@@ -353,7 +353,7 @@ def _cmd_suite_import(args: argparse.Namespace) -> int:
     from depthgate.spec.incidents import import_incidents
 
     suite = import_incidents(args.incidents)
-    out = write_text_atomic(args.out, suite.model_dump_json(indent=1), option="--out")
+    out = write_output_text(args.out, suite.model_dump_json(indent=1), option="--out")
     print(f"{out}: {len(suite.cases)} replayed cases, digest {suite.digest()[:16]}")
     return ExitCode.PASS
 

@@ -237,11 +237,11 @@ class DiffReport:
         }
 
     def write_json(self, path: str | Path) -> Path:
-        """Write the JSON report atomically (:func:`depthgate.commands.outputs.write_text_atomic`)."""
-        from depthgate.commands.outputs import write_text_atomic
+        """Write the JSON report atomically (:func:`depthgate.commands.outputs.write_output_text`)."""
+        from depthgate.commands.outputs import write_output_text
 
         text = json.dumps(self.to_dict(), indent=1, sort_keys=False) + "\n"
-        return write_text_atomic(path, text, option="--out")
+        return write_output_text(path, text, option="--out")
 
     def table(self, limit: int = 40) -> str:
         """Plain-text table, most drifted layouts first (at most ``limit`` rows)."""

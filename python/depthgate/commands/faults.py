@@ -53,7 +53,7 @@ from typing import Any
 
 import polars as pl
 
-from depthgate.commands.outputs import check_output, write_text_atomic
+from depthgate.commands.outputs import check_output, write_output_text
 from depthgate.commands.subparsers import FAULT_NAMES, add_faults_parser
 from depthgate.exceptions import ExitCode, InputError
 from depthgate.layout.layouts import (
@@ -659,7 +659,7 @@ def cmd_faults(args: argparse.Namespace) -> int:
     caught = sum(r.caught for r in results)
     print(f"{caught}/{len(results)} faults caught")
     if getattr(args, "json", None):
-        write_text_atomic(
+        write_output_text(
             args.json, json.dumps([r.to_dict() for r in results], indent=2) + "\n", option="--json"
         )
     sys.stdout.flush()

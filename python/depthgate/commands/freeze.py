@@ -8,7 +8,6 @@ from __future__ import annotations
 import datetime as _dt
 import hashlib
 import json
-import os
 import platform
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -29,7 +28,7 @@ from depthgate.layout.model_files import is_model_reference, load_template, reso
 from depthgate.layout.templates import ChatTemplate, check_template_bos
 from depthgate.spec.base import canonical_json
 from depthgate.spec.cases import Suite
-from depthgate.spec.files import dist_version
+from depthgate.spec.files import atomic_write, dist_version
 from depthgate.spec.manifest import RunManifest
 from depthgate.spec.matrix import Matrix
 from depthgate.spec.models import AnalysisPlan
@@ -212,9 +211,7 @@ def freeze_manifest(out: Path, manifest: dict[str, Any]) -> dict[str, Any]:
                 )
         return dict(old)
     out.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True), encoding="utf-8")
-    os.replace(tmp, path)
+    atomic_write(path, json.dumps(manifest, indent=2, sort_keys=True))
     return manifest
 
 
@@ -224,6 +221,4 @@ def freeze_suite(out: Path, suite: Suite) -> None:
     path = out / SUITE_FILE
     if path.is_file():
         return
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(suite.model_dump_json(), encoding="utf-8")
-    os.replace(tmp, path)
+    atomic_write(path, suite.model_dump_json())

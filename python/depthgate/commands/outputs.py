@@ -5,8 +5,9 @@ written atomically, nothing half-written.
   file is expected (``schema --out DIR``), an existing file where a folder is expected, a path under a
   file, a folder that cannot be written. Every refusal is an :class:`InputError` (exit 20) naming the
   path, the option and the fix.
-* :func:`write_text_atomic` writes a file as a temp file in the same folder and ``os.replace``s it into
-  place; on any error the temp file is removed and the target is unchanged.
+* :func:`write_output_text` writes the file an option names through :func:`depthgate.spec.files.atomic_write`
+  (a temp file in the same folder, renamed into place); on any error the temp file is removed, the
+  target is unchanged and the error names the option.
 * :func:`undo_on_error` removes what a command created (new folders, new entries of an existing folder)
   when it fails, so a refused input leaves no empty folder and no partial output behind.
 * :func:`read_text_arg` reads a text file named by an option (``--preamble-file``) as UTF-8.
@@ -23,7 +24,7 @@ from pathlib import Path
 from typing import Literal
 
 from depthgate.exceptions import InputError
-from depthgate.spec.files import ReadFailures, read_utf8
+from depthgate.spec.files import ReadFailures, atomic_write, read_utf8
 
 __all__ = [
     "CreatedPaths",
@@ -32,7 +33,7 @@ __all__ = [
     "first_missing",
     "read_text_arg",
     "undo_on_error",
-    "write_text_atomic",
+    "write_output_text",
 ]
 
 #: ``file``: a file to (over)write; ``dir``: a folder to create or write into; ``empty_dir``: a new or
@@ -158,27 +159,20 @@ def check_output(path: str | os.PathLike[str], kind: OutputKind, *, option: str 
     return target
 
 
-def write_text_atomic(path: str | os.PathLike[str], text: str, *, option: str = "--out") -> Path:
-    """Write ``text`` (UTF-8) to ``path`` atomically: a temp file in the same folder, then ``os.replace``.
-    Creates missing parent folders (removed again on failure). An OSError becomes an InputError naming the
-    path and the option; the target is unchanged and no temp file is left."""
+def write_output_text(path: str | os.PathLike[str], text: str, *, option: str = "--out") -> Path:
+    """Write ``text`` (UTF-8) to the file ``option`` names, atomically (:func:`atomic_write`). Creates
+    missing parent folders (removed again on failure). An OSError becomes an InputError naming the path
+    and the option; the target is unchanged and no temp file is left."""
     target = check_output(path, "file", option=option)
     with undo_on_error(target.parent):
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
-            fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
         except OSError as exc:
             raise _cannot_write(exc, target, option) from None
         try:
-            with os.fdopen(fd, "w", encoding="utf-8", newline="") as fh:
-                fh.write(text)
-            os.replace(name, target)
-        except BaseException as exc:
-            with contextlib.suppress(OSError):
-                os.unlink(name)
-            if isinstance(exc, OSError):
-                raise _cannot_write(exc, target, option, wanted="a file path") from None
-            raise
+            atomic_write(target, text)
+        except OSError as exc:
+            raise _cannot_write(exc, target, option, wanted="a file path") from None
     return target
 
 

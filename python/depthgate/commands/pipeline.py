@@ -20,7 +20,6 @@ import contextlib
 import dataclasses
 import functools
 import json
-import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -57,7 +56,7 @@ from depthgate.layout.layouts import (
     read_layouts,
 )
 from depthgate.spec.cases import Suite
-from depthgate.spec.files import ReadFailures, read_json, require_file
+from depthgate.spec.files import ReadFailures, atomic_write, read_json, require_file
 from depthgate.spec.loading import load_matrix, parse_spec
 from depthgate.spec.manifest import RunManifest
 from depthgate.spec.matrix import Matrix
@@ -452,9 +451,7 @@ def _freeze_shard(out: Path, shard: tuple[int, int]) -> None:
     body = {"index": shard[0], "count": shard[1]}
     if path.is_file():
         return
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(body), encoding="utf-8")
-    os.replace(tmp, path)
+    atomic_write(path, json.dumps(body))
 
 
 def _cache_control(a: ArmSetup, out: Path, max_tokens: int, base: Path) -> None:
@@ -477,9 +474,7 @@ def _cache_control(a: ArmSetup, out: Path, max_tokens: int, base: Path) -> None:
             "incident": None if report.incident is None else dataclasses.asdict(report.incident),
             "rows": [row.to_dict() for row in report.rows],
         }
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(body, indent=2, ensure_ascii=False), encoding="utf-8")
-        os.replace(tmp, path)
+        atomic_write(path, json.dumps(body, indent=2, ensure_ascii=False))
     summary = json.loads(path.read_text(encoding="utf-8"))["summary"]
     print(f"depthgate: {a.arm}: {summary} ({path})", file=sys.stderr)
 
@@ -708,9 +703,7 @@ def _warn_power(matrix: Matrix, suite: Suite) -> None:
 def _mark_aa(out: Path, matrix: Matrix) -> None:
     """Mark the folder as an A/A run (the gate adds the noise floor)."""
     path = out / AA_FILE
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps({"baseline": matrix.baseline.name}), encoding="utf-8")
-    os.replace(tmp, path)
+    atomic_write(path, json.dumps({"baseline": matrix.baseline.name}))
 
 
 def _score_controls(run: Path, suite: Suite) -> pl.DataFrame | None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -25,6 +24,7 @@ from depthgate.judge.sequential_gate import SequentialDesign, replay_looks, sequ
 from depthgate.judge.stats import GatePlan, GateResult
 from depthgate.run.looks import case_order, look_jobs
 from depthgate.spec.cases import Suite
+from depthgate.spec.files import atomic_write
 from depthgate.spec.matrix import Matrix
 from depthgate.spec.models import AnalysisPlan
 from depthgate.spec.positions import split_position_label
@@ -117,9 +117,7 @@ def _cases_of(gplan: GatePlan) -> dict[tuple[int, str], Sequence[str]] | None:
 
 def _write_log(out: Path, section: Mapping[str, Any]) -> None:
     path = out / LOOKS_FILE
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(section, indent=2, sort_keys=True, default=str), encoding="utf-8")
-    os.replace(tmp, path)
+    atomic_write(path, json.dumps(section, indent=2, sort_keys=True, default=str))
 
 
 def run_looks(

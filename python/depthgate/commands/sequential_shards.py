@@ -30,7 +30,7 @@ from depthgate.judge.sequential_gate import replay_looks
 from depthgate.judge.stats import GatePlan
 from depthgate.run.looks import case_order, look_jobs
 from depthgate.spec.cases import Suite
-from depthgate.spec.files import ReadFailures, read_json
+from depthgate.spec.files import ReadFailures, atomic_write, read_json
 from depthgate.spec.models import AnalysisPlan
 
 __all__ = [
@@ -51,9 +51,7 @@ ROUND_FILE = "sequential-round.json"
 
 
 def _write_json(path: Path, body: Mapping[str, Any]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(body, indent=2, sort_keys=True), encoding="utf-8")
-    os.replace(tmp, path)
+    atomic_write(path, json.dumps(body, indent=2, sort_keys=True))
 
 
 def _prior(

@@ -362,7 +362,7 @@ class CaseOracle:
         self.required_ids = tuple(c.id for c in case.required_claims)
         self.severity: dict[str, str] = {c.id: c.severity for c in case.forbidden_claims}
         self.expects_abstention = not case.required_claims and case.abstain_when_absent
-        self.conflict = case.evidence_pattern == "conflict"
+        self.conflict = case.pattern.scoring == "conflict"
         self.display = {c.claim_id: c.display for c in self.claims}
         self.conflict_display = " / ".join(self.display[claim_id] for claim_id in self.required_ids)
         self.case_doc_ids = frozenset(d.id for d in case.evidence)
@@ -458,7 +458,7 @@ class CaseOracle:
         if head is not None and head.kind == "forbidden" and head.claim_id is not None:
             forbidden.append(head.claim_id)
 
-        if self.case.evidence_pattern == "mrcr":
+        if self.case.pattern.scoring == "mrcr":
             note, missing, forbidden, found = judge_mrcr(
                 events, self.required_ids, self.expected_display, raw_line
             )

@@ -264,7 +264,7 @@ def conversation_frame(
 def exchanges_of(case: Case, conversation: Conversation | None) -> int:
     """How many needle exchanges a case lays out (:func:`exchange_block`): an MRCR case's needles in a
     conversation, else 0 (single-slot MRCR keeps its needles in one block of text)."""
-    return len(case.decisive) if conversation is not None and case.evidence_pattern == "mrcr" else 0
+    return len(case.decisive) if conversation is not None and case.pattern.turns else 0
 
 
 def gap_units(case_id: str, index: int, gaps: Sequence[Sequence[str]] | None) -> list[dict[str, Any]]:

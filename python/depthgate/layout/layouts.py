@@ -12,7 +12,6 @@ import hashlib
 import itertools
 import json
 import math
-import os
 import shutil
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
@@ -41,6 +40,7 @@ from depthgate.layout.templates import ChatTemplate, Frame, chat_frame, check_te
 from depthgate.layout.tokenizer_errors import named_load_error
 from depthgate.spec.assemblers import assemble
 from depthgate.spec.cases import Case, Suite
+from depthgate.spec.files import atomic_write
 from depthgate.spec.filler import filler_pool, filler_units
 from depthgate.spec.positions import (
     SPACING_SEP,
@@ -628,9 +628,7 @@ def build_layouts(
                     for frame in _build_call(tokenizer, batch, groups, fillers[lang], lang_cases, offsets):
                         sink.add(frame)
                         summaries.append(frame.drop("token_ids", "text"))
-        staged = tmp_dir / "layouts.parquet"
-        sink.finish(staged)
-        os.replace(staged, out_path)
+        atomic_write(out_path, sink.finish)
     finally:
         shutil.rmtree(tmp_dir, ignore_errors=True)
     return pl.concat(summaries) if summaries else pl.DataFrame(schema=BUILT_SCHEMA)

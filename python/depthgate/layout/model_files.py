@@ -39,7 +39,7 @@ from depthgate.exceptions import InputError, TemplateError, TokenizerLoadError
 from depthgate.layout.templates import ChatTemplate, load_chat_template
 from depthgate.spec.files import (
     ReadFailures,
-    atomic_write_bytes,
+    atomic_write,
     cache_dir,
     import_extra,
     read_json_object,
@@ -277,7 +277,7 @@ def _tokenizer_with_specials(
     key = hashlib.sha256(text.encode("utf-8")).hexdigest()
     target = cache_dir() / "tokenizers" / f"model-{key}.json"
     if not target.is_file():
-        atomic_write_bytes(target, text.encode("utf-8"))
+        atomic_write(target, text.encode("utf-8"))
     return target, True
 
 

@@ -17,7 +17,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from depthgate.spec.files import atomic_write_bytes, cache_dir
+from depthgate.spec.files import atomic_write, cache_dir
 
 __all__ = ["whitespace_specials_as_text"]
 
@@ -56,5 +56,5 @@ def whitespace_specials_as_text(path: Path) -> Path:
     digest = hashlib.sha256(raw).hexdigest()
     target = cache_dir() / "tokenizers" / f"{digest}.whitespace-text-v{_VERSION}.json"
     if not target.is_file():
-        atomic_write_bytes(target, json.dumps(data, ensure_ascii=False).encode("utf-8"))
+        atomic_write(target, json.dumps(data, ensure_ascii=False).encode("utf-8"))
     return target

@@ -12,6 +12,7 @@ import polars as pl
 
 from depthgate.judge.controls import classify_failures
 from depthgate.report.document import AnalysisContext, Section
+from depthgate.report.formatting import markdown_table
 
 __all__ = ["controls_section", "render_controls_markdown"]
 
@@ -29,10 +30,12 @@ def render_controls_markdown(counts: Mapping[str, int], eligibility: Mapping[str
         "",
         "### Controls (beside the matrix; they never change the verdict)",
         "",
-        "| arm | class | cases |",
-        "|---|---|---:|",
+        *markdown_table(
+            ["arm", "class", "cases"],
+            ([*key.split(":")[:2], str(n)] for key, n in sorted(counts.items())),
+            right=(2,),
+        ),
     ]
-    lines += [f"| {k.split(':')[0]} | {k.split(':')[1]} | {v} |" for k, v in sorted(counts.items())]
     lines += ["", _CLASSES_NOTE, ""]
     if eligibility is not None:
         lines += [

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable, Sequence
 
 from depthgate.judge.stats import SliceResult, SliceStatus, position_sort_key
 from depthgate.spec.positions import split_position_label
@@ -94,6 +94,15 @@ def reason_kind(reason: str | None) -> str:
         return "unspecified"
     head = re.split(r"[:(\[;,]", reason.strip(), maxsplit=1)[0].strip().lower()
     return (head or "unspecified")[:40]
+
+
+def markdown_table(
+    head: Sequence[str], rows: Iterable[Sequence[str]], *, right: Collection[int] = ()
+) -> list[str]:
+    """A summary.md table as lines: the head, the rule (columns in ``right`` right-aligned, ``---:``),
+    one line per row. Cells are written as given (escape them with :func:`md_cell`)."""
+    rule = "|" + "".join("---:|" if i in right else "---|" for i in range(len(head)))
+    return ["| " + " | ".join(head) + " |", rule, *("| " + " | ".join(cells) + " |" for cells in rows)]
 
 
 def md_cell(text: str) -> str:

@@ -10,14 +10,9 @@ import sys
 from depthgate.exceptions import InputError
 from depthgate.judge.noise import NoiseFloorResult, noise_floor
 from depthgate.report.document import AnalysisContext, Section
+from depthgate.report.formatting import markdown_table
 
 __all__ = ["noise_floor_section", "render_noise_markdown"]
-
-
-def _md_table(head: list[str], rows: list[list[str]]) -> list[str]:
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    lines += ["| " + " | ".join(cells) + " |" for cells in rows]
-    return lines
 
 
 def render_noise_markdown(nf: NoiseFloorResult) -> str:
@@ -35,7 +30,7 @@ def render_noise_markdown(nf: NoiseFloorResult) -> str:
         f"{nf.plan_margin}; plan margin above the noise floor: {ok}. Flip rate overall "
         f"{nf.flip_rate:.3f} ({nf.flips} of {nf.paired_runs} paired runs); A/A gate verdict {nf.aa_verdict}.",
         "",
-        *_md_table(
+        *markdown_table(
             ["slice", "paired runs", "flips", "flip rate", "Δ", "noise bound on |Δ|"],
             [
                 [

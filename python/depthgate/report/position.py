@@ -42,7 +42,7 @@ from depthgate.judge.position import (
 )
 from depthgate.judge.stats import ARMS, BASELINE, CANDIDATE, position_sort_key
 from depthgate.report.document import AnalysisContext, Section
-from depthgate.report.formatting import depth_label
+from depthgate.report.formatting import depth_label, markdown_table
 from depthgate.spec.models import AnalysisPlan, look_alpha
 
 __all__ = [
@@ -391,12 +391,6 @@ def _phk_head(k: int) -> list[str]:
     return ["arm", "slice", "mean accuracy", f"pass^{k} [Wilson]", "complete cases"]
 
 
-def _md_table(head: list[str], rows: list[list[str]]) -> list[str]:
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    lines += ["| " + " | ".join(cells) + " |" for cells in rows]
-    return lines
-
-
 def _base_scores_text(scores: Mapping[str, float]) -> str:
     """``baseline 0.92, candidate 0.08``: each arm's base score, in arm order."""
     named = [f"{arm} {scores[arm]:.2f}" for arm in ARMS if arm in scores]
@@ -442,18 +436,18 @@ def render_position_markdown(ps: PositionScience) -> str:
             + (f" of the base score ({_base_scores_text(el.base_scores)})" if el.base_scores else "")
             + f"; {100 * (1 - el.alpha):g}% case-bootstrap intervals, B = {el.reps}):",
             "",
-            *_md_table(_EL_HEAD, _el_rows(ps)),
+            *markdown_table(_EL_HEAD, _el_rows(ps)),
             "",
             *_base_lines(el),
         ]
     if ps.normalised is not None:
         lines += ["Control-normalised accuracy beside raw (cases whose evidence-only control passes):", ""]
-        lines += [*_md_table(_CNA_HEAD, _cna_rows(ps)), ""]
+        lines += [*markdown_table(_CNA_HEAD, _cna_rows(ps)), ""]
     if ps.spacing is not None:
-        lines += [_SPACING_NOTE, "", *_md_table(_SPACING_HEAD, _spacing_rows(ps)), ""]
+        lines += [_SPACING_NOTE, "", *markdown_table(_SPACING_HEAD, _spacing_rows(ps)), ""]
     if ps.seeds > 1:
         lines += [f"Repeat stability: pass^{ps.seeds} beside the mean:", ""]
-        lines += [*_md_table(_phk_head(ps.seeds), _phk_rows(ps)), ""]
+        lines += [*markdown_table(_phk_head(ps.seeds), _phk_rows(ps)), ""]
     lines += [f"Note: {n}" for n in ps.notes]
     return "\n".join(lines) + "\n"
 

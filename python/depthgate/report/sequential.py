@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from depthgate.report.document import AnalysisContext, Section
+from depthgate.report.formatting import markdown_table
 
 __all__ = ["render_sequential_markdown", "sequential_section"]
 
@@ -53,8 +54,7 @@ def render_sequential_markdown(body: Mapping[str, Any]) -> str:
     """The summary.md section."""
     design = body["design"]
     lines = ["", "", f"### {_title(design)}", "", _looks_line(design), ""]
-    lines += ["| " + " | ".join(_HEAD) + " |", "|---:|---|---:|---|---:|"]
-    lines += ["| " + " | ".join(row) + " |" for row in _rows(body)]
+    lines += markdown_table(_HEAD, _rows(body), right=(0, 2, 4))
     lines += ["", _sent_line(body), ""]
     return "\n".join(lines)
 

@@ -24,25 +24,12 @@ import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
-__all__ = ["write_bytes", "write_report_set"]
+from depthgate.spec.files import atomic_write
+
+__all__ = ["write_report_set"]
 
 _RENAME_EXCHANGE = 2
 _AT_FDCWD = -100
-
-
-def write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` via a temporary sibling and os.replace (fsynced, mode 0644)."""
-    descriptor, temp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(descriptor, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(temp, 0o644)  # mkstemp creates 0600; reports are meant to be read by CI and people
-        os.replace(temp, path)
-    except BaseException:
-        Path(temp).unlink(missing_ok=True)
-        raise
 
 
 def _exchange(a: Path, b: Path) -> bool:
@@ -112,7 +99,7 @@ def _move_each(files: Mapping[str, bytes], out: Path, commit: str) -> None:
     staging = Path(tempfile.mkdtemp(prefix=".depthgate-report-", dir=out))
     try:
         for name, data in files.items():
-            write_bytes(staging / name, data)
+            atomic_write(staging / name, data, fsync=True)
         (out / commit).unlink(missing_ok=True)
         for name in files:
             if name != commit:
@@ -140,7 +127,7 @@ def write_report_set(files: Mapping[str, bytes], out_dir: str | Path, *, commit:
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.new-{os.getpid()}-", dir=out.parent))
     try:
         for name, data in files.items():
-            write_bytes(staging / name, data)
+            atomic_write(staging / name, data, fsync=True)
         descriptor = os.open(staging, os.O_RDONLY)
         try:
             os.fsync(descriptor)

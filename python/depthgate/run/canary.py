@@ -23,7 +23,6 @@ arms, on top of the matrix's cases × depths × seeds).
 
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
 from dataclasses import replace
@@ -33,6 +32,7 @@ import polars as pl
 
 from depthgate.layout.layouts import BuildOptions, Position, Tokenizer, build_layouts
 from depthgate.spec.canaries import CANARY_DEPTHS, CANARY_KINDS, canary_cases
+from depthgate.spec.files import atomic_write
 
 __all__ = ["CANARIES_DIR", "CANARIES_FILE", "build_canaries"]
 
@@ -63,9 +63,7 @@ def build_canaries(
                 )
             )
             parts.append(pl.read_parquet(path))
-        staged = tmp / CANARIES_FILE
-        pl.concat(parts).write_parquet(staged)
-        os.replace(staged, out)
+        atomic_write(out, pl.concat(parts).write_parquet)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return pl.concat(summaries)

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
@@ -52,6 +51,7 @@ from depthgate.layout.layouts import (
 )
 from depthgate.layout.templates import Frame
 from depthgate.spec.cases import Case, Suite
+from depthgate.spec.files import atomic_write
 
 __all__ = [
     "CONTROLS_SCHEMA",
@@ -377,9 +377,7 @@ def build_controls(
         build_layouts(cases, tokenizer, replace(options, positions=[half]), source)
         for batch in _source_batches(source):
             add([controls.evidence_absent(by_id[layout["case_id"]], layout) for layout in batch])
-        staged = tmp / "controls.parquet"
-        sink.finish(staged)
-        os.replace(staged, out)
+        atomic_write(out, sink.finish)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return pl.concat(summaries)

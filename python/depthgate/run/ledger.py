@@ -93,7 +93,8 @@ class RunLedger:
         folder.mkdir(parents=True, exist_ok=True)
         self._lock.__enter__()
         try:
-            for stale in folder.glob(".tmp-*.parquet"):  # a temp file of a killed writer: never a record
+            # A temp file of a killed writer is never a record (``.tmp-*.parquet``: before issue #38).
+            for stale in [*folder.glob(".*.tmp"), *folder.glob(".tmp-*.parquet")]:
                 stale.unlink(missing_ok=True)
             existing = read_records(self.out, dedup=False)
             check_same_run(existing, self.run_id, self._options.manifest_digest, self.out)

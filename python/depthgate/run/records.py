@@ -17,7 +17,7 @@ import polars as pl
 
 from depthgate.exceptions import InfraError, InputError
 from depthgate.run.lock import DirLock
-from depthgate.spec.files import named_failure
+from depthgate.spec.files import atomic_write, named_failure
 
 RECORDS_DIR = "records"
 RECORDS_FILE = "records.parquet"
@@ -79,16 +79,9 @@ def _fsync_dir(path: Path) -> None:
             os.close(fd)
 
 
-def _atomic_write_parquet(frame: pl.DataFrame, target: Path) -> None:
-    tmp = target.with_name(f".tmp-{uuid.uuid4().hex}.parquet")
-    try:
-        frame.write_parquet(tmp)
-        with open(tmp, "rb") as handle:
-            os.fsync(handle.fileno())
-        os.replace(tmp, target)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
+def _write_durably(frame: pl.DataFrame, target: Path) -> None:
+    """A record file whole or not at all, on disk (file and folder fsynced) before it is counted."""
+    atomic_write(target, frame.write_parquet, fsync=True)
     _fsync_dir(target.parent)
 
 
@@ -150,7 +143,7 @@ def compact(out_dir: str | os.PathLike[str]) -> Path:
         shards = shard_paths(out)
         merged = read_records(out, dedup=True)
         target = out / RECORDS_FILE
-        _atomic_write_parquet(merged, target)
+        _write_durably(merged, target)
         for shard in shards:
             with contextlib.suppress(FileNotFoundError):
                 shard.unlink()
@@ -180,7 +173,7 @@ class ShardWriter:
         rows, self.buffer = self.buffer, []
         target = self.folder / f"part-{self.seq:06d}-{uuid.uuid4().hex}.parquet"
         try:
-            _atomic_write_parquet(_frame(rows), target)
+            _write_durably(_frame(rows), target)
         except OSError as exc:
             self.buffer = rows + self.buffer
             raise InfraError(

@@ -26,6 +26,7 @@ import polars as pl
 
 from depthgate.exceptions import InfraError
 from depthgate.layout.sink import ROW_GROUP_ROWS
+from depthgate.spec.files import atomic_write
 
 __all__ = ["LayoutStore", "iter_layout_batches", "write_layout_store"]
 
@@ -52,7 +53,20 @@ def write_layout_store(layouts: str | os.PathLike[str], folder: str | os.PathLik
     written last and renamed into place, so a killed write leaves no store) and open it."""
     out = Path(folder)
     out.mkdir(parents=True, exist_ok=True)
-    ids_tmp, text_tmp = out / (IDS_FILE + ".tmp"), out / (TEXT_FILE + ".tmp")
+    index: list[pl.DataFrame] = []
+    # Both flat files are written in one pass over the layouts, each through its own atomic write.
+    atomic_write(
+        out / IDS_FILE,
+        lambda ids_tmp: atomic_write(
+            out / TEXT_FILE, lambda text_tmp: index.append(_write_flat(layouts, ids_tmp, text_tmp))
+        ),
+    )
+    atomic_write(out / INDEX_FILE, index[0].write_parquet)
+    return LayoutStore(out)
+
+
+def _write_flat(layouts: str | os.PathLike[str], ids_tmp: Path, text_tmp: Path) -> pl.DataFrame:
+    """Write every layout's ids and text back to back into the two files; the offsets index."""
     layout_ids: list[str] = []
     id_offsets: list[int] = [0]
     text_offsets: list[int] = [0]
@@ -74,9 +88,7 @@ def write_layout_store(layouts: str | os.PathLike[str], folder: str | os.PathLik
                 text_fh.write(data)
                 layout_ids.append(str(layout_id))
                 text_offsets.append(text_offsets[-1] + len(data))
-    os.replace(ids_tmp, out / IDS_FILE)
-    os.replace(text_tmp, out / TEXT_FILE)
-    index = pl.DataFrame(
+    return pl.DataFrame(
         {
             "layout_id": layout_ids,
             "ids_start": id_offsets[:-1],
@@ -92,10 +104,6 @@ def write_layout_store(layouts: str | os.PathLike[str], folder: str | os.PathLik
             "text_end": pl.Int64,
         },
     )
-    tmp = out / (INDEX_FILE + ".tmp")
-    index.write_parquet(tmp)
-    os.replace(tmp, out / INDEX_FILE)
-    return LayoutStore(out)
 
 
 class LayoutStore:

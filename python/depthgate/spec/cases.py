@@ -3,9 +3,10 @@ seeded list of them. Every text obeys the unit contract (:mod:`depthgate.spec.te
 
 from __future__ import annotations
 
-from typing import Literal, TypeAlias
+from typing import Annotated, Any, Literal, TypeAlias
 
 from pydantic import (
+    AfterValidator,
     ConfigDict,
     Field,
     field_validator,
@@ -13,6 +14,11 @@ from pydantic import (
 )
 
 from depthgate.spec.base import Frozen, StrictFloat, StrictInt, violation
+from depthgate.spec.evidence_patterns import (
+    EvidencePatternKind,
+    evidence_pattern,
+    registered_evidence_patterns,
+)
 from depthgate.spec.limits import (
     MAX_CASES,
     count_problems,
@@ -21,8 +27,27 @@ from depthgate.spec.text_checks import UniqueIds, check_id, check_inline, check_
 
 Language: TypeAlias = Literal["en", "zh"]
 TaskKind: TypeAlias = Literal["extraction", "qa"]
-EvidencePattern: TypeAlias = Literal[
-    "single", "override", "exception", "order", "negation", "absent", "conflict", "mrcr"
+
+
+def _registered_pattern(name: str) -> str:
+    if name not in registered_evidence_patterns():
+        raise violation(
+            f"unknown evidence pattern {name!r}",
+            fix="use one of the registered evidence patterns: "
+            + ", ".join(map(repr, registered_evidence_patterns())),
+        )
+    return name
+
+
+def _pattern_schema(schema: dict[str, Any]) -> None:
+    """The JSON Schema lists the patterns registered when it is generated (``depthgate schema``)."""
+    schema["enum"] = list(registered_evidence_patterns())
+
+
+#: An evidence pattern named in the registry of :mod:`depthgate.spec.evidence_patterns` (what each means
+#: is its descriptor there; nothing else compares the names).
+EvidencePattern: TypeAlias = Annotated[
+    str, AfterValidator(_registered_pattern), Field(json_schema_extra=_pattern_schema)
 ]
 Risk: TypeAlias = Literal["low", "medium", "high"]
 EvidenceRole: TypeAlias = Literal["decisive", "competing"]
@@ -96,6 +121,11 @@ class Case(Frozen):
     @property
     def competing(self) -> list[EvidenceDoc]:
         return [doc for doc in self.evidence if doc.role == "competing"]
+
+    @property
+    def pattern(self) -> EvidencePatternKind:
+        """The descriptor of the case's evidence pattern (:mod:`depthgate.spec.evidence_patterns`)."""
+        return evidence_pattern(self.evidence_pattern)
 
     @model_validator(mode="after")
     def _check_case(self) -> Case:
@@ -188,8 +218,8 @@ class Case(Frozen):
 
     def _check_pattern(self) -> None:
         case = self.id
-        decisive, competing = self.decisive, self.competing
-        if self.evidence_pattern == "absent":
+        decisive, competing, pattern = self.decisive, self.competing, self.pattern
+        if pattern.decisive == "none":
             if decisive:
                 raise violation(
                     f"an evidence-absent case has decisive evidence {decisive[0].id!r}",
@@ -226,16 +256,24 @@ class Case(Frozen):
                     case=case,
                     fix="add the claim the decisive evidence supports",
                 )
-        if self.evidence_pattern == "single" and len(decisive) != 1:
+        if pattern.decisive == "one" and len(decisive) != 1:
             raise violation(
                 f"a single-evidence case has {len(decisive)} decisive documents",
                 field="evidence",
                 case=case,
                 fix="keep exactly one decisive document, or use evidence_pattern 'order'",
             )
-        if self.evidence_pattern == "conflict":
+        if pattern.scoring == "conflict":
             self._check_conflict()
-        if self.evidence_pattern in ("override", "exception") and not competing:
+        if pattern.decisive == "several" and len(decisive) < 2:
+            raise violation(
+                f"evidence_pattern {self.evidence_pattern!r} needs two or more decisive documents, "
+                f"the case has {len(decisive)}",
+                field="evidence",
+                case=case,
+                fix="add a decisive document, or choose another evidence_pattern",
+            )
+        if pattern.competing and not competing:
             raise violation(
                 f"evidence_pattern {self.evidence_pattern!r} needs a competing document "
                 "(the superseded version or the general rule)",

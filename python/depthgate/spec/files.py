@@ -1,9 +1,11 @@
-"""Reading a user's file, and turning a library's failure into a named error.
+"""Reading a user's file, turning a library's failure into a named error, and writing a file whole.
 
 Every step reads files the user names (matrices, suites, templates, models, record shards) and calls
 libraries that raise their own exceptions; each failure must reach the user as a depthgate error that
 names the file and the fix. This module is that mapping, written once: the callers keep their
-own wording, so the messages the tests pin stay as they were.
+own wording, so the messages the tests pin stay as they were. :func:`atomic_write` is the one way any
+step writes a file that a reader or a crash must never see half-written (cache entries, records,
+reports, run-folder JSON): it sits here, in the lowest layer, so every step may import it.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import json
 import os
 import stat
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +34,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ReadFailures",
-    "atomic_write_bytes",
+    "atomic_write",
     "cache_dir",
     "dist_version",
     "import_extra",
@@ -315,19 +317,41 @@ def cache_dir() -> Path:
     return base
 
 
-def atomic_write_bytes(target: Path, data: bytes) -> None:
-    """Write ``target`` whole or not at all (a temporary file beside it, then a rename)."""
+def atomic_write(
+    target: Path, content: bytes | str | Callable[[Path], object], *, fsync: bool = False
+) -> Path:
+    """Write ``target`` whole or not at all: into a temporary file beside it (``.<name>.<random>.tmp``,
+    the same folder, so the same file system), then one rename; missing parent folders are created.
+
+    ``content``: the bytes, the text (written as UTF-8, newlines as given), or a function that writes
+    the file at the path it is handed (``frame.write_parquet``; the path exists, empty). ``fsync``:
+    flush the file to disk before the rename (record shards, reports: files a crash must not leave
+    empty behind a completed rename). The file is mode 0644 (mkstemp creates 0600; depthgate's files are
+    read by CI and people). On any failure, an interrupt included, the temporary file is removed and
+    ``target`` keeps its previous content."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    fd, name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    tmp = Path(name)
     try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600; cache entries are shared, read-only data
+        if callable(content):
+            os.close(fd)
+            content(tmp)
+            if fsync:
+                with open(tmp, "rb") as handle:
+                    os.fsync(handle.fileno())
+        else:
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(content.encode("utf-8") if isinstance(content, str) else content)
+                if fsync:
+                    handle.flush()
+                    os.fsync(handle.fileno())
+        os.chmod(tmp, 0o644)
         os.replace(tmp, target)
     except BaseException:
         with contextlib.suppress(OSError):
-            os.unlink(tmp)
+            tmp.unlink()
         raise
+    return target
 
 
 def sha256_file(path: Path) -> str:

@@ -58,6 +58,7 @@ from depthgate.spec.cases import (
     Risk,
     Suite,
 )
+from depthgate.spec.evidence_patterns import evidence_pattern
 from depthgate.spec.filler import SplitMix64
 from depthgate.spec.incidents import import_incidents
 from depthgate.spec.limits import MAX_GENERATED_CASES
@@ -305,8 +306,9 @@ class _Generator:
         """Region, values and distractors of case ``index``, or None if this slot's space is exhausted."""
         rng = SplitMix64("depthgate/suite/case/v1", self.seed, index)
         values = _values(fact)
+        kind = evidence_pattern(pattern)
         for region in self._region_cycle(fact):
-            if pattern == "absent":
+            if kind.decisive == "none":
                 if (fact, region, "") in self.used:
                     continue
                 answer = None
@@ -317,9 +319,8 @@ class _Generator:
                 answer = rng.choice(free)
             others = [v for v in values if answer is None or v.key() != answer.key()]
             # the superseded, general or ruled-out value; for a conflict, the second source's value
-            needs_old = pattern in ("override", "exception", "order", "negation", "conflict")
-            picked = rng.sample(others, DISTRACTORS_PER_CASE + (1 if needs_old else 0))
-            old = picked.pop() if needs_old else None
+            picked = rng.sample(others, DISTRACTORS_PER_CASE + (1 if kind.second_value else 0))
+            old = picked.pop() if kind.second_value else None
             other_regions = [r for r in range(len(REGIONS)) if r != region]
             threshold_index = rng.below(len(EXPENSE_THRESHOLDS))
             if fact == "expense_signoff":
@@ -349,9 +350,7 @@ class _Generator:
                 version=version,
                 year_old=year,
                 year_new=year + 1 + rng.below(2),
-                competing_depth=self.competing_depth(pattern)
-                if pattern in ("override", "exception")
-                else None,
+                competing_depth=self.competing_depth(pattern) if kind.competing else None,
             )
         return None
 
@@ -391,14 +390,15 @@ def _claims(
     forbidden: list[Claim] = []
     if answer is not None:
         required.append(_claim(writer, "answer", prefix, fact, answer))
-    if pattern == "conflict" and answer is not None and old is not None:
+    kind = evidence_pattern(pattern)
+    if kind.scoring == "conflict" and answer is not None and old is not None:
         # two required claims, one per source; the oracle passes both values or an abstention
         required = [
             _claim(writer, f"source_{letter}", prefix, fact, value)
             for letter, value in (("a", answer), ("b", old))
         ]
     elif old is not None:
-        claim_id = "competing" if pattern in ("override", "exception") else "ruled_out"
+        claim_id = "competing" if kind.competing else "ruled_out"
         forbidden.append(_claim(writer, claim_id, prefix, fact, old, severity="wrong"))
     return required, forbidden
 
@@ -435,7 +435,9 @@ def _override_evidence(case_id: str, fact: FactType, draw: _Draw, writer: _Write
 def _evidence(
     case_id: str, pattern: EvidencePattern, fact: FactType, draw: _Draw, writer: _Writer, threshold: str
 ) -> list[EvidenceDoc]:
-    """The evidence documents of a case, by its evidence pattern (none for ``absent``)."""
+    """The evidence documents of a case, by its evidence pattern (none for ``absent``): the built-in
+    suite's own wording of each pattern it schedules. A pattern registered elsewhere
+    (:mod:`depthgate.spec.evidence_patterns`) comes in suites of its own and never reaches here."""
     region, answer, old = draw.region, draw.answer, draw.old
     if answer is None:
         return []
@@ -509,7 +511,7 @@ def _expected(
 ) -> dict[str, str]:
     expected: dict[str, str] = {"region": writer.region(draw.region)}
     unit = writer.unit(fact)
-    if pattern == "conflict":  # either an abstention or every value passes: no single value is expected
+    if evidence_pattern(pattern).scoring == "conflict":  # an abstention or every value passes: no one value
         if unit is not None:
             expected["unit"] = unit
     elif draw.answer is not None:
@@ -526,14 +528,15 @@ def _expected(
 
 def _build_case(case_id: str, pattern: EvidencePattern, fact: FactType, draw: _Draw, writer: _Writer) -> Case:
     threshold = EXPENSE_THRESHOLDS[draw.threshold]
-    current = pattern in ("override", "order")
+    kind = evidence_pattern(pattern)
+    current = kind.asks_current
     query = writer.question(fact, draw.region, threshold, current=current)
     prefix = writer.answer_prefix(fact, draw.region, threshold, current=current)
     required, forbidden = _claims(pattern, fact, draw, writer, prefix)
     distractors, distractor_claims = _distractors(case_id, fact, draw, writer)
     return Case(
         id=case_id,
-        kind="extraction" if pattern == "single" else "qa",
+        kind=kind.task,
         evidence_pattern=pattern,
         language=writer.language,
         risk=_RISK[fact],
