@@ -61,15 +61,15 @@ def test_worker_against_in_process_on_smoke_layouts() -> None:
             engine.generate(prompts[0], max_tokens=12, seed=0)
         for r in range(rounds):
             order = ["in process", "worker"] if r % 2 == 0 else ["worker", "in process"]
-            for ids in prompts:
+            for prompt in prompts:
                 for name in order:
                     start = time.perf_counter()
-                    gen = engines[name].generate(ids, max_tokens=12, seed=0)
+                    gen = engines[name].generate(prompt, max_tokens=12, seed=0)
                     seconds[name].append(time.perf_counter() - start)
                     answers[name].append(gen.text)
     assert answers["worker"] == answers["in process"]
     # this build against the build that answered the shipped run (the README's numbers)
-    same = sum(answers["worker"][i] == shipped[layout] for i, layout in enumerate(ids))
+    same = sum(answers["worker"][i] == shipped[layout] for i, layout in enumerate(ids))  # first round
     local_s, worker_s = (statistics.median(seconds[k]) for k in ("in process", "worker"))
     total = {k: sum(v) for k, v in seconds.items()}
     print(

@@ -102,6 +102,10 @@ def test_matrix_end_to_end_on_the_real_server(vllm_server: VLLMServer, tmp_path:
                 "checked": 8,
                 "scope": "sample",
                 "unreachable": False,
+                "status": "checked",
+                "reason": None,
+                "policy": "refuse_on_failure",
+                "outcome": "8 prompt(s) (sample) tokenized identically by /tokenize",
             }
         ]
     assert f"tokenizer parity: baseline @ {vllm_server.url}: 8 prompt(s) (sample) tokenized identically" in (
