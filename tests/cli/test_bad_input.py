@@ -22,12 +22,14 @@ is unchanged.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import re
 import shutil
 import string
 from collections.abc import Callable
+from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -75,7 +77,8 @@ def good_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A real run folder (both arms, records, report) from a run against the stub server below; the
     gate cases tamper with copies of it."""
     root = tmp_path_factory.mktemp("good-run")
-    with NotStatedReader() as reader:
+    # The run's own console output is not the tested command's: kept out of the first case's capsys.
+    with NotStatedReader() as reader, redirect_stdout(io.StringIO()), redirect_stderr(io.StringIO()):
         matrix = root / "m.toml"
         matrix.write_text(matrix_text(reader.port))
         code = main(["run", str(matrix), "--out", str(root / "run"), "--no-controls"])
