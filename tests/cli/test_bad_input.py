@@ -22,12 +22,14 @@ is unchanged.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import re
 import shutil
 import string
 from collections.abc import Callable
+from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -75,7 +77,8 @@ def good_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A real run folder (both arms, records, report) from a run against the stub server below; the
     gate cases tamper with copies of it."""
     root = tmp_path_factory.mktemp("good-run")
-    with NotStatedReader() as reader:
+    # The run's own console output is not the tested command's: kept out of the first case's capsys.
+    with NotStatedReader() as reader, redirect_stdout(io.StringIO()), redirect_stderr(io.StringIO()):
         matrix = root / "m.toml"
         matrix.write_text(matrix_text(reader.port))
         code = main(["run", str(matrix), "--out", str(root / "run"), "--no-controls"])
@@ -376,6 +379,16 @@ def _write_inputs(root: Path, good_layouts: Path) -> dict[str, str]:
     w["m_endpoints_crlf"] = variant(
         "m-endpoints-crlf.toml", endpoint, 'endpoints = ["http://127.0.0.1:9", "http://127.0.0.1:8\\r\\n"]'
     )
+    # issue #37, item 7: canaries (on by default for a server arm) take a count 0..8, nothing else
+    for key, line in (
+        ("m_canaries_negative", "canaries = -1"),
+        ("m_canaries_over", "canaries = 9"),
+        ("m_canaries_text", 'canaries = "2"'),
+        ("m_canaries_float", "canaries = 2.0"),
+        ("m_canaries_bool", "canaries = true"),
+        ("m_canaries_huge", "canaries = 1000000000000"),
+    ):
+        w[key] = variant(key.replace("_", "-") + ".toml", "repeats = 1", f"repeats = 1\n{line}")
     w["m_alpha_subnormal"] = variant("m-alpha-subnormal.toml", "n_min = 2", "n_min = 2\nalpha = 5e-324")
     w["m_alpha_tiny"] = variant("m-alpha-tiny.toml", "n_min = 2", "n_min = 2\nalpha = 1e-9")
     w["m_resamples_1e12"] = variant(

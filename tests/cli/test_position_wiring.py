@@ -165,7 +165,11 @@ def test_aa_run_reports_the_noise_floor(tmp_path: Path, capsys: pytest.CaptureFi
     doc = read_verdict(run)
     nf = doc["noise_floor"]
     assert nf["flips"] == 0 and nf["flip_rate"] == 0.0 and nf["paired_runs"] > 0
-    assert sent == 2 * nf["paired_runs"]  # separate requests for the repeat
+    # separate requests for the repeat, and the default canaries of a server arm (2 head + 2 tail per
+    # arm at the one length), answered on both sides
+    canaries = doc["serving_checks"]["canaries"]
+    assert sum(c["runs"] for c in canaries["counts"]) == 8 and canaries["lost"] == []
+    assert sent == 2 * nf["paired_runs"] + 8
     # Issue #22: the recommendation is where an A/A release of 19 cases x 1 seed passes 0.8 of the time
     # (no flip seen, but 19 cases cannot show a small margin); the |Delta| bound alone said 0.01.
     assert nf["noise_bound_margin"] == 0.01 and nf["pass_probability"] >= 0.8 and nf["pass_target"] == 0.8

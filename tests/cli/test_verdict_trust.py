@@ -161,7 +161,11 @@ def test_unreachable_endpoint_is_infra_exit_30_then_the_rerun_resumes(
     assert ok_row in (run / "report" / "summary.md").read_text()
     records = read_records(run)
     assert records.height == planned and set(records["status"]) == {"ok"}
-    assert server.requests == planned  # only what had no final record was sent, each once
+    # only what had no final record was sent, each once; then the canaries (on by default for a server
+    # arm; the first call stopped at the breaker before them), once
+    canaries = read_records(run / "canaries")
+    assert canaries.height == 8 and set(canaries["status"]) == {"ok"}
+    assert server.requests == planned + canaries.height
     assert sent_before <= planned
 
 
@@ -272,7 +276,10 @@ def test_the_shipped_tokenizer_upgrade_matrix_runs_to_a_report(
     # arms × placed cases × depths at the gated lengths, all sent once; beside them the short lengths of
     # NoLiMa's base score (the plan's default), never gated
     assert records.filter(pl.col("target_tokens").is_in(gated)).height == 2 * 40 * 5
-    sent = pl.concat([read_records(run), read_records(run / "controls")]).filter(pl.col("attempts") > 0)
+    # the matrix, its controls and its canaries (on by default: the arms are vLLM servers)
+    folders = [run, run / "controls", run / "canaries"]
+    sent = pl.concat([read_records(f) for f in folders]).filter(pl.col("attempts") > 0)
+    assert read_records(run / "canaries").height == 2 * 2 * 2 * len(gated)  # head + tail, 2 each, per arm
     assert server.requests == sent.height  # each sent exactly once (refused controls are never sent)
     assert read_verdict(run)["verdict"] == "PASS"
 

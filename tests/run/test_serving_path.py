@@ -30,6 +30,7 @@ from tokenizers import Tokenizer
 
 from depthgate.commands.cli import main
 from depthgate.exceptions import ExitCode
+from depthgate.judge.health import EARLIER
 from depthgate.spec.suites import builtin_suite
 from fixtures_paths import tokenizers_dir
 from helpers import (
@@ -200,9 +201,14 @@ def test_a_gateway_cutting_the_head_and_forging_count_and_echo_is_canary_head_lo
     canaries (2 per kind, arm and length: 8 requests) the run ends FAIL_SYSTEM (exit 13) naming
     ``canary_head_lost``; the tail canaries pass on both arms."""
     top = "canaries = 2"
-    without = _matrix(tmp_path, _endpoint(reader), candidate="head-cut")
+    without = _matrix(tmp_path, _endpoint(reader), candidate="head-cut", top="canaries = 0")
+    before = reader.requests
     code = main(["run", str(without), "--out", str(tmp_path / "blind"), "--no-controls"])
     assert code == ExitCode.FAIL == 10  # what a run without canaries can see: a "model regression"
+    # `canaries = 0` still turns them off for a server arm (issue #37 item 7): the matrix alone is sent
+    assert reader.requests - before == 2 * PLACED * 2
+    assert not (tmp_path / "blind" / "canaries").exists()
+    assert "canaries" not in read_verdict(tmp_path / "blind").get("serving_checks", {})
     capsys.readouterr()
 
     matrix = _matrix(tmp_path, _endpoint(reader), candidate="head-cut", top=top)
@@ -252,15 +258,53 @@ def test_a_baseline_that_loses_its_canaries_is_named_too(
     assert "the baseline's serving path failed" in out
 
 
-def test_canaries_default_off_keeps_the_run_id_of_a_matrix_without_them(tmp_path: Path) -> None:
+def test_a_forging_gateway_is_caught_by_the_default_matrix(
+    tmp_path: Path, reader: Reader, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue #37 item 7: the head-cutting, count-forging gateway in front of the candidate, and a matrix
+    that says nothing about canaries. A server arm gets 2 head + 2 tail canaries per arm and length by
+    default, so the run ends FAIL_SYSTEM (exit 13) with ``canary_head_lost`` — not the exit 10 "model
+    regression at depth 0" a user who never heard of canaries got before."""
+    matrix = _matrix(tmp_path, _endpoint(reader), candidate="head-cut")
+    assert "canaries" not in matrix.read_text()
+    before = reader.requests
+    code = main(["run", str(matrix), "--out", str(tmp_path / "run"), "--no-controls"])
+    out = capsys.readouterr().out
+    assert code == ExitCode.FAIL_SYSTEM == 13, out
+    assert reader.requests - before == 2 * PLACED * 2 + 8  # the matrix plus 2 × 2 canaries per arm
+    assert "canary_head_lost" in out and "FAIL_REGRESSION" not in out
+    doc = read_verdict(tmp_path / "run")
+    assert doc["system_fail_reasons"] == {"canary_head_lost": 2}
+    assert doc["serving_checks"]["canaries"]["lost"] == ["candidate:canary_head_lost@640"]
+
+
+def test_the_canary_default_follows_the_arms_and_zero_keeps_the_old_run_id(tmp_path: Path) -> None:
+    """A server matrix without ``canaries`` is the same matrix (digest, run id) as one that says
+    ``canaries = 2``; ``canaries = 0`` is the digest a matrix had before canaries existed. Two embedded
+    arms (the smoke matrix) keep 0 by default, their digest unchanged."""
     from depthgate.spec.loading import load_matrix
+    from depthgate.spec.matrix import DEFAULT_SERVER_CANARIES
+
+    def variant(path: Path, name: str, line: str) -> Path:
+        text = path.read_text()
+        first = text.index("\nname = ") + 1
+        end = text.index("\n", first)
+        out = tmp_path / f"{name}.toml"
+        out.write_text(text[: end + 1] + line + "\n" + text[end + 1 :])
+        return out
 
     plain = _matrix(tmp_path, 'endpoint = "http://127.0.0.1:9"')
-    zero = tmp_path / "zero.toml"
-    zero.write_text(plain.read_text().replace('name = "serving"', 'name = "serving"\ncanaries = 0'))
-    two = tmp_path / "two.toml"
-    two.write_text(plain.read_text().replace('name = "serving"', 'name = "serving"\ncanaries = 2'))
-    assert load_matrix(zero).digest() == load_matrix(plain).digest() != load_matrix(two).digest()
+    zero, two = variant(plain, "zero", "canaries = 0"), variant(plain, "two", "canaries = 2")
+    assert load_matrix(plain).canaries == DEFAULT_SERVER_CANARIES == 2
+    assert load_matrix(zero).canaries == 0
+    assert load_matrix(plain).digest() == load_matrix(two).digest() != load_matrix(zero).digest()
+    assert '"canaries"' not in load_matrix(zero).canonical_json()
+
+    embedded = tmp_path / "embedded.toml"
+    embedded.write_text("\n" + small_smoke_matrix())
+    embedded_zero = variant(embedded, "embedded-zero", "canaries = 0")
+    assert load_matrix(embedded).canaries == 0
+    assert load_matrix(embedded).digest() == load_matrix(embedded_zero).digest()
 
 
 def test_lost_jobs_name_real_endpoints_and_a_resume_keeps_the_first_failure_counts(
@@ -270,7 +314,8 @@ def test_lost_jobs_name_real_endpoints_and_a_resume_keeps_the_first_failure_coun
     pseudo-endpoint of both URLs joined. Then two replicas serve both arms and die mid-run (after 6
     answers each): jobs are lost on both, each counted under the replica that failed it last. With the
     replicas back, the resume (controls on) finishes; verdict.json keeps the first call's failed
-    attempts, and the console's per-endpoint counts are verdict.json's (matrix and controls alike)."""
+    attempts, named apart as failed in earlier calls, and the console's per-endpoint counts are
+    verdict.json's (matrix and controls alike)."""
     ports = [free_port(), free_port()]
     urls = [f"http://127.0.0.1:{p}" for p in ports]
     matrix = _matrix(tmp_path, f"endpoints = {json.dumps(urls)}")
@@ -299,13 +344,21 @@ def test_lost_jobs_name_real_endpoints_and_a_resume_keeps_the_first_failure_coun
     assert set(endpoints) == set(urls)
     for url in urls:
         counts = endpoints[url]
-        assert counts["failed"] >= failed_first[url]  # the first call's failures are not forgotten
+        # The first call's failures are not forgotten, and not passed off as the resume's (issue #37):
+        # those of the jobs the resume answered are "failed in earlier calls"; `failed` keeps only the
+        # failures of the calls that wrote the final records (here the first call's moved-and-answered
+        # jobs: the resume itself failed nothing).
+        earlier = counts.get(EARLIER, 0)
+        assert earlier > 0 and counts["failed"] + earlier == failed_first[url], (counts, failed_first)
         sent = counts["ok"] + counts["system_fail"] + counts["infra_error"]
         line = (
             f"depthgate: {url}: sent {sent} (ok {counts['ok']}, system_fail {counts['system_fail']}, "
-            f"infra_error {counts['infra_error']}), failed {counts['failed']}"
+            f"infra_error {counts['infra_error']}), failed {counts['failed']}, failed in earlier calls "
+            f"{earlier}, "
         )
         assert line in err, (line, err[-3000:])
+    summary = (run / "report" / "summary.md").read_text()
+    assert "| failed attempts | failed in earlier calls |" in summary
     # controls count too, in both places: more answers than the matrix's own jobs
     assert sum(e["ok"] for e in endpoints.values()) > 2 * PLACED * 2
 

@@ -250,3 +250,36 @@ def test_the_json_schema_lists_the_registered_backends(toy: BackendKind) -> None
     backend = schema()["System"]["properties"]["backend"]
     assert backend["type"] == "string" and backend["enum"] == list(registered_backends())
     assert "toy" in backend["enum"]
+
+
+def test_canaries_default_on_for_every_server_path_and_off_for_embedded_engines(toy: BackendKind) -> None:
+    """Issue #37 item 7: a matrix that leaves ``canaries`` out gets DEFAULT_SERVER_CANARIES when an arm's
+    serving path is not embedded — every built-in server path, read from the registry, not by name —
+    and 0 when both arms are embedded engines (llama.cpp in process, vLLM offline, a registered toy);
+    an explicit ``canaries = 0`` stays 0."""
+    from depthgate.spec.backend_kinds import backend_kind
+    from depthgate.spec.matrix import DEFAULT_SERVER_CANARIES
+
+    seen = set()
+    for name in registered_backends():
+        for key, path in backend_kind(name).paths.items():
+            arm = {
+                "backend": name,
+                "model": "m",
+                "tokenizer": "gguf:",
+                **({"endpoint": "http://127.0.0.1:9"} if path.endpoint == "required" else {}),
+                **({"runtime": {"api": key}} if path.accepts("api") else {}),
+            }
+            data = {**_matrix_data(name), "baseline": {**arm, "name": "base"}}
+            data["candidate"] = {**arm, "name": "cand"}
+            matrix = parse_spec(Matrix, data, file="m.toml")
+            assert matrix.candidate.serving is path
+            expected = 0 if path.embedded else DEFAULT_SERVER_CANARIES
+            assert matrix.canaries == expected, (name, key)
+            assert parse_spec(Matrix, {**data, "canaries": 0}, file="m.toml").canaries == 0
+            # one server arm is enough: the other side of the comparison may be an embedded engine
+            mixed = {**_matrix_data(name), "candidate": {**arm, "name": "cand"}}
+            assert parse_spec(Matrix, mixed, file="m.toml").canaries == expected, (name, key)
+            seen.add((name, path.embedded))
+    assert {("vllm-server", False), ("openai", False), ("anthropic", False), ("llamacpp", False)} <= seen
+    assert {("llamacpp", True), ("vllm", True), ("toy", True)} <= seen

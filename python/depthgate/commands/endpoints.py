@@ -2,8 +2,9 @@
 
 The counts are the records' (:func:`depthgate.judge.health.endpoint_counts`) over every request the run
 sent — the matrix, its controls and its canaries — and over every call into the folder: the final
-record of each job by status where it was answered, and every failed attempt (a resumed job's final
-record carries the endpoints that failed it in earlier calls, :class:`depthgate.run.ledger.RunLedger`).
+record of each job by status where it was answered, and every failed attempt: ``failed`` those of the
+call that wrote the final record, ``failed_in_earlier_calls`` those of the calls before a resume (a
+resumed job's final record carries them, :class:`depthgate.run.ledger.RunLedger`).
 The console adds only each replica's state now (up, drained, excluded).
 """
 
@@ -16,7 +17,7 @@ from typing import Any
 
 import polars as pl
 
-from depthgate.judge.health import endpoint_counts
+from depthgate.judge.health import EARLIER, endpoint_counts
 
 __all__ = ["print_endpoint_counts", "run_endpoint_counts"]
 
@@ -66,10 +67,11 @@ def print_endpoint_counts(run: Path, backends: Mapping[str, Any]) -> None:
     urls = sorted(states, key=lambda u: (not counts.get(u, empty)["failed"] and not drains[u], u))
     for url in urls[:_ENDPOINT_LINES]:
         c = counts.get(url, empty)
+        earlier = f", failed in earlier calls {c[EARLIER]}" if c.get(EARLIER) else ""
         print(
             f"depthgate: {url}: sent {c['ok'] + c['system_fail'] + c['infra_error']} (ok {c['ok']}, "
-            f"system_fail {c['system_fail']}, infra_error {c['infra_error']}), failed {c['failed']}, "
-            f"drained {drains[url]}x ({', '.join(states[url])})",
+            f"system_fail {c['system_fail']}, infra_error {c['infra_error']}), failed {c['failed']}"
+            f"{earlier}, drained {drains[url]}x ({', '.join(states[url])})",
             file=sys.stderr,
         )
     rest = [counts.get(u, empty) for u in urls[_ENDPOINT_LINES:]]

@@ -26,6 +26,7 @@ from depthgate.judge.serving import SystemFinding
 from depthgate.judge.stats import GateResult
 
 __all__ = [
+    "EARLIER",
     "NO_ENDPOINT",
     "SYSTEM_DRIVEN_SHARE",
     "FailureClass",
@@ -88,11 +89,17 @@ def _one_endpoint(endpoint: object) -> str | None:
     return str(endpoint)
 
 
+#: Per-endpoint key of the transient failures in earlier calls into the run folder (issue #37).
+EARLIER = "failed_in_earlier_calls"
+
+
 def endpoint_counts(records: pl.DataFrame) -> dict[str, dict[str, int]]:
     """Per endpoint that was sent to: the final records it holds by status (``ok``, ``system_fail``,
-    ``infra_error``) and ``failed``, the transient failures there (``failed_endpoints``, which a resumed
-    job's final record carries over from the earlier calls). Records never sent (a refused layout,
-    ``attempts`` 0) count nowhere; a lost job no endpoint took counts under none."""
+    ``infra_error``) and ``failed``, the transient failures there in the call that wrote each final
+    record (``failed_endpoints``); with :data:`EARLIER` (only where there were any), the failures there
+    in earlier calls (a killed or INFRA-stopped run), which a resumed job's final record carries over
+    (``earlier_failed_endpoints``). Records never sent (a refused layout, ``attempts`` 0) count nowhere;
+    a lost job no endpoint took counts under none."""
     counts: dict[str, dict[str, int]] = {}
 
     def slot(endpoint: str) -> dict[str, int]:
@@ -110,6 +117,11 @@ def endpoint_counts(records: pl.DataFrame) -> dict[str, dict[str, int]]:
         for listed in sent(records)["failed_endpoints"].drop_nulls().to_list():
             for endpoint in str(listed).split():
                 slot(endpoint)["failed"] += 1
+    if records.height and "earlier_failed_endpoints" in records.columns:
+        for listed in sent(records)["earlier_failed_endpoints"].drop_nulls().to_list():
+            for endpoint in str(listed).split():
+                earlier = slot(endpoint)
+                earlier[EARLIER] = earlier.get(EARLIER, 0) + 1
     return counts
 
 

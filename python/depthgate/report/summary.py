@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from depthgate.judge.health import RunHealth
+from depthgate.judge.health import EARLIER, RunHealth
 from depthgate.judge.stats import BASELINE, CANDIDATE, GateResult, SliceResult, SliceStatus
 from depthgate.report.chars import CHARS_NOTE, length_char_rows
 from depthgate.report.formatting import md_cell, ordered_slices, plain, q_value, signed, slice_key
@@ -82,21 +82,27 @@ def _health_lines(health: RunHealth | None) -> list[str]:
         lines += [f"| `{k}` | {v} |" for k, v in sorted(health.infra.by_slice.items())]
         lines += ["", "The slice table below is computed over incomplete data: provisional, not a verdict."]
     if health is not None and health.infra is not None and health.infra.endpoints:
-        # Where the requests went (one row per endpoint or replica; "failed attempts": attempts that
-        # failed there before the job's final record, on this replica or another).
-        lines += [
-            "",
-            "<details><summary>Requests per endpoint</summary>",
-            "",
-            "| endpoint | ok | system_fail | infra_error | failed attempts |",
-            "|---|---:|---:|---:|---:|",
-        ]
-        lines += [
-            f"| `{k}` | {v['ok']} | {v['system_fail']} | {v['infra_error']} | {v['failed']} |"
-            for k, v in sorted(health.infra.endpoints.items())
-        ]
-        lines += ["", "</details>"]
+        lines += _endpoint_lines(health.infra.endpoints)
     return lines
+
+
+def _endpoint_lines(endpoints: Mapping[str, Mapping[str, int]]) -> list[str]:
+    """Where the requests went (one row per endpoint or replica; "failed attempts": attempts that failed
+    there before the job's final record, in the call that wrote it, on this replica or another; a run
+    resumed after failures adds "failed in earlier calls", the killed or stopped calls' own)."""
+    earlier = any(EARLIER in v for v in endpoints.values())
+    head = "| endpoint | ok | system_fail | infra_error | failed attempts |"
+    lines = [
+        "",
+        "<details><summary>Requests per endpoint</summary>",
+        "",
+        head + (" failed in earlier calls |" if earlier else ""),
+        "|---|---:|---:|---:|---:|" + ("---:|" if earlier else ""),
+    ]
+    for k, v in sorted(endpoints.items()):
+        row = f"| `{k}` | {v['ok']} | {v['system_fail']} | {v['infra_error']} | {v['failed']} |"
+        lines.append(row + (f" {v.get(EARLIER, 0)} |" if earlier else ""))
+    return [*lines, "", "</details>"]
 
 
 def _safety_lines(result: GateResult) -> list[str]:

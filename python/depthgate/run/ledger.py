@@ -106,14 +106,15 @@ class RunLedger:
             shard_seqs = [int(m.group(1)) for p in shard_paths(self.out) if (m := SHARD_NAME.match(p.name))]
             self.writer = ShardWriter(folder, max(shard_seqs, default=-1) + 1, self._options.batch_size)
             self.pending = [job for job in self._order if job.key not in done]
-            # The endpoints that failed a job in an earlier call (its infra_error record): the job's
-            # final record carries them on, so a resume keeps every failure count (issue #21).
+            # The endpoints that failed a job in earlier calls (its infra_error record, and the calls
+            # before that one): the job's final record carries them on as `earlier_failed_endpoints`,
+            # so a resume keeps every failure count (issue #21) and tells them apart (issue #37).
             self._prior_failed = {
-                (str(a), str(lid), int(s)): str(failed)
-                for a, lid, s, st, failed in existing.select(
-                    [*RECORD_KEY, "status", "failed_endpoints"]
+                (str(a), str(lid), int(s)): " ".join(str(f) for f in (earlier, failed) if f)
+                for a, lid, s, st, failed, earlier in existing.select(
+                    [*RECORD_KEY, "status", "failed_endpoints", "earlier_failed_endpoints"]
                 ).iter_rows()
-                if st == "infra_error" and failed and (str(a), str(lid), int(s)) not in done
+                if st == "infra_error" and (failed or earlier) and (str(a), str(lid), int(s)) not in done
             }
             self.already = self.total - len(self.pending)
             # None = on; progress lines go to stderr, redrawn on a terminal, one per few percent elsewhere.
@@ -145,9 +146,7 @@ class RunLedger:
                 self.meter.error(endpoint)
         prior = self._prior_failed.pop((str(rec["arm"]), str(rec["layout_id"]), int(rec["seed"])), None)
         if prior:
-            rec["failed_endpoints"] = " ".join(
-                [prior, *([rec["failed_endpoints"]] if rec.get("failed_endpoints") else [])]
-            )
+            rec["earlier_failed_endpoints"] = prior
         self.meter.tick(rec["status"])
 
     def sendable(self, refused: Callable[[Job], dict[str, Any]]) -> list[Job]:

@@ -56,6 +56,9 @@ RECORD_SCHEMA: dict[str, pl.DataType] = {
     # Endpoints where an attempt of this job failed transiently before this record, space-separated, in
     # order (a job moved off a dead replica names it here; its `endpoint` is the one that answered).
     "failed_endpoints": pl.String(),
+    # The endpoints that failed this job in earlier calls into the folder (a killed or INFRA-stopped
+    # run), carried over by the resume that answered it (issue #37): counted apart from this call's.
+    "earlier_failed_endpoints": pl.String(),
 }
 
 

@@ -151,6 +151,12 @@ SuiteRef: TypeAlias = Annotated[
 #: The most canaries per arm, length and kind a matrix may ask for (each is a full-length request).
 MAX_CANARIES = 8
 
+#: Canaries per arm, length and kind of a matrix that does not set ``canaries`` and has an arm on a
+#: server (issue #37 item 7): a gateway that drops or forges the head or tail of a prompt is caught
+#: without the user knowing to ask. Two, so one missed copy by a weak model never reads as a lost end
+#: (an arm loses its canaries when it answers fewer than half of them, depthgate.judge.canary).
+DEFAULT_SERVER_CANARIES = 2
+
 #: The most context turns a conversation may have: every turn's split is proved with its own probe
 #: renders (three per turn, depthgate.layout.conversation), so the proof grows with the square of it.
 MAX_TURNS = 255
@@ -181,7 +187,9 @@ class Matrix(Frozen):
     order: Literal["shuffled", "haystack"] = "shuffled"
     # Full-length canaries (issue #21): per arm, length and kind (head, tail), this many requests whose
     # answer is fixed text at the very start / end of a prompt of the tested length
-    # (depthgate.run.canary). 0 (the default) sends none and leaves digests and run ids as before.
+    # (depthgate.run.canary). Unset, it resolves to DEFAULT_SERVER_CANARIES when an arm runs on a server
+    # (issue #37 item 7; _default_canaries) and to 0 when both arms are embedded engines; 0 sends none
+    # and leaves digests and run ids as before (canonical_json drops it).
     canaries: StrictInt = Field(default=0, ge=0, le=MAX_CANARIES)
     # Issue 25: "single" (one user turn holds the context) or "conversation": `turns` alternating
     # user/assistant turns over which filler and distractors are spread, the question in the last user
@@ -268,6 +276,23 @@ class Matrix(Frozen):
             n_slices=len(self.lengths) * len(self.position_values()), prefix="plan.", n_cases=n_cases
         )
         return self
+
+    @model_validator(mode="after")
+    def _default_canaries(self) -> Matrix:
+        """An unset ``canaries`` is :data:`DEFAULT_SERVER_CANARIES` when either arm runs on a server
+        (its serving path is not embedded): between depthgate and a server sit proxies and gateways
+        that may cut or forge the ends of a prompt while its counts agree, which only a canary sees.
+        Two embedded engines (llama.cpp in this process, vLLM offline) take the token ids from
+        depthgate itself, with nothing in between, and report their own counts: no canaries unless
+        asked. The resolved count is set as if written, so a dump of the matrix reads back the same."""
+        if "canaries" not in self.model_fields_set and self.has_server_arm():
+            object.__setattr__(self, "canaries", DEFAULT_SERVER_CANARIES)
+            self.model_fields_set.add("canaries")
+        return self
+
+    def has_server_arm(self) -> bool:
+        """Either arm reaches its model over HTTP (a serving path that is not embedded)."""
+        return any(not system.serving.embedded for system in (self.baseline, self.candidate))
 
     def _check_shape(self) -> None:
         for name in ("turns", "turn_tokens"):
