@@ -31,6 +31,7 @@ from vllm_env import SERVED_NAME, WINDOW, VLLMServer
 from depthgate.exceptions import BackendRequestError, ExitCode, OverLengthError
 from depthgate.run.backends.base import Request
 from depthgate.run.backends.http import OpenAICompletionsBackend
+from depthgate.run.records import read_records
 from helpers import REPO
 
 pytestmark = pytest.mark.vllm
@@ -90,7 +91,13 @@ def test_matrix_end_to_end_on_the_real_server(vllm_server: VLLMServer, tmp_path:
     assert set(records["status"]) == {"ok"}
     assert (records["prompt_tokens_server"] == records["prompt_tokens_local"]).all()
     controls = pl.read_parquet(run / "controls" / "records.parquet")
-    assert vllm_server.completions_answered() - before == records.height + controls.height
+    # A server arm gets 2 head + 2 tail canaries per length by default (issue #37 item 7): both arms on
+    # the one server, the same content, so the same canary prompts, answered alike (no canary lost).
+    canaries = read_records(run / "canaries")
+    assert canaries.height == 2 * 2 * 2 * 2  # arms × kinds × canaries × lengths
+    assert verdict["serving_checks"]["canaries"]["lost"] == []
+    sent = records.height + controls.height + canaries.height
+    assert vllm_server.completions_answered() - before == sent
     # The window came from /v1/models; the tokenizer was checked against the server's own /tokenize.
     for arm in ("baseline", "candidate"):
         parity = json.loads((run / arm / "tokenizer_parity.json").read_text())

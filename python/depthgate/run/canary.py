@@ -10,9 +10,17 @@ and length, ``matrix.canaries`` requests of each kind:
 * ``tail``: the same at the very end of the context region (depth 1).
 
 A canary is a synthetic case (:func:`canary_cases`, a five-digit number per canary, fixed) built by the
-layout builder like any layout — token-exact, verified, under the arm's own tokenizer, template,
-preamble and assembler, filler around it — so it travels the arm's serving path exactly as the matrix
-does. They are sent after the matrix into ``RUN/canaries/`` and scored by the oracle like controls
+layout builder like any layout — token-exact, verified, under the arm's own tokenizer, template and
+window, filler around it — so it travels the arm's serving path exactly as the matrix does. What is
+*prompt content* rather than path is held fixed between the arms: no preamble, the default assembler
+and system prompt. Why: the judge compares the arms' canaries, and a canary built with the candidate's
+~260-token preamble sits 260 tokens further from the start than the baseline's; on the real vLLM server
+(tests/vllm, same model in both arms, the candidate only adding a preamble) Gemma-3-270M answered the
+baseline's head canaries 0 of 2 and the candidate's 2 of 2 at 768 tokens — a model's position effect
+read as ``canary_head_lost``, a FAIL_SYSTEM on a correct server. With the content held fixed, two arms
+on one serving path send the same canary prompts.
+
+They are sent after the matrix into ``RUN/canaries/`` and scored by the oracle like controls
 (:mod:`depthgate.judge.canary`): an arm that fails its canaries of one kind at a length where the other
 arm passes them is a system failure by name (``canary_head_lost``, ``canary_tail_lost``), never a model
 regression.
@@ -34,7 +42,7 @@ from depthgate.layout.layouts import BuildOptions, Position, Tokenizer, build_la
 from depthgate.spec.canaries import CANARY_DEPTHS, CANARY_KINDS, canary_cases
 from depthgate.spec.files import atomic_write
 
-__all__ = ["CANARIES_DIR", "CANARIES_FILE", "build_canaries"]
+__all__ = ["CANARIES_DIR", "CANARIES_FILE", "build_canaries", "canary_options"]
 
 #: Per arm: ``RUN/<arm>/canaries.parquet`` (the layout schema); records in ``RUN/canaries/``.
 CANARIES_FILE = "canaries.parquet"
@@ -59,7 +67,7 @@ def build_canaries(
             path = tmp / f"{kind}.parquet"
             summaries.append(
                 build_layouts(
-                    canary_cases(count, (kind,)), tokenizer, replace(options, positions=[position]), path
+                    canary_cases(count, (kind,)), tokenizer, canary_options(options, position), path
                 )
             )
             parts.append(pl.read_parquet(path))
@@ -67,3 +75,9 @@ def build_canaries(
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return pl.concat(summaries)
+
+
+def canary_options(options: BuildOptions, position: Position) -> BuildOptions:
+    """The arm's build options for one kind of canary: its tokenizer-side settings (template, window,
+    conversation, filler, output room) kept, the prompt content held fixed (module docstring)."""
+    return replace(options, positions=[position], preamble="", assembler="default", system="default")
