@@ -216,7 +216,11 @@ def noise_example() -> tuple[float, float, float]:
     passing = {(int(length), depth): round(12 * float(acc)) for length, depth, acc in rows}
     assert len(passing) == 10
     slices = [[AaCase(1, 0, 2)] * k + [AaCase(1, 0, 0)] * (12 - k) for _, k in sorted(passing.items())]
-    margin = aa_release_margin(slices, seeds=1, alpha=0.05, target=0.8, sims=200, bootstrap_resamples=999)
+    # The upper bound's clusters: each of the 12 cases over its 10 slices (the passes are not used there).
+    clusters = [AaCase(10, 0, 0)] * 12
+    margin = aa_release_margin(
+        slices, seeds=1, alpha=0.05, target=0.8, sims=200, bootstrap_resamples=999, clusters=clusters
+    )
     return margin.flip_rate_upper, margin.margin, margin.pass_probability
 
 

@@ -12,7 +12,11 @@ with that probability:
 1. **Flip rate, upper bound, clustered by case.** The pooled flip rate φ̂ of the A/A run is replaced by
    its one-sided (1 − α) Clopper–Pearson upper bound on the case-clustered effective sample size (the
    exact binomial bound at n_eff = N / D, count φ̂ n_eff; D the Kish design effect of the per-case flip
-   rates, shrunk toward R when few runs flip: ``depthgate.judge.design_effect``).
+   rates, shrunk toward R when few runs flip: ``depthgate.judge.design_effect``). A cluster is one case
+   *across every slice* (issue #39 item 5): the slices of a matrix are the same cases shifted, and a case
+   that flips at one depth tends to flip at the others, so R is slices × seeds. With no flip the design
+   effect cannot be estimated and is R: n_eff is the number of cases (12 cases × 10 slices, no flip:
+   upper bound 1 − 0.05^(1/12) = 0.221, where clusters of one slice each said 1 − 0.05^(1/120) = 0.025).
 2. **Simulated A/A releases.** Per slice, cases are resampled from the A/A run's own cases (their flip
    rates scaled so that the mean is the upper bound, so flips stay clustered in the unstable cases;
    uniform when no run flipped), each run flips with its case's rate, a flip goes either way with
@@ -107,12 +111,14 @@ def aa_release_margin(
     bootstrap_resamples: int = 999,
     seed: int = 0,
     n_cases: int | None = None,
+    clusters: Sequence[AaCase] | None = None,
 ) -> AaMargin:
     """The smallest margin at which a simulated A/A release of these ``slices`` (each a list of its
     cases) at ``seeds`` runs per case passes with probability >= ``target`` (module docstring).
-    ``n_cases``: cases per simulated slice (default: the slice's own count)."""
+    ``n_cases``: cases per simulated slice (default: the slice's own count); ``clusters``: each case's
+    runs summed over every slice, for the upper bound (default: each (slice, case) its own cluster)."""
     everything = [c for cases in slices for c in cases]
-    upper, deff = clustered_flip_upper(everything, alpha)
+    upper, deff = clustered_flip_upper(list(clusters) if clusters is not None else everything, alpha)
     total_runs = sum(c.runs for c in everything)
     rate = sum(c.flips for c in everything) / total_runs if total_runs else 0.0
     rng = np.random.default_rng(stable_seed(seed, "aa_release_margin"))

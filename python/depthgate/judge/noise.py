@@ -340,8 +340,22 @@ def _aa_release(
         ]
         for length, pos in measured_keys
     ]
+    # One cluster per case over every measured slice (judge/aa_margin.py, step 1; issue #39 item 5).
+    measured = pl.DataFrame(
+        {"length": [k[0] for k in measured_keys], "position": [k[1] for k in measured_keys]},
+        schema={"length": per_case.schema["length"], "position": per_case.schema["position"]},
+    )
+    clusters = [
+        AaCase(int(row["runs"]), int(row["flips"]), int(row["passes"]))
+        for row in per_case.join(measured, on=["length", "position"])
+        .group_by("case_id")
+        .agg(pl.col("runs").sum(), pl.col("flips").sum(), pl.col("passes").sum())
+        .sort("case_id")
+        .iter_rows(named=True)
+    ]
     return aa_release_margin(
         aa_slices,
+        clusters=clusters,
         seeds=seeds,
         alpha=alpha,
         target=gate_plan.power,
