@@ -247,8 +247,16 @@ def test_the_spacing_table_comes_from_the_shipped_run() -> None:
 
 def test_the_noise_floor_example_is_the_upper_bound_and_the_aa_pass_margin() -> None:
     upper, margin, prob = noise_example()
-    # 0 flips in 120 runs: exact one-sided 95 % bound 1 - 0.05 ** (1 / 120) (no flip: design effect 1)
-    assert upper == pytest.approx(1 - 0.05 ** (1 / 120)) and round(upper, 3) == 0.025
+    # 0 flips in 12 cases x 10 slices, a case over every slice one cluster (issue #39 item 5): exact
+    # one-sided 95 % bound 1 - 0.05 ** (1 / 12) (no flip: the design effect is the 10 runs per case)
+    assert upper == pytest.approx(1 - 0.05 ** (1 / 12)) and round(upper, 3) == 0.221
+    # The shipped A/A run of that design (docs/position-aa, re-gated byte for byte by
+    # test_shipped_runs.py) says the same three numbers from its own records.
+    verdict = REPO / "docs" / "position-aa" / "report" / "verdict.json"
+    shipped = json.loads(verdict.read_text())["noise_floor"]
+    assert (shipped["flips"], shipped["paired_runs"]) == (0, 120)
+    assert shipped["flip_rate_upper_clustered"] == pytest.approx(upper)
+    assert (shipped["recommended_margin"], shipped["pass_probability"]) == (margin, prob)
     page = DOC.read_text(encoding="utf-8")
     assert f"upper bound {upper:.3f}" in page and f"margin {margin:.2f}" in page
     assert f"probability {prob:.2f}" in page

@@ -4,6 +4,7 @@ scored.parquet, manifest, suite) re-gates to the very bytes of its shipped verdi
 docs/vllm-cpu/ holds the real vLLM server's runs behind docs/nightly.md (scripts/vllm/measure.py): the
 matrix in two request orders and its A/A run. docs/position-showcase/ is the embedded-default run behind
 docs/position.md (issue #24; tests/cli/test_position_docs.py rebuilds that page's tables from it).
+docs/position-aa/ is the embedded A/A run behind docs/position.md's noise floor (issue #39 item 5).
 docs/smoke-run/ is the main job's run behind the README's smoke block (tests/cli/test_readme_smoke.py).
 """
 
@@ -30,6 +31,7 @@ def test_the_shipped_run_folders_are_found() -> None:
         "vllm-cpu/haystack",
         "vllm-cpu/aa",
         "docs/position-showcase",
+        "docs/position-aa",
         "docs/smoke-run",
     } <= names
 
