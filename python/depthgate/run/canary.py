@@ -13,7 +13,7 @@ A canary is a synthetic case (:func:`canary_cases`, a five-digit number per cana
 layout builder like any layout — token-exact, verified, under the arm's own tokenizer, template,
 preamble and assembler, filler around it — so it travels the arm's serving path exactly as the matrix
 does. They are sent after the matrix into ``RUN/canaries/`` and scored by the oracle like controls
-(:mod:`depthgate.judge.canary`): an arm that fails its canaries of one kind at a length where the other
+(:mod:`depthgate.judge.health.canary`): an arm that fails its canaries of one kind at a length where the other
 arm passes them is a system failure by name (``canary_head_lost``, ``canary_tail_lost``), never a model
 regression.
 
