@@ -2,9 +2,9 @@
 """Agreement of the planner's approximation with simulation through the gate (issue #36, item 3).
 
 For every cell (baseline accuracy p, ICC, seeds R, cases n) at a true difference of 0 (A/A), the
-approximation's per-slice power (``depthgate.judge.power.predicted_power``) beside the share of
+approximation's per-slice power (``depthgate.judge.planning.power.predicted_power``) beside the share of
 ``--sims`` simulated slices in which ``gate()`` itself showed non-inferiority
-(``depthgate.judge.power_sim.simulate_gate_power``: the planner's own generative model, B = 999,
+(``depthgate.judge.planning.simulate_gate_power``: the planner's own generative model, B = 999,
 M = 0.10, alpha = 0.05). The joint power of ``--slices`` independent slices is the per-slice power to
 that power on both sides. One JSON line per cell on stdout; a fixed seed gives the same numbers in every
 process.
@@ -18,9 +18,8 @@ import argparse
 import itertools
 import json
 
-from depthgate.judge.power import DesignParameters, power_per_slice
-from depthgate.judge.power_sim import simulate_gate_power
-from depthgate.judge.stats import Sizing
+from depthgate.judge.gate import Sizing
+from depthgate.judge.planning import DesignParameters, power_per_slice, simulate_gate_power
 
 
 def main() -> None:

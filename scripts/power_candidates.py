@@ -8,7 +8,7 @@ P(LB > −M) at δ = −M ('broken' and 'scale' losses), power P(LB > −M) at �
 is Newcombe-10, untouched by the candidates).
 
 Candidates (one-sided level α = .05 unless said; "RS(m₀, level)" is the Newcombe-RS monotone envelope of
-``judge/rs_envelope.py`` with the design effect shrunk toward R with m₀ discordant runs):
+``judge/bounds/rs_envelope.py`` with the design effect shrunk toward R with m₀ discordant runs):
 
 * ``today``    — the gate: min(percentile bootstrap, RS(max(6, .03 N), .9α)) (checked equal to
   ``aa_margin.slice_lower`` slice by slice);
@@ -50,11 +50,9 @@ import numpy as np
 from calibration_cli import REPO, load_rows
 from gate_calibration import ALPHA, CASES, MARGINS, MUS, draw
 
-from depthgate.judge.aa_margin import slice_lower
-from depthgate.judge.design_effect import prior_runs
-from depthgate.judge.percentile import resample_means
-from depthgate.judge.rs_envelope import newcombe10_lower_grid
-from depthgate.judge.stats import stable_seed
+from depthgate.judge.bounds import newcombe10_lower_grid, prior_runs, resample_means
+from depthgate.judge.gate import stable_seed
+from depthgate.judge.science import slice_lower
 
 CANDIDATES = (
     "today",
@@ -74,7 +72,7 @@ _Z = statistics.NormalDist().inv_cdf(1.0 - ALPHA)
 
 
 def rs_lower(yb: np.ndarray, yc: np.ndarray, m0: float, level: float, pseudo: float = 0.0) -> float:
-    """The Newcombe-RS envelope lower bound (one-sided ``level``) of ``judge/rs_envelope.rs_grid``
+    """The Newcombe-RS envelope lower bound (one-sided ``level``) of ``judge/bounds/rs_envelope.rs_grid``
     with the prior weight ``m0`` (discordant runs) and ``pseudo`` added broken cases (weight, in cases)."""
     n, runs = yb.shape
     a0 = float((yc * yb).sum())

@@ -32,6 +32,8 @@ import time
 import numpy as np
 from calibration_cli import REPO, grid_parser, load_rows, timed_cell, write_block
 
+from depthgate.judge.bounds import slice_statistics
+from depthgate.judge.gate import stable_seed
 from depthgate.judge.sequential import (
     cases_at_looks,
     look_outcome,
@@ -40,7 +42,6 @@ from depthgate.judge.sequential import (
     regression_q,
     slice_decision,
 )
-from depthgate.judge.stats import slice_statistics, stable_seed
 
 #: The doc section each grid is written to: the first grid (no futility; the boundary comparison) and
 #: the shipped design (O'Brien-Fleming with non-binding futility).

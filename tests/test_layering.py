@@ -39,17 +39,18 @@ def _lint(root: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
-def _inject(root: Path, module: str, line: str) -> tuple[Path, str]:
+def _inject(root: Path, module: str, line: str) -> tuple[Path, str | None]:
+    """Append ``line`` to ``module``, a new file when there is none (its original is then None)."""
     path = root / "depthgate" / module
-    original = path.read_text(encoding="utf-8")
-    path.write_text(original + f"\n{line}\n", encoding="utf-8")
+    original = path.read_text(encoding="utf-8") if path.exists() else None
+    path.write_text((original or "") + f"\n{line}\n", encoding="utf-8")
     return path, original
 
 
 def test_the_untouched_package_keeps_every_contract(package_copy: Path) -> None:
     done = _lint(package_copy)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "4 kept, 0 broken" in done.stdout
+    assert "5 kept, 0 broken" in done.stdout
 
 
 @pytest.mark.parametrize(
@@ -64,11 +65,38 @@ def test_the_untouched_package_keeps_every_contract(package_copy: Path) -> None:
             "backend implementations sit above the backend protocol",
         ),
         # the gate reaching a server library
-        ("judge/stats.py", "import httpx", "judging and layout never reach a server or a model engine"),
-        # a loop inside one step: power imports stats, stats importing power closes it
-        ("judge/stats.py", "from depthgate.judge import power", "no import loops between sibling modules"),
+        (
+            "judge/gate/release.py",
+            "import httpx",
+            "judging and layout never reach a server or a model engine",
+        ),
+        # a loop inside one subpackage: the gate's run imports its plan, the plan importing the run closes it
+        (
+            "judge/gate/plan.py",
+            "from depthgate.judge.gate import release",
+            "no import loops between sibling modules",
+        ),
+        # a slice bound reaching up into the gate that uses it
+        (
+            "judge/bounds/slice_bounds.py",
+            "from depthgate.judge.gate import GatePlan",
+            "judge subpackages import downwards only",
+        ),
+        # a module of the judge outside every subpackage (the flat layout of before issue #38)
+        (
+            "judge/stats.py",
+            "from depthgate.judge.gate import gate",
+            "judge subpackages import downwards only",
+        ),
     ],
-    ids=["upward", "protocol-imports-implementation", "judge-reaches-server", "sibling-loop"],
+    ids=[
+        "upward",
+        "protocol-imports-implementation",
+        "judge-reaches-server",
+        "sibling-loop",
+        "judge-bounds-import-the-gate",
+        "judge-flat-module",
+    ],
 )
 def test_an_injected_violation_breaks_its_contract(
     package_copy: Path, module: str, line: str, contract: str
@@ -77,6 +105,9 @@ def test_an_injected_violation_breaks_its_contract(
     try:
         done = _lint(package_copy)
     finally:
-        path.write_text(original, encoding="utf-8")
+        if original is None:
+            path.unlink()
+        else:
+            path.write_text(original, encoding="utf-8")
     assert done.returncode != 0, done.stdout
     assert f"{contract} BROKEN" in done.stdout, done.stdout

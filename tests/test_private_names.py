@@ -112,7 +112,7 @@ def package_copy(tmp_path: Path) -> Path:
         ),
         # through a dotted `import depthgate.x.y`
         (
-            "judge/health.py",
+            "judge/health/run_health.py",
             "import depthgate.spec.system\nY = depthgate.spec.system._url_identity",
             "_url_identity",
         ),

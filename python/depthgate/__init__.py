@@ -57,10 +57,10 @@ _EXPORTS: dict[str, str] = {
     "run_pairs": "depthgate.run.runner",
     "read_records": "depthgate.run.records",
     # score + gate
-    "score_records": "depthgate.judge.oracle",
-    "GatePlan": "depthgate.judge.stats",
-    "GateResult": "depthgate.judge.stats",
-    "gate": "depthgate.judge.stats",
+    "score_records": "depthgate.judge.scoring",
+    "GatePlan": "depthgate.judge.gate",
+    "GateResult": "depthgate.judge.gate",
+    "gate": "depthgate.judge.gate",
     # report
     "write_reports": "depthgate.report.report",
     "load_verdict": "depthgate.report.report",
@@ -128,8 +128,8 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:
     from depthgate.commands.pipeline import gate_run, run_matrix
-    from depthgate.judge.oracle import score_records
-    from depthgate.judge.stats import GatePlan, GateResult, gate
+    from depthgate.judge.gate import GatePlan, GateResult, gate
+    from depthgate.judge.scoring import score_records
     from depthgate.layout.layout_checks import check_layouts
     from depthgate.layout.layouts import (
         BuildOptions,

@@ -2,7 +2,7 @@
 
 Opt-in (``-m bench``). The measurement runs in a **fresh child process** (this file run as a script with
 ``--json``), so its peak RSS is the gate's and the report's, not pytest's. The synthetic scored frame has
-the columns of :func:`depthgate.judge.oracle.score_records` (record columns + ``outcome``,
+the columns of :func:`depthgate.judge.scoring.score_records` (record columns + ``outcome``,
 ``safety``, the list
 columns, ``score_reason``): 2 arms × 4 lengths × 5 positions × 500 cases × 50 seeds = 10⁶ rows by
 default, with per-case difficulty, a mild candidate drop at one depth, 1 % system failures and 0.5 %
@@ -193,8 +193,8 @@ def multinomial_resampled_t(d: Any, mean: float, rng: Any, size: int) -> Any:
 def measure(cases: int, seeds: int, reps: int, out_dir: Path, profile_dir: Path | None) -> dict[str, Any]:
     import polars as pl
 
-    from depthgate.judge import bootstrap
-    from depthgate.judge.stats import GatePlan, gate
+    from depthgate.judge.bounds import bootstrap
+    from depthgate.judge.gate import GatePlan, gate
     from depthgate.report.report import write_reports
 
     result: dict[str, Any] = {

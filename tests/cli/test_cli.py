@@ -15,7 +15,7 @@ import pytest
 
 from depthgate.commands.cli import main
 from depthgate.exceptions import ExitCode
-from depthgate.judge.controls import CATEGORIES
+from depthgate.judge.science import CATEGORIES
 from fixtures_paths import tokenizers_dir
 
 TOK = tokenizers_dir()

@@ -93,7 +93,7 @@ def el_lines(nolima: dict[str, Any], ruler: dict[str, Any]) -> list[str]:
 
 
 def ruler_result(folder: Path) -> dict[str, Any]:
-    from depthgate.judge.effective_length import effective_length
+    from depthgate.judge.science import effective_length
 
     manifest = json.loads((folder / "manifest.json").read_text())
     plan = manifest["plan"]
@@ -209,7 +209,7 @@ def noise_example() -> tuple[float, float, float]:
     """The old example's A/A design (docs/position-embedded: 12 cases x 10 slices x 1 seed, 0 flips in
     120 paired runs), each slice's baseline passes read from its shipped summary.md: the clustered exact
     upper bound of the flip rate, and the A/A pass margin at the plan's 0.8 with its probability."""
-    from depthgate.judge.aa_margin import AaCase, aa_release_margin
+    from depthgate.judge.science import AaCase, aa_release_margin
 
     summary = (REPO / "docs" / "position-embedded" / "summary.md").read_text()
     rows = re.findall(r"\| `(\d+)/([\d.]+)` \| \w+ \| 12 \| ([\d.]+) \|", summary)

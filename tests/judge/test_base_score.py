@@ -15,8 +15,7 @@ from test_verdict_trust import PerfectReader, _matrix
 
 from depthgate.commands.cli import main
 from depthgate.exceptions import ExitCode, InputError, SpecError
-from depthgate.judge.base_score import short_base
-from depthgate.judge.effective_length import effective_length
+from depthgate.judge.science import effective_length, short_base
 from depthgate.spec.loading import load_matrix
 from depthgate.spec.models import AnalysisPlan
 from helpers import free_port, scored_frame

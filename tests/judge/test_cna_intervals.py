@@ -9,7 +9,7 @@ import math
 import polars as pl
 import pytest
 
-from depthgate.judge.position import control_normalised_accuracy
+from depthgate.judge.science import control_normalised_accuracy
 
 Z = 1.959963984540054
 

@@ -15,7 +15,7 @@ from tokenizers import Tokenizer as HFTokenizer
 
 from depthgate.commands.cli import main
 from depthgate.exceptions import ExitCode, SpecError
-from depthgate.judge.oracle import CaseOracle, score
+from depthgate.judge.scoring import CaseOracle, score
 from depthgate.layout.layouts import (
     BuildOptions,
     build_layouts,

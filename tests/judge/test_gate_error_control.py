@@ -1,9 +1,9 @@
 """Issue #22: the gate's error control wherever the data sit.
 
 * Item 2: degeneracy of a bootstrap resample is decided on per-case differences with float residue
-  merged (``depthgate.judge.residue``), so residue never reaches a bound.
+  merged (``depthgate.judge.bounds.residue``), so residue never reaches a bound.
 * Item 1: size under sparse broken-case losses (CI-sized; the grid is scripts/gate_calibration.py).
-* Item 3: the floor bound is a monotone envelope (judge/monotone.py); Newcombe-10 and Newcombe-RS
+* Item 3: the floor bound is a monotone envelope (judge/bounds/monotone.py); Newcombe-10 and Newcombe-RS
   never rise with a failed candidate run (the bootstrap-t can: not fixed).
 * Item 5: the under-power warning uses the joint power of all slices, also near the ceiling.
 * Item 5: the A/A noise floor recommends the margin at which an A/A release passes with the target.
@@ -26,20 +26,17 @@ from test_stats import draw_pairs, records_from_arrays
 
 from depthgate.commands.plan import matrix_power, power_warning
 from depthgate.exceptions import SpecError
-from depthgate.judge.aa_margin import slice_lower
-from depthgate.judge.noise import noise_floor
-from depthgate.judge.residue import RESIDUE_TOLERANCE, has_spread, snap_differences
-from depthgate.judge.stats import (
-    GatePlan,
-    SliceStatus,
-    Verdict,
+from depthgate.judge.bounds import (
+    RESIDUE_TOLERANCE,
     bootstrap_t,
     floor_lower_bound,
-    gate,
+    has_spread,
     newcombe10_paired,
     slice_statistics,
-    stable_seed,
+    snap_differences,
 )
+from depthgate.judge.gate import GatePlan, SliceStatus, Verdict, gate, stable_seed
+from depthgate.judge.science import noise_floor, slice_lower
 from depthgate.spec.loading import load_matrix
 from depthgate.spec.suites import resolve_suite
 from helpers import stub_matrix
@@ -372,7 +369,7 @@ def test_newcombe_rs_never_rises_with_a_failed_candidate_run(pair, pick: st.Data
     runs) never rises when a candidate run fails. Weighting by discordant cases did (e.g. 20 cases x 5
     seeds near the ceiling: +0.004), and so did the plain run-weighted bound, rarely (21 of 20,000
     random flips, up to +0.003: 10 cases x 4 seeds, -0.3013 -> -0.2981); the gate's bound is now the
-    monotone envelope of judge/rs_envelope.py."""
+    monotone envelope of judge/bounds/rs_envelope.py."""
     yb, yc = pair
     passing = np.argwhere(yc == 1)
     if passing.size == 0:
@@ -381,7 +378,9 @@ def test_newcombe_rs_never_rises_with_a_failed_candidate_run(pair, pick: st.Data
     worse = yc.copy()
     worse[i, j] = 0.0
 
-    def rs(cand: np.ndarray) -> float:  # the gate's Newcombe-RS bound: the envelope (judge/rs_envelope.py)
+    def rs(
+        cand: np.ndarray,
+    ) -> float:  # the gate's Newcombe-RS bound: the envelope (judge/bounds/rs_envelope.py)
         return slice_statistics(yb, cand, 0.1, alpha, 19, 0).lower_newcombe
 
     assert rs(worse) <= rs(yc) + 1e-12

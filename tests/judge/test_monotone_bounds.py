@@ -5,7 +5,7 @@ the Newcombe part, their minimum), its upper bound, the overall or worst-positio
 lowers p_NI, and never turns a failing slice or release into a passing one. Until this change the
 bootstrap-t rose in such flips (22-49 of 400 random flips, up to .30 at 10 cases x 2 seeds), which made
 min(bootstrap-t, Newcombe-RS) rise with it. The gate now uses the percentile bootstrap on resamples
-drawn from the seed alone (``depthgate.judge.percentile``), monotone by construction.
+drawn from the seed alone (``depthgate.judge.bounds.percentile``), monotone by construction.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from test_stats import draw_pairs, records_from_arrays
 
-from depthgate.judge.percentile import bootstrap_percentile
-from depthgate.judge.stats import GatePlan, SliceStatus, Verdict, gate, slice_statistics
+from depthgate.judge.bounds import bootstrap_percentile, slice_statistics
+from depthgate.judge.gate import GatePlan, SliceStatus, Verdict, gate
 
 PROPS = settings(deadline=None, database=None, max_examples=60)
 EPS = 1e-12

@@ -1,11 +1,11 @@
-"""The MRCR answer rule (judge/mrcr.py): the answer line must hold the asked (k-th) reply's code and no
-other reply's code anywhere — deterministic, stricter than the head rule; a wrong code is a plain fail."""
+"""The MRCR answer rule (judge/scoring/mrcr.py): the answer line must hold the asked (k-th) reply's code and
+no other reply's code anywhere — deterministic, stricter than the head rule; a wrong code is a plain fail."""
 
 from __future__ import annotations
 
 import pytest
 
-from depthgate.judge.oracle import score
+from depthgate.judge.scoring import score
 from depthgate.spec.mrcr import mrcr_suite
 
 CASE = mrcr_suite(1, 0, needles=4, k=2).cases[0]

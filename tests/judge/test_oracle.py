@@ -1,4 +1,4 @@
-"""Tests of the oracle (depthgate.judge.oracle) on real generated cases.
+"""Tests of the oracle (depthgate.judge.scoring.oracle) on real generated cases.
 
 Outputs are written the way the embedded base model produces them: the continuation of the cloze answer
 prefix (``claim.text`` minus ``case.answer_prefix``, e.g. ``" 415 USD per night."``), sometimes followed by
@@ -16,7 +16,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from depthgate.exceptions import InputError
-from depthgate.judge.oracle import (
+from depthgate.judge.gate import GatePlan, gate
+from depthgate.judge.scoring import (
     SCORE_COLUMNS,
     Score,
     answer_line,
@@ -25,7 +26,6 @@ from depthgate.judge.oracle import (
     score,
     score_records,
 )
-from depthgate.judge.stats import GatePlan, gate
 from depthgate.spec.cases import Case, Claim, Distractor, EvidenceDoc, Suite
 from depthgate.spec.suites import generate_suite
 

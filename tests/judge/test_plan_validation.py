@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from depthgate.commands.cli import main
 from depthgate.commands.pipeline import gate_plan
 from depthgate.exceptions import ExitCode, SpecError
-from depthgate.judge.stats import GatePlan
+from depthgate.judge.gate import GatePlan
 from depthgate.spec.loading import load_matrix, parse_spec
 from depthgate.spec.models import AnalysisPlan, min_bootstrap_resamples
 

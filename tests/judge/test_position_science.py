@@ -18,26 +18,29 @@ import pytest
 from statsmodels.stats.proportion import binom_test, proportion_confint
 
 from depthgate.exceptions import InputError
-from depthgate.judge.design_effect import shrunk_design_effect
-from depthgate.judge.noise import abs_delta_quantile, noise_delta_quantile, noise_floor
-from depthgate.judge.position import (
-    base_scores_from_controls,
-    control_normalised_accuracy,
-    effective_length,
-    eligible_cases,
-    pass_hat_k,
-    wilson_design_interval,
-)
-from depthgate.judge.power import (
+from depthgate.judge.bounds import shrunk_design_effect
+from depthgate.judge.gate import GatePlan, Sizing, sample_size_per_slice
+from depthgate.judge.planning import (
     DesignParameters,
     cases_for_power,
+    draw_design,
     expected_table,
     pilot_parameters,
     power_per_slice,
     power_plan,
+    simulate_gate_power,
 )
-from depthgate.judge.power_sim import draw_design, simulate_gate_power
-from depthgate.judge.stats import GatePlan, Sizing, sample_size_per_slice
+from depthgate.judge.science import (
+    abs_delta_quantile,
+    base_scores_from_controls,
+    control_normalised_accuracy,
+    effective_length,
+    eligible_cases,
+    noise_delta_quantile,
+    noise_floor,
+    pass_hat_k,
+    wilson_design_interval,
+)
 from helpers import scored_frame
 
 ARMS = ("baseline", "candidate")

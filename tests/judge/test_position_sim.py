@@ -1,4 +1,5 @@
-"""Monte Carlo calibration of the position science of issue #13 (judge/position.py, noise.py, power.py).
+"""Monte Carlo calibration of the position science of issue #13 (judge/science/position.py,
+noise.py, judge/planning/power.py).
 
 Opt-in (``bench``; a few minutes on one core), fixed seeds, every rate printed with its Monte Carlo
 standard error. Run either::
@@ -11,7 +12,7 @@ tests/judge/test_position_science.py.
 
 * **Power vs the gate itself.** For a grid of designs (baseline accuracy, between-case ICC, seeds,
   margin): the cases ``cases_for_power`` recommends for 0.8, and the power of
-  ``depthgate.judge.stats.gate`` there (``simulate_gate_power``); the approximation beside the gate at
+  ``depthgate.judge.gate.gate`` there (``simulate_gate_power``); the approximation beside the gate at
   a fixed n; the gate's size at true delta = -M.
 * **Noise floor.** Draw an A/A run, take ``noise_floor(...).recommended_margin``, draw a *fresh* A/A run
   of the same design: the share of fresh runs in which some slice's |Delta| exceeds the margin must stay
@@ -30,11 +31,9 @@ import polars as pl
 import pytest
 from test_position_science import _el_world, from_arrays
 
-from depthgate.judge.noise import noise_floor
-from depthgate.judge.position import effective_length
-from depthgate.judge.power import DesignParameters, cases_for_power, power_per_slice
-from depthgate.judge.power_sim import simulate_gate_power
-from depthgate.judge.stats import Sizing
+from depthgate.judge.gate import Sizing
+from depthgate.judge.planning import DesignParameters, cases_for_power, power_per_slice, simulate_gate_power
+from depthgate.judge.science import effective_length, noise_floor
 from helpers import Rate
 
 ALPHA = 0.05

@@ -13,6 +13,15 @@ import pytest
 
 from depthgate.commands.sequential import refuse_sequential, sent_jobs
 from depthgate.exceptions import InputError, SpecError
+from depthgate.judge.gate import (
+    GatePlan,
+    SequentialDesign,
+    SliceStatus,
+    Verdict,
+    gate,
+    replay_looks,
+    sequential_gate,
+)
 from depthgate.judge.sequential import (
     betting_wealth,
     cases_at_looks,
@@ -23,8 +32,6 @@ from depthgate.judge.sequential import (
     regression_levels,
     smallest_look_level,
 )
-from depthgate.judge.sequential_gate import SequentialDesign, replay_looks, sequential_gate
-from depthgate.judge.stats import GatePlan, SliceStatus, Verdict, gate
 from depthgate.run.looks import case_order, look_jobs
 from depthgate.spec.models import AnalysisPlan, min_bootstrap_resamples, regression_test_level
 

@@ -5,7 +5,7 @@ Re-measured at 4,000 slices per cell with independent seeds, 7 of the 72 R >= 2 
 calibration grid were above alpha + 2 MC-SE: the Newcombe-RS bound, which decides these slices, let
 .055-.067 of them through (the worst: μ .95, M .05, R 5, n 100, .0673 ± .0040). Its design effect is now
 shrunk toward R with a weight of at least 3 % of the runs (PRIOR_SHARE) and its lower bound taken at
-RS_LEVEL x alpha (``depthgate.judge.design_effect``). The size test draws that cell exactly as
+RS_LEVEL x alpha (``depthgate.judge.bounds.design_effect``). The size test draws that cell exactly as
 ``scripts/gate_calibration.py --salt recheck1`` does (the same seeds, the same numbers). Both changes are
 constants of the slice, so the bound stays monotone in added failures; the monotone property tests of
 tests/judge/test_monotone_bounds.py stop at 200 runs (where m0 is still six), so the one here draws slices
@@ -20,9 +20,9 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from depthgate.judge.aa_margin import slice_lower
-from depthgate.judge.design_effect import PRIOR_RUNS, RS_LEVEL, prior_runs, rs_alpha
-from depthgate.judge.stats import slice_statistics, stable_seed
+from depthgate.judge.bounds import PRIOR_RUNS, RS_LEVEL, prior_runs, rs_alpha, slice_statistics
+from depthgate.judge.gate import stable_seed
+from depthgate.judge.science import slice_lower
 
 ALPHA = 0.05
 

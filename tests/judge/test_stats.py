@@ -1,4 +1,4 @@
-"""Tests of the statistical release gate (depthgate.judge.stats) against shared/research/stats_gate.md.
+"""Tests of the statistical release gate (depthgate.judge.gate.release) against shared/research/stats_gate.md.
 
 * Golden values: the published Newcombe-10 tables and every number of spec §5.1, §2.8 and §3.
 * A transcription of the spec's Appendix A ``gate_lib.py`` is the reference implementation: the gate's
@@ -28,27 +28,29 @@ from statsmodels.stats.multitest import multipletests
 from statsmodels.stats.proportion import proportion_confint
 
 from depthgate.exceptions import InputError, SpecError
-from depthgate.judge.intervals import _wilson_interval
-from depthgate.judge.stats import (
+from depthgate.judge.bounds import (
     METHOD_COMBINED,
     METHOD_NEWCOMBE,
+    bootstrap_t,
+    clopper_pearson_upper,
+    floor_lower_bound,
+    newcombe10_paired,
+    newcombe_p_values,
+    slice_statistics,
+    wilson_lower,
+)
+from depthgate.judge.bounds.intervals import _wilson_interval
+from depthgate.judge.gate import (
     GatePlan,
     Sizing,
     SliceStatus,
     Verdict,
-    bootstrap_t,
-    clopper_pearson_upper,
     fisher_less,
-    floor_lower_bound,
     gate,
-    newcombe10_paired,
-    newcombe_p_values,
-    position_sort_key,
     sample_size_per_slice,
-    slice_statistics,
     stable_seed,
-    wilson_lower,
 )
+from depthgate.judge.tables import position_sort_key
 
 REPO = Path(__file__).resolve().parents[2]
 FAST = GatePlan(bootstrap_resamples=999)
@@ -97,7 +99,7 @@ def ref_deff_paired(yb, yc):
     var_srs = ((b + c) / total - ((b - c) / total) ** 2) / total
     deff = float(np.clip(var_cl / var_srs if var_srs > 0 else runs, 1.0, runs))
     # Issue #22: shrunk toward R with the weight of 6 discordant runs, or 3 % of the runs if more
-    # (judge/design_effect.py; the share since docs/gate-calibration.md §9).
+    # (judge/bounds/design_effect.py; the share since docs/gate-calibration.md §9).
     m0 = max(6.0, 0.03 * total)
     return ((b + c) * deff + m0 * runs) / (b + c + m0)
 
@@ -162,7 +164,7 @@ def ref_boot_pct(dcase, margin, reps=9999, seed=0):
 
 def assert_lower_matches_ref(got, ref) -> None:
     """The gate's lower bound and p_NI against the §2.2 reference. The Newcombe part is the monotone
-    envelope of issue #22 (judge/rs_envelope.py): never above the reference's plain Newcombe(-RS) bound,
+    envelope of issue #22 (rs_envelope.py): never above the reference's plain Newcombe(-RS) bound,
     equal to it in most slices; the bootstrap part is the reference's exactly."""
     assert got.lower_newcombe <= ref["lb_rs"] + 1e-12
     assert got.lower_newcombe == pytest.approx(ref["lb_rs"], abs=0.02)
@@ -642,7 +644,7 @@ def test_result_is_json_ready(harness_result):
 _SUBPROCESS = """
 import json, sys
 import polars as pl
-from depthgate.judge.stats import GatePlan, gate
+from depthgate.judge.gate.release import GatePlan, gate
 plan = GatePlan(floor=0.70, bootstrap_resamples=1439, bootstrap_seed=7)
 print(json.dumps(gate(pl.read_ipc(sys.argv[1]), plan).to_dict(), sort_keys=True))
 """

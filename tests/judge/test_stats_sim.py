@@ -27,7 +27,8 @@ from scipy import optimize
 from scipy import stats as sps
 from test_stats import draw_pairs, records_from_arrays, ref_boot_t, ref_newcombe_rs
 
-from depthgate.judge.stats import GatePlan, Verdict, gate, slice_statistics, stable_seed
+from depthgate.judge.bounds import slice_statistics
+from depthgate.judge.gate import GatePlan, Verdict, gate, stable_seed
 from helpers import Rate
 
 MARGIN, ALPHA, REPS = 0.10, 0.05, 999

@@ -14,7 +14,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from depthgate.judge.oracle import CaseOracle
+from depthgate.judge.scoring import CaseOracle
 from depthgate.layout.conversation import Conversation
 from depthgate.layout.layout_checks import check_layouts
 from depthgate.layout.layouts import BuildOptions, build_layouts, load_tokenizer, parse_positions

@@ -19,7 +19,7 @@ from tokenizers import Tokenizer as HFTokenizer
 
 from depthgate.commands.cli import main
 from depthgate.exceptions import ExitCode, InputError, SpecError
-from depthgate.judge.stats import position_sort_key
+from depthgate.judge.tables import position_sort_key
 from depthgate.layout.layouts import (
     BuildOptions,
     _spacing_fields,
@@ -408,7 +408,7 @@ def test_plan_and_gate_count_only_multi_evidence_cases_in_spaced_slices(
     """`depthgate plan` sizes a spaced slice at the multi-evidence cases (the gate's ``spaced_cases``),
     and the gate refuses a ``spaced_cases`` outside the planned case set."""
     from depthgate.commands.plan import matrix_power
-    from depthgate.judge.stats import GatePlan
+    from depthgate.judge.gate import GatePlan
 
     power = matrix_power(load_matrix(_matrix(tmp_path, 1, spacings='["adjacent", "far"]')), SUITE)
     n_of = {r.position: r.n_cases for r in power.rows}

@@ -16,7 +16,7 @@ from pydantic import ValidationError
 
 import depthgate.report.report as report
 from depthgate.exceptions import ExitCode, InputError
-from depthgate.judge.stats import GatePlan, GateResult, SliceStatus, Verdict, gate
+from depthgate.judge.gate import GatePlan, GateResult, SliceStatus, Verdict, gate
 from depthgate.report import writer
 from depthgate.report.report import (
     HEATMAP_ACCURACY,
@@ -352,7 +352,7 @@ def test_verdict_slice_schema_mirrors_the_gate_slice_result() -> None:
     validated without the gate); this keeps the two from drifting apart."""
     import dataclasses
 
-    from depthgate.judge.stats import SliceResult
+    from depthgate.judge.gate import SliceResult
     from depthgate.report.report import VerdictSlice
 
     gate_fields = [f.name for f in dataclasses.fields(SliceResult)]

@@ -23,7 +23,7 @@ from test_verdict_trust import PerfectReader, _matrix
 from depthgate.commands.cli import main
 from depthgate.commands.pipeline import gate_run
 from depthgate.exceptions import ExitCode
-from depthgate.judge.stats import GateResult, gate
+from depthgate.judge.gate import GateResult, gate
 from depthgate.report import analyses, writer
 from depthgate.report.document import Section
 from depthgate.report.report import write_reports
@@ -189,7 +189,7 @@ def test_a_killed_writer_leaves_the_old_set(
     out, old, _, _ = old_and_new
     script = f"""
 import os
-from depthgate.judge.stats import gate
+from depthgate.judge.gate.release import gate
 from depthgate.report import writer
 from depthgate.report.report import write_reports
 from test_report import MANIFEST, PLAN, synthetic_scored

@@ -14,7 +14,7 @@ import polars as pl
 import pytest
 from test_report_chars import LENGTHS, run_tokenizer_upgrade
 
-from depthgate.judge.stats import GatePlan, GateResult, gate
+from depthgate.judge.gate import GatePlan, GateResult, gate
 from depthgate.report.position import add_junit_effective_length
 from depthgate.report.report import load_verdict, write_reports
 

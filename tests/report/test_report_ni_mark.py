@@ -12,7 +12,7 @@ from test_stats import draw_pairs, records_from_arrays
 
 import depthgate.report.page as page
 import depthgate.report.report as report
-from depthgate.judge.stats import GatePlan, GateResult, SliceStatus, gate, non_inferiority_shown
+from depthgate.judge.gate import GatePlan, GateResult, SliceStatus, gate, non_inferiority_shown
 
 
 def _some_result() -> GateResult:

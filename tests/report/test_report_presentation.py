@@ -12,13 +12,13 @@ import pytest
 from matplotlib.collections import PolyCollection
 from test_report import MANIFEST, PLAN, synthetic_scored
 
-from depthgate.judge.position import (
+from depthgate.judge.gate import gate
+from depthgate.judge.science import (
     AccuracyPoint,
     EffectiveLength,
     EffectiveLengthDelta,
     EffectiveLengthResult,
 )
-from depthgate.judge.stats import gate
 from depthgate.report.position import PositionScience, censored_delta, curve_figure, render_position_markdown
 from depthgate.report.report import ReportInputs, oracle_counts, render_summary
 from helpers import REPO

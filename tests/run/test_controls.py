@@ -8,7 +8,7 @@ from typing import Any
 import polars as pl
 import pytest
 
-from depthgate.judge.controls import CATEGORIES, classify_failures, score_controls
+from depthgate.judge.science import CATEGORIES, classify_failures, score_controls
 from depthgate.layout.layout_checks import check_layouts
 from depthgate.layout.layouts import (
     BuildOptions,
@@ -237,7 +237,7 @@ def gemma_tokenizer() -> Tokenizer:
 
 @pytest.mark.smoke_model
 def test_controls_on_the_embedded_model(gemma_tokenizer: Tokenizer, tmp_path: Path) -> None:
-    from depthgate.judge.oracle import score_records
+    from depthgate.judge.scoring import score_records
     from depthgate.layout.gguf_tokenizer import gemma_default_gguf, tokenizer_from_gguf
     from depthgate.run.backends.base import EmbeddedBackendAdapter
     from depthgate.run.backends.llamacpp import EmbeddedLlamaBackend

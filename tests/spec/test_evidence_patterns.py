@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 from pydantic import ValidationError
 
-from depthgate.judge.oracle import score
+from depthgate.judge.scoring import score
 from depthgate.layout.conversation import exchanges_of
 from depthgate.spec.cases import Case
 from depthgate.spec.evidence_patterns import (

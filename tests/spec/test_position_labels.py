@@ -40,7 +40,7 @@ def test_labels_are_ordered_depths_then_offsets_then_spacings() -> None:
 
 
 def test_the_gate_orders_labels_as_the_label_type_does() -> None:
-    from depthgate.judge.stats import position_sort_key as gate_key
+    from depthgate.judge.tables import position_sort_key as gate_key
 
     for label in [*LABELS, "junk", "junk~far", "@x", "-1", "1e-3", "@turn:3", "@turn:10~far", "@turn:x"]:
         assert position_sort_key(label) == gate_key(label), label

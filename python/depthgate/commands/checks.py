@@ -1,4 +1,4 @@
-"""The serving-path checks beside a run (:mod:`depthgate.judge.serving`), wired into ``run`` and ``gate``.
+"""The serving-path checks beside a run (:mod:`depthgate.judge.health`), wired into ``run`` and ``gate``.
 
 ``run``: per arm, the full-length canaries (``matrix.canaries`` per length and kind,
 :mod:`depthgate.run.canary`) are built into ``RUN/<arm>/canaries.parquet`` beside the layouts, through
@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
-from depthgate.judge.serving import SystemCheckReport, checks
+from depthgate.judge.health import SystemCheckReport, checks
 from depthgate.layout.layouts import BuildOptions, Tokenizer, read_layouts
 from depthgate.spec.canaries import canary_cases
 

@@ -235,7 +235,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
     matrix_path = Path(args.matrix)
     matrix = load_matrix(matrix_path)  # refused before the heavy imports (issue #21)
-    if args.simulate and not 1 <= args.draws <= 5000:  # judge.release_sim.MAX_DRAWS, before any work
+    if args.simulate and not 1 <= args.draws <= 5000:  # judge.planning.release_sim.MAX_DRAWS, before any work
         raise InputError(f"--draws {args.draws} out of range", field="--draws", fix="1 to 5000 releases")
     from depthgate.commands import plan as planning
     from depthgate.spec.suites import resolve_suite

@@ -295,7 +295,7 @@ class _Env:
 
 def _send(env: _Env, name: str, layouts: pl.DataFrame, backend: Backend) -> pl.DataFrame:
     """Run the (already gated) layouts on ``backend`` through the runner; return the scored records."""
-    from depthgate.judge.oracle import score_records
+    from depthgate.judge.scoring import score_records
     from depthgate.run.options import RunOptions
     from depthgate.run.records import read_records
     from depthgate.run.runner import run_pairs

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from depthgate.exceptions import PlanChangedError
-from depthgate.judge.stats import GatePlan
+from depthgate.judge.gate import GatePlan
 from depthgate.layout.conversation import Conversation
 from depthgate.layout.layouts import (
     ASSEMBLER_VERSION,

@@ -49,7 +49,7 @@ from depthgate.commands.planned import planned_jobs, shard_jobs
 from depthgate.commands.run_inputs import matrix_and_suite
 from depthgate.commands.sequential_shards import check_after
 from depthgate.exceptions import ExitCode, InputError, PlanChangedError
-from depthgate.judge.stats import GateResult, gate
+from depthgate.judge.gate import GateResult, gate
 from depthgate.layout.layouts import (
     build_layouts,
     parse_positions,
@@ -602,7 +602,7 @@ def gate_run(
 ) -> tuple[GateResult, ExitCode, Path]:
     """Score, gate and report a run folder (its records, layouts and manifest)."""
     from depthgate.judge.health import infra_summary
-    from depthgate.judge.oracle import score_records
+    from depthgate.judge.scoring import score_records
     from depthgate.report.analyses import collect_sections
     from depthgate.report.document import AnalysisContext
     from depthgate.report.report import write_reports
@@ -709,7 +709,7 @@ def _mark_aa(out: Path, matrix: Matrix) -> None:
 def _score_controls(run: Path, suite: Suite) -> pl.DataFrame | None:
     """The controls run beside the matrix, scored (and written to scored_controls.parquet); None when
     none ran."""
-    from depthgate.judge.controls import score_controls
+    from depthgate.judge.science import score_controls
     from depthgate.run.controls import read_controls
     from depthgate.run.records import read_records
 

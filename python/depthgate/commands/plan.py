@@ -6,11 +6,11 @@ Assumptions without a pilot: a baseline accuracy of 0.85 and an intra-case corre
 (:data:`DEFAULT_P_BASELINE`, :data:`DEFAULT_ICC`), a true difference of 0, and a target of 0.8 for all
 slices together. ``--pilot RUN`` estimates the design per slice from a finished run's ``scored.parquet``.
 
-The numbers are an approximation (``depthgate.judge.power``) that is far too low near the ceiling, where
-rows say ``check_by_sim`` (issue #36, F3: p .99, 40 cases x 3 seeds x 10 slices, .114 joint while the
-gate passes about nine such releases in ten). ``--simulate`` gates simulated releases through the gate
-itself (:func:`simulated_power`), and the run's warning takes the near-ceiling joint power from a
-simulation where the approximation's rows are flagged (:func:`power_warning`).
+The numbers are an approximation (``depthgate.judge.planning.power``) that is far too low near the
+ceiling, where rows say ``check_by_sim`` (issue #36, F3: p .99, 40 cases x 3 seeds x 10 slices, .114
+joint while the gate passes about nine such releases in ten). ``--simulate`` gates simulated releases
+through the gate itself (:func:`simulated_power`), and the run's warning takes the near-ceiling joint
+power from a simulation where the approximation's rows are flagged (:func:`power_warning`).
 """
 
 from __future__ import annotations
@@ -24,9 +24,16 @@ from typing import Any
 import polars as pl
 
 from depthgate.exceptions import InputError
-from depthgate.judge.power import DesignParameters, PowerPlan, pilot_parameters, power_plan
-from depthgate.judge.release_sim import ReleaseSimulation, SimulatedSlice, simulate_release
-from depthgate.judge.stats import Sizing
+from depthgate.judge.gate import Sizing
+from depthgate.judge.planning import (
+    DesignParameters,
+    PowerPlan,
+    ReleaseSimulation,
+    SimulatedSlice,
+    pilot_parameters,
+    power_plan,
+    simulate_release,
+)
 from depthgate.layout.layouts import parse_positions
 from depthgate.spec.cases import Suite
 from depthgate.spec.files import read_parquet, require_file
@@ -125,7 +132,7 @@ def simulated_power(
     progress: Callable[[int, int], None] | None = None,
 ) -> ReleaseSimulation:
     """``draws`` A/A releases of ``matrix`` gated by the run's own gate plan
-    (:func:`depthgate.judge.release_sim.simulate_release`), each slice drawn from the design of its row
+    (:func:`depthgate.judge.planning.simulate_release`), each slice drawn from the design of its row
     of ``power`` (:func:`matrix_power`: the assumption or the pilot; a pilot's measured within-case
     variance and interaction have no generative model, so its baseline accuracy and spread are drawn)."""
     from depthgate.commands.sequential import run_gate_plan

@@ -4,7 +4,7 @@ sending decided slices; the verdict and report sections of a sequential run.
 The run log is ``RUN/looks.json`` (rewritten atomically after every look): the design (boundary,
 looks, nominal levels), the frozen case order, every look's decisions and what was not sent. It is a
 log, not an input: ``depthgate gate`` replays the looks from the records
-(:func:`depthgate.judge.sequential_gate.replay_looks`, deterministic) and gets the same history.
+(:func:`depthgate.judge.gate.replay_looks`, deterministic) and gets the same history.
 """
 
 from __future__ import annotations
@@ -19,9 +19,8 @@ from typing import Any
 import polars as pl
 
 from depthgate.exceptions import InputError
+from depthgate.judge.gate import GatePlan, GateResult, SequentialDesign, replay_looks, sequential_gate
 from depthgate.judge.sequential import expected_share
-from depthgate.judge.sequential_gate import SequentialDesign, replay_looks, sequential_gate
-from depthgate.judge.stats import GatePlan, GateResult
 from depthgate.run.looks import case_order, look_jobs
 from depthgate.spec.cases import Suite
 from depthgate.spec.files import atomic_write
@@ -67,7 +66,7 @@ def sequential_plan_lines(matrix: Matrix, suite: Suite, *, p_baseline: float, ic
     expected requests at delta = 0, -M and -3M as a share of the fixed design (normal approximation of
     the gate's statistic at the plan's assumptions and near the ceiling; the simulated values of the
     gate itself are docs/gate-calibration.md §8)."""
-    from depthgate.judge.power import DesignParameters
+    from depthgate.judge.planning import DesignParameters
 
     plan = matrix.plan
     n_cases = sum(1 for c in suite.cases if c.decisive)
@@ -226,7 +225,7 @@ def run_gate_plan(matrix: Matrix, suite: Suite) -> GatePlan:
 
 def record_scorer(records_dir: Path, suite: Suite, layouts_dir: Path) -> Callable[[], pl.DataFrame]:
     """Scores every record in ``records_dir`` so far (layouts from ``layouts_dir``, the same build)."""
-    from depthgate.judge.oracle import score_records
+    from depthgate.judge.scoring import score_records
     from depthgate.layout.layouts import read_layouts
     from depthgate.run.records import read_records
 

@@ -4,7 +4,7 @@ A look needs the records of every shard before the next look can be decided, so 
 run goes in rounds. Round r: every shard runs ``depthgate run MATRIX --shard i/N --out DIR_i`` (round 1)
 or ``... --after MERGED_{r-1}`` (later rounds) and sends its part of **one** look; then ``depthgate
 merge DIR_1 … DIR_N --out MERGED_r`` joins them. A shard given ``--after`` replays the looks on the
-merged records (:func:`depthgate.judge.sequential_gate.replay_looks`, deterministic: the same history
+merged records (:func:`depthgate.judge.gate.replay_looks`, deterministic: the same history
 the unsharded run has) and sends its part of the next look for the slices still open, or nothing when
 every slice is decided or the last look has landed. Each shard writes what it was asked to send into
 ``DIR_i/shard-look.json`` (the look and the decided slices it scheduled from); ``merge`` refuses shards
@@ -26,8 +26,7 @@ import polars as pl
 
 from depthgate.commands.sequential import design_of, record_scorer
 from depthgate.exceptions import InputError, RoundOpenError
-from depthgate.judge.sequential_gate import replay_looks
-from depthgate.judge.stats import GatePlan
+from depthgate.judge.gate import GatePlan, replay_looks
 from depthgate.run.looks import case_order, look_jobs
 from depthgate.spec.cases import Suite
 from depthgate.spec.files import ReadFailures, atomic_write, read_json

@@ -10,7 +10,7 @@ from typing import Any
 
 import polars as pl
 
-from depthgate.judge.stats import ARMS, BASELINE, CANDIDATE
+from depthgate.judge.tables import ARMS, BASELINE, CANDIDATE
 from depthgate.report.verdict import LengthChars
 
 

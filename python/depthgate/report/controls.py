@@ -1,5 +1,5 @@
 """The controls run beside the matrix, in the reports: each case's failures classified
-(:func:`depthgate.judge.controls.classify_failures`) into verdict.json ``controls`` and a section of
+(:func:`depthgate.judge.science.classify_failures`) into verdict.json ``controls`` and a section of
 summary.md. It never changes the verdict."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 
 import polars as pl
 
-from depthgate.judge.controls import classify_failures
+from depthgate.judge.science import classify_failures
 from depthgate.report.document import AnalysisContext, Section
 from depthgate.report.formatting import markdown_table
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import polars as pl
 
 if TYPE_CHECKING:
-    from depthgate.judge.stats import GatePlan
+    from depthgate.judge.gate import GatePlan
     from depthgate.spec.models import AnalysisPlan
 
 #: Where analysis sections go in report.html (report.html.j2 holds this comment once).

@@ -8,7 +8,8 @@ import math
 import re
 from collections.abc import Collection, Iterable, Sequence
 
-from depthgate.judge.stats import SliceResult, SliceStatus, position_sort_key
+from depthgate.judge.gate import SliceResult, SliceStatus
+from depthgate.judge.tables import position_sort_key
 from depthgate.spec.positions import split_position_label
 
 MARK_REGRESSION = "★"

@@ -15,13 +15,8 @@ from matplotlib.colors import Normalize, TwoSlopeNorm
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
-from depthgate.judge.stats import (
-    GateResult,
-    SliceResult,
-    SliceStatus,
-    non_inferiority_shown,
-    position_sort_key,
-)
+from depthgate.judge.gate import GateResult, SliceResult, SliceStatus, non_inferiority_shown
+from depthgate.judge.tables import position_sort_key
 from depthgate.report.formatting import MARK_NI, MARK_REGRESSION, depth_label, signed
 
 _DPI = 110

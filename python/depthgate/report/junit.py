@@ -6,8 +6,9 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 
+from depthgate.judge.gate import GatePlan, GateResult, SliceResult, SliceStatus
 from depthgate.judge.health import RunHealth
-from depthgate.judge.stats import GatePlan, GateResult, SliceResult, SliceStatus, position_sort_key
+from depthgate.judge.tables import position_sort_key
 from depthgate.report.document import Section
 from depthgate.report.formatting import depth_label, machine_signed, plain, q_value, signed, slice_key
 from depthgate.report.verdict import health_reasons

@@ -1,4 +1,4 @@
-"""The A/A noise floor in the reports (:mod:`depthgate.judge.noise`): verdict.json ``noise_floor``, a
+"""The A/A noise floor in the reports (:mod:`depthgate.judge.science.noise`): verdict.json ``noise_floor``, a
 section of summary.md and of report.html, for a run started with ``depthgate run --aa``. It never changes
 the verdict."""
 
@@ -8,7 +8,7 @@ import html
 import sys
 
 from depthgate.exceptions import InputError
-from depthgate.judge.noise import NoiseFloorResult, noise_floor
+from depthgate.judge.science import NoiseFloorResult, noise_floor
 from depthgate.report.document import AnalysisContext, Section
 from depthgate.report.formatting import markdown_table
 

@@ -9,15 +9,8 @@ from typing import Any
 
 import jinja2
 
-from depthgate.judge.stats import (
-    BASELINE,
-    CANDIDATE,
-    GateResult,
-    PositionShare,
-    SliceStatus,
-    non_inferiority_shown,
-    position_sort_key,
-)
+from depthgate.judge.gate import GateResult, PositionShare, SliceStatus, non_inferiority_shown
+from depthgate.judge.tables import BASELINE, CANDIDATE, position_sort_key
 from depthgate.report.chars import CHARS_NOTE, length_char_rows
 from depthgate.report.formatting import (
     MARK_NI,

@@ -31,7 +31,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from depthgate.exceptions import InputError
-from depthgate.judge.position import (
+from depthgate.judge.science import (
     EffectiveLength,
     EffectiveLengthResult,
     base_scores_from_controls,
@@ -40,7 +40,7 @@ from depthgate.judge.position import (
     pass_hat_k,
     spacing_accuracy,
 )
-from depthgate.judge.stats import ARMS, BASELINE, CANDIDATE, position_sort_key
+from depthgate.judge.tables import ARMS, BASELINE, CANDIDATE, position_sort_key
 from depthgate.report.document import AnalysisContext, Section
 from depthgate.report.formatting import depth_label, markdown_table
 from depthgate.spec.models import AnalysisPlan, look_alpha
@@ -68,7 +68,7 @@ class PositionScience:
     repeat: pl.DataFrame
     seeds: int
     notes: tuple[str, ...] = field(default=())
-    #: Accuracy by evidence spacing (:func:`depthgate.judge.position.spacing_accuracy`); None when no
+    #: Accuracy by evidence spacing (:func:`depthgate.judge.science.spacing_accuracy`); None when no
     #: position carries a spacing (then verdict.json has no ``spacing`` key, as before the axis).
     spacing: pl.DataFrame | None = None
 

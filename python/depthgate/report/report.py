@@ -33,10 +33,8 @@ from typing import Any
 import polars as pl
 
 from depthgate.exceptions import ExitCode
-from depthgate.judge.health import InfraSummary, assess
-from depthgate.judge.serving import SystemCheckReport
-from depthgate.judge.stats import GateResult
-from depthgate.judge.wording import with_system_wording
+from depthgate.judge.gate import GateResult
+from depthgate.judge.health import InfraSummary, SystemCheckReport, assess, with_system_wording
 from depthgate.report.chars import length_chars, run_layouts
 from depthgate.report.document import SECTIONS_MARKER, Section
 from depthgate.report.formatting import MARK_NI, MARK_REGRESSION, depth_label, slice_key
@@ -124,8 +122,8 @@ def write_reports(
     ``infra``: the planned-versus-recorded account of the run (:func:`depthgate.judge.health.infra_summary`);
     any lost run makes the verdict ``INFRA`` (exit 30). Failing slices driven by the candidate's system
     failures are named in every file (:func:`depthgate.judge.health.assess`), as FAIL_SYSTEM
-    (:func:`depthgate.judge.wording.with_system_wording`). ``checks``: the serving-path checks that ran
-    (:mod:`depthgate.judge.serving`, by name); their findings make every slice at their length
+    (:func:`depthgate.judge.health.with_system_wording`). ``checks``: the serving-path checks that ran
+    (:mod:`depthgate.judge.health.serving`, by name); their findings make every slice at their length
     FAIL_SYSTEM, and their reports go to verdict.json ``serving_checks``.
 
     ``layouts``: arm → ``layouts.parquet``, for the length in characters (:func:`length_chars`) in every
@@ -135,7 +133,7 @@ def write_reports(
     ``sections``: what the analyses beside the gate add (:mod:`depthgate.report.analyses`), rendered into
     the same files in the same single write.
 
-    ``scored`` is the frame of :func:`depthgate.judge.oracle.score_records` (per-run oracle columns);
+    ``scored`` is the frame of :func:`depthgate.judge.scoring.score_records` (per-run oracle columns);
     ``manifest`` the run manifest (only its digests and short scalar fields are copied). The whole set is
     rendered in memory, then written once per file and swapped in as a set
     (:func:`depthgate.report.writer.write_report_set`): on any error ``out_dir`` keeps its previous set.

@@ -8,8 +8,7 @@ from typing import Any
 
 import polars as pl
 
-from depthgate.judge.frames import require_columns
-from depthgate.judge.stats import ARMS, CANDIDATE, position_sort_key
+from depthgate.judge.tables import ARMS, CANDIDATE, position_sort_key, require_columns
 from depthgate.report.formatting import reason_kind, slice_key
 from depthgate.report.verdict import OracleCounts
 
@@ -24,7 +23,7 @@ def prepare_scored(scored: pl.DataFrame) -> pl.DataFrame:
         df,
         ["arm", "case_id", "length", "position", "outcome"],
         what="scored records",
-        fix="pass the frame returned by depthgate.judge.oracle.score_records",
+        fix="pass the frame returned by depthgate.judge.scoring.score_records",
     )
     extra: list[pl.Expr] = []
     if "seed" not in df.columns:

@@ -6,8 +6,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from depthgate.judge.gate import GateResult, SliceResult, SliceStatus
 from depthgate.judge.health import EARLIER, RunHealth
-from depthgate.judge.stats import BASELINE, CANDIDATE, GateResult, SliceResult, SliceStatus
+from depthgate.judge.tables import BASELINE, CANDIDATE
 from depthgate.report.chars import CHARS_NOTE, length_char_rows
 from depthgate.report.formatting import md_cell, ordered_slices, plain, q_value, signed, slice_key
 from depthgate.report.verdict import (

@@ -18,8 +18,8 @@ import polars as pl
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model, model_validator
 
 from depthgate.exceptions import ExitCode, InputError
+from depthgate.judge.gate import GateResult, SliceResult, SliceStatus, Verdict
 from depthgate.judge.health import RunHealth
-from depthgate.judge.stats import GateResult, SliceResult, SliceStatus, Verdict
 from depthgate.report.document import Section
 from depthgate.report.formatting import slice_key
 
@@ -69,7 +69,7 @@ class StrictModel(BaseModel):
 
 
 def _verdict_slice_model() -> type[StrictModel]:
-    """``slice`` plus every field of :class:`~depthgate.judge.stats.SliceResult`, with its types: the
+    """``slice`` plus every field of :class:`~depthgate.judge.gate.SliceResult`, with its types: the
     schema follows the gate's row instead of restating it."""
     hints = typing.get_type_hints(SliceResult)
     fields: dict[str, Any] = {"slice": (str, ...)}
@@ -154,7 +154,7 @@ class VerdictDocument(StrictModel):
     digests: dict[str, str]
     run: dict[str, str | int | float | bool | None]
     files: dict[str, str]
-    # Added by the pipeline when controls ran beside the matrix (depthgate.judge.controls.classify_failures).
+    # Added by the pipeline when controls ran beside the matrix (depthgate.judge.science.classify_failures).
     controls: dict[str, Any] | None = None
     # Added by the pipeline (depthgate.report.position): effective length, control-normalised accuracy,
     # pass^k; and, for an A/A run (`depthgate run --aa`), the noise floor. Neither changes the verdict.
@@ -171,7 +171,7 @@ class VerdictDocument(StrictModel):
     infra: dict[str, Any] | None = None
     # Characters per token length and arm (:func:`length_chars`); None when the layouts were not at hand.
     length_chars: list[LengthChars] | None = None
-    # The serving-path checks that ran (depthgate.judge.serving: "canaries" …), by name; left out of the
+    # The serving-path checks that ran (depthgate.judge.health: "canaries" …), by name; left out of the
     # file when none ran.
     serving_checks: dict[str, Any] | None = None
     # Tokenizer parity per arm (depthgate.report.parity, issue #37): checked, or not and why; left out

@@ -21,7 +21,7 @@ read as ``canary_head_lost``, a FAIL_SYSTEM on a correct server. With the conten
 on one serving path send the same canary prompts.
 
 They are sent after the matrix into ``RUN/canaries/`` and scored by the oracle like controls
-(:mod:`depthgate.judge.canary`): an arm that fails its canaries of one kind at a length where the other
+(:mod:`depthgate.judge.health.canary`): an arm that fails its canaries of one kind at a length where the other
 arm passes them is a system failure by name (``canary_head_lost``, ``canary_tail_lost``), never a model
 regression.
 

@@ -1,6 +1,7 @@
 """The full-length canary cases (issue #21; sent by :mod:`depthgate.run.canary`, judged by
-:mod:`depthgate.judge.canary`): a fixed five-digit number per canary, at the very start (``head``) or the
-very end (``tail``) of the context region of a prompt of the tested length, asked for at the end."""
+:mod:`depthgate.judge.health.canary`): a fixed five-digit number per canary, at the very start
+(``head``) or the very end (``tail``) of the context region of a prompt of the tested length, asked
+for at the end."""
 
 from __future__ import annotations
 

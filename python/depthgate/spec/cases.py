@@ -306,7 +306,7 @@ class Case(Frozen):
 
     def _check_conflict(self) -> None:
         """A conflict: two or more unversioned decisive sources, each stating its own value of the same
-        fact, none superseding another. The oracle passes an abstention or every value (judge/oracle.py)."""
+        fact, none superseding another. The oracle passes an abstention or every value (judge/scoring)."""
         case = self.id
         for index, doc in enumerate(self.evidence):
             if doc.role == "competing":

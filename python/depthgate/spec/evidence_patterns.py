@@ -8,10 +8,10 @@ decides its answer. An :class:`EvidencePatternKind` says everything the rest of 
   claim, the case must abstain), ``one``, ``some`` (one or more) or ``several`` (two or more);
 * ``competing``: it needs a competing document (the superseded version, the general rule), placed at
   the case's fixed ``competing_depth``;
-* ``scoring``: how the oracle (:mod:`depthgate.judge.oracle`) reads an answer — ``claims`` (the required
+* ``scoring``: how the oracle (:mod:`depthgate.judge.scoring`) reads an answer — ``claims`` (the required
   claims, no forbidden one), ``conflict`` (an abstention or every conflicting value passes; the case
   validation then checks its sources conflict) or ``mrcr`` (the k-th needle's answer line,
-  :mod:`depthgate.judge.mrcr`);
+  :mod:`depthgate.judge.scoring.mrcr`);
 * ``turns``: in a conversation its decisive documents are needles laid out as exchanges (MRCR);
 * what the built-in suite generator (:mod:`depthgate.spec.suites`) draws for it: ``second_value`` (a
   second value: the superseded, general, ruled-out or other source's one), ``asks_current`` (the question

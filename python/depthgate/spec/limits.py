@@ -55,9 +55,9 @@ MAX_ENDPOINTS = 256
 #: Most layouts one arm builds (cases × lengths × positions × spacings).
 MAX_LAYOUTS = 1_000_000
 #: Most bootstrap resamples (B) a plan may ask for. What B costs in memory: the gate's percentile bootstrap
-#: (``depthgate.judge.percentile``) keeps the B resample means of a slice (8 bytes each) and
+#: (``depthgate.judge.bounds.percentile``) keeps the B resample means of a slice (8 bytes each) and
 #: ``np.quantile`` partitions a copy (8 more), 16 bytes a resample, 1.6 MB a slice at this limit; the
-#: report's effective-length interval (``depthgate.judge.effective_length``) holds a B × cases matrix of
+#: report's effective-length interval (``depthgate.judge.science.length``) holds a B × cases matrix of
 #: multinomial weights (int64, then float64: 16 bytes a resample and case), 1.6 MB a case here — 1.6 GB
 #: for 1,000 cases, within a small CI box. 10**12 asked for 14.6 TiB and died after every request was sent.
 #: 100,000 still confirms a regression among ~700 slices at alpha 0.05 under BY (the plan's B rule).

@@ -154,7 +154,7 @@ MAX_CANARIES = 8
 #: Canaries per arm, length and kind of a matrix that does not set ``canaries`` and has an arm on a
 #: server (issue #37 item 7): a gateway that drops or forges the head or tail of a prompt is caught
 #: without the user knowing to ask. Two, so one missed copy by a weak model never reads as a lost end
-#: (an arm loses its canaries when it answers fewer than half of them, depthgate.judge.canary).
+#: (an arm loses its canaries when it answers fewer than half of them, depthgate.judge.health.canary).
 DEFAULT_SERVER_CANARIES = 2
 
 #: The most context turns a conversation may have: every turn's split is proved with its own probe

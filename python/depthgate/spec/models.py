@@ -136,7 +136,7 @@ def plan_violations(
     """Every rule a plan must meet before anything runs, as (field, problem, fix); empty when valid.
 
     The single validator of the gate's parameters: :class:`AnalysisPlan` (and :class:`Matrix`, which
-    knows the number of slices) calls it, and so does the gate's ``depthgate.judge.gate_plan.GatePlan``
+    knows the number of slices) calls it, and so does the gate's ``depthgate.judge.gate.GatePlan``
     (an analysis plan with its frozen design), so a plan the matrix accepts is never refused by the gate
     after the requests were sent. The bootstrap size is checked when the slice count is known, whatever
     the repeats: one seed per case uses
@@ -271,7 +271,7 @@ class AnalysisPlan(_Frozen):
     max_missing: StrictFloat = Field(default=0.10, ge=0.0, lt=1.0)
     bootstrap_resamples: StrictInt = Field(default=9999, ge=99)
     bootstrap_seed: StrictInt = Field(default=0, ge=0)
-    # Position science beside the gate (depthgate.judge.position.effective_length; never changes the
+    # Position science beside the gate (depthgate.judge.science.effective_length; never changes the
     # verdict): NoLiMa = a share of the arm's evidence-only base score, RULER = an absolute accuracy.
     effective_length_rule: Literal["nolima", "ruler"] = "nolima"
     effective_length_threshold: StrictFloat = Field(default=0.85, gt=0.0, le=1.0)

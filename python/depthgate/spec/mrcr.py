@@ -17,7 +17,7 @@ Each case (deterministic in ``seed``, English only):
   over the turns of a conversation) like every case's distractors; their codes are forbidden too.
 * **oracle**: the ``k``-th needle's code is the one required claim; every other needle's code and every
   distractor's code is a forbidden claim (severity "wrong"). The answer line passes when it holds the
-  required code and **no** forbidden code anywhere (judge/mrcr.py: stricter than the head rule, so a
+  required code and **no** forbidden code anywhere (judge/scoring/mrcr.py: stricter than the head rule, so a
   reply that lists several codes never passes).
 """
 

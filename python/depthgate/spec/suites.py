@@ -21,7 +21,7 @@ Evidence patterns and fact types:
 * ``absent``    the asked-for fact is not in the context (only distractors): the system must abstain.
 * ``conflict``  two unversioned, undated copies of the handbook state different values of the same fact
   (hotel_cap, invoice_terms, incident_contact); both move together as the evidence block. The system must
-  abstain (or flag the disagreement) or give both values (judge/oracle.py, the conflict rule). Opt-in:
+  abstain (or flag the disagreement) or give both values (judge/scoring/oracle.py, the conflict rule). Opt-in:
   ``generate_suite(..., conflict=True)``, so the default suites stay byte-identical.
 
 Generation is deterministic (:class:`~depthgate.spec.filler.SplitMix64`, no :mod:`random`) and prefix-stable:
