@@ -3,7 +3,7 @@
 
 For every cell of the grid — baseline mean accuracy mu, margin M, seeds R, cases n, loss shape — draw
 ``--sims`` slices at the null boundary delta = -M and count how often the gate's own slice test
-(``depthgate.judge.science.slice_lower`` > −M: ``slice_statistics(...).lower`` without the p-values,
+(``depthgate.judge.bounds.slice_lower`` > −M: ``slice_statistics(...).lower`` without the p-values,
 the condition of a PASS; tests/test_gate_error_control.py checks the two are equal) shows
 non-inferiority: the size, which must be <= alpha + 2 MC-SE. With ``--power-sims`` it also draws slices
 at delta = 0 (A/A) and reports the power.
@@ -33,8 +33,8 @@ import time
 import numpy as np
 from calibration_cli import REPO, grid_parser, load_rows, timed_cell, write_block
 
+from depthgate.judge.bounds import slice_lower
 from depthgate.judge.gate import stable_seed
-from depthgate.judge.science import slice_lower
 
 MUS = (0.9, 0.95, 0.99, 0.995)
 MARGINS = (0.03, 0.05, 0.10)

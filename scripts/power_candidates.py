@@ -11,7 +11,7 @@ Candidates (one-sided level α = .05 unless said; "RS(m₀, level)" is the Newco
 ``judge/bounds/rs_envelope.py`` with the design effect shrunk toward R with m₀ discordant runs):
 
 * ``today``    — the gate: min(percentile bootstrap, RS(max(6, .03 N), .9α)) (checked equal to
-  ``aa_margin.slice_lower`` slice by slice);
+  ``bounds.slice_lower`` slice by slice);
 * ``unshrunk`` — reference only: min(percentile bootstrap, RS(0, α)), no shrinkage, no level cut (close
   to the gate of a week ago, which used the bootstrap-t);
 * ``rs_only``  — "one of the two bounds": today's Newcombe-RS alone (the bootstrap dropped);
@@ -50,9 +50,8 @@ import numpy as np
 from calibration_cli import REPO, load_rows
 from gate_calibration import ALPHA, CASES, MARGINS, MUS, draw
 
-from depthgate.judge.bounds import newcombe10_lower_grid, prior_runs, resample_means
+from depthgate.judge.bounds import newcombe10_lower_grid, prior_runs, resample_means, slice_lower
 from depthgate.judge.gate import stable_seed
-from depthgate.judge.science import slice_lower
 
 CANDIDATES = (
     "today",

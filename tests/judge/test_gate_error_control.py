@@ -32,11 +32,12 @@ from depthgate.judge.bounds import (
     floor_lower_bound,
     has_spread,
     newcombe10_paired,
+    slice_lower,
     slice_statistics,
     snap_differences,
 )
 from depthgate.judge.gate import GatePlan, SliceStatus, Verdict, gate, stable_seed
-from depthgate.judge.science import noise_floor, slice_lower
+from depthgate.judge.science import noise_floor
 from depthgate.spec.loading import load_matrix
 from depthgate.spec.suites import resolve_suite
 from helpers import stub_matrix

@@ -20,9 +20,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from depthgate.judge.bounds import PRIOR_RUNS, RS_LEVEL, prior_runs, rs_alpha, slice_statistics
+from depthgate.judge.bounds import PRIOR_RUNS, RS_LEVEL, prior_runs, rs_alpha, slice_lower, slice_statistics
 from depthgate.judge.gate import stable_seed
-from depthgate.judge.science import slice_lower
 
 ALPHA = 0.05
 

@@ -33,6 +33,7 @@ from depthgate.judge.bounds.slice_bounds import (
     kish_effective_n,
     paired_design_effect,
     run_counts,
+    slice_lower,
     slice_statistics,
 )
 
@@ -60,6 +61,7 @@ __all__ = [
     "rs_grid",
     "run_counts",
     "shrunk_design_effect",
+    "slice_lower",
     "slice_statistics",
     "snap_differences",
     "wilson_lower",

@@ -14,7 +14,7 @@ from depthgate.judge.bounds.design_effect import rs_alpha, shrunk_design_effect
 from depthgate.judge.bounds.intervals import invert_bound, newcombe10_paired, newcombe_p_values, wilson_lower
 from depthgate.judge.bounds.monotone import monotone_floor_lower_bound
 from depthgate.judge.bounds.percentile import bootstrap_percentile
-from depthgate.judge.bounds.rs_envelope import rs_grid
+from depthgate.judge.bounds.rs_envelope import RsGrid, rs_grid
 
 __all__ = [
     "METHOD_COMBINED",
@@ -24,6 +24,7 @@ __all__ = [
     "kish_effective_n",
     "paired_design_effect",
     "run_counts",
+    "slice_lower",
     "slice_statistics",
 ]
 
@@ -132,6 +133,35 @@ class SliceStatistics:
     lower_newcombe: float
 
 
+def _newcombe_rs_lower(
+    yb: npt.NDArray[np.float64], yc: npt.NDArray[np.float64], alpha: float, planned: int
+) -> tuple[float, float, RsGrid | None, float]:
+    """(design effect, Newcombe-RS level, monotone envelope, Newcombe lower bound): the Newcombe side of
+    the slice's lower bound, shared by :func:`slice_statistics` and :func:`slice_lower`."""
+    a, b, c, d = run_counts(yb, yc)
+    deff = paired_design_effect(yb, yc) if planned > 1 else 1.0
+    alpha_n = rs_alpha(alpha, planned)  # Newcombe-RS lower bound at RS_LEVEL x alpha (design_effect.py)
+    lower_n = newcombe10_paired(a / deff, b / deff, c / deff, d / deff, 2.0 * alpha_n)[0]
+    grid = rs_grid(yb, yc, deflate=planned > 1)  # the monotone envelope (judge/bounds/rs_envelope.py)
+    if grid is not None:
+        lower_n = min(lower_n, grid.lower(2.0 * alpha_n))
+    return deff, alpha_n, grid, float(lower_n)
+
+
+def slice_lower(
+    yb: npt.NDArray[np.float64], yc: npt.NDArray[np.float64], alpha: float, reps: int, seed: int
+) -> float:
+    """``slice_statistics(yb, yc, M, alpha, reps, seed).lower`` without the p-values (they need M and
+    cost a bisection each; the bound does not depend on M): the A/A pass-margin simulation calls it
+    thousands of times. Complete (cases, seeds) arrays, every column planned."""
+    planned = yb.shape[1]
+    _, _, _, lower_n = _newcombe_rs_lower(yb, yc, alpha, planned)
+    if planned <= 1:
+        return lower_n
+    boot = bootstrap_percentile(yc.mean(axis=1) - yb.mean(axis=1), 0.10, alpha, reps, seed)
+    return float(min(boot.lower, lower_n))
+
+
 def slice_statistics(
     baseline: npt.ArrayLike,
     candidate: npt.ArrayLike,
@@ -159,15 +189,11 @@ def slice_statistics(
     d_case = np.nanmean(yc, axis=1) - np.nanmean(yb, axis=1)
     a, b, c, d = run_counts(yb, yc)
     runs_per_case = (a + b + c + d) / n
-    deff = paired_design_effect(yb, yc) if planned > 1 else 1.0
+    deff, alpha_n, grid, lower_n = _newcombe_rs_lower(yb, yc, alpha, planned)
     deflated = (a / deff, b / deff, c / deff, d / deff)
-    alpha_n = rs_alpha(alpha, planned)  # Newcombe-RS lower bound at RS_LEVEL x alpha (design_effect.py)
-    lower_n = newcombe10_paired(*deflated, 2.0 * alpha_n)[0]
     upper_n = newcombe10_paired(*deflated, 2.0 * alpha)[1]
     p_ni_n, p_reg_n = newcombe_p_values(*deflated, margin)
-    grid = rs_grid(yb, yc, deflate=planned > 1)  # the monotone envelope (judge/bounds/rs_envelope.py)
     if grid is not None:
-        lower_n = min(lower_n, grid.lower(2.0 * alpha_n))
         p_ni_n = max(p_ni_n, invert_bound(grid.distance(margin)))
     p_ni_n = min(p_ni_n * alpha / alpha_n, 1.0)  # LB_n > -M exactly when p_ni_n < alpha
     lower_boot: float | None = None

@@ -6,7 +6,7 @@ classes (``controls``) and the A/A noise floor with its release margin (``noise`
 
 from __future__ import annotations
 
-from depthgate.judge.science.aa_margin import AaCase, aa_release_margin, slice_lower
+from depthgate.judge.science.aa_margin import AaCase, aa_release_margin
 from depthgate.judge.science.base_score import short_base
 from depthgate.judge.science.controls import CATEGORIES, classify_failures, score_controls
 from depthgate.judge.science.length import (
@@ -55,7 +55,6 @@ __all__ = [
     "runs_frame",
     "score_controls",
     "short_base",
-    "slice_lower",
     "spacing_accuracy",
     "wilson_design_interval",
 ]

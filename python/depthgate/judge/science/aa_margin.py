@@ -38,18 +38,10 @@ import numpy as np
 import numpy.typing as npt
 from statsmodels.stats.proportion import proportion_confint
 
-from depthgate.judge.bounds import (
-    bootstrap_percentile,
-    newcombe10_paired,
-    paired_design_effect,
-    rs_alpha,
-    rs_grid,
-    run_counts,
-    shrunk_design_effect,
-)
+from depthgate.judge.bounds import shrunk_design_effect, slice_lower
 from depthgate.judge.gate import stable_seed
 
-__all__ = ["AaCase", "AaMargin", "aa_release_margin", "clustered_flip_upper", "slice_lower"]
+__all__ = ["AaCase", "AaMargin", "aa_release_margin", "clustered_flip_upper"]
 
 FloatArray = npt.NDArray[np.float64]
 _STEP = 0.01
@@ -152,24 +144,6 @@ def aa_release_margin(
         curve=tuple(curve),
         binding_slice=int(np.argmax(binding)),
     )
-
-
-def slice_lower(yb: FloatArray, yc: FloatArray, alpha: float, reps: int, seed: int) -> float:
-    """``slice_statistics(yb, yc, M, alpha, reps, seed).lower`` without the p-values (which need M and
-    cost a bisection each): Newcombe-10 for one seed, else min(bootstrap percentile, Newcombe-RS). Complete
-    (cases, seeds) arrays only."""
-    a, b, c, d = run_counts(yb, yc)
-    seeds = yb.shape[1]
-    deff = paired_design_effect(yb, yc) if seeds > 1 else 1.0
-    alpha_n = rs_alpha(alpha, seeds)  # the gate's Newcombe-RS level (judge/bounds/design_effect.py)
-    lower = newcombe10_paired(a / deff, b / deff, c / deff, d / deff, 2.0 * alpha_n)[0]
-    grid = rs_grid(yb, yc, deflate=seeds > 1)  # the gate's monotone envelope
-    if grid is not None:
-        lower = min(lower, grid.lower(2.0 * alpha_n))
-    if seeds <= 1:
-        return float(lower)
-    boot = bootstrap_percentile(yc.mean(axis=1) - yb.mean(axis=1), 0.10, alpha, reps, seed)
-    return float(min(boot.lower, lower))
 
 
 def _draw_slice(
