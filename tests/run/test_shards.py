@@ -64,6 +64,14 @@ def test_three_shards_merge_to_the_unsharded_verdict(
     for key in SAME:
         assert joined[key] == whole[key], key
     assert joined["controls"]["counts"] == whole["controls"]["counts"]
+    # The server arms' default canaries (2 head + 2 tail per arm and length) go out in the shards too,
+    # each shard its part, and merge joins them: the same canary judgement as the whole run (a sharded
+    # run used to send none and say nothing, issue #37).
+    canary_parts = [read_records(d / "canaries").height for d in dirs]
+    assert sum(canary_parts) == read_records(tmp_path / "whole" / "canaries").height == 2 * 2 * 2  # one length
+    assert joined["serving_checks"]["canaries"] == whole["serving_checks"]["canaries"]
+    assert joined["serving_checks"]["canaries"]["lost"] == []
+    assert "8 canary records" in capsys.readouterr().out
 
     # A shard run on another machine (its manifest's determinism block differs) still merges; the
     # frozen fields that bind the run (here the seeds) do not.

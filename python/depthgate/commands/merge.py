@@ -11,6 +11,9 @@ pairs of its part (``depthgate.run.jobs.shard_of``, by content). Merging refuses
 * overlaps: a job recorded in two shards, or in a shard it does not belong to;
 * gaps: a planned job with no final record in any shard (rerun that shard: it resumes).
 
+The controls and the full-length canaries are split the same way (by content) and joined beside the
+matrix's records, each in its own folder, with the same overlap check.
+
 The merged folder is an ordinary run folder: ``depthgate gate DIR`` gives the verdict an unsharded run
 would give (same slices, bounds and digests).
 """
@@ -29,6 +32,7 @@ from depthgate.commands.belonging import check_records_belong
 from depthgate.commands.outputs import check_output, undo_on_error
 from depthgate.commands.pipeline import (
     ARMS,
+    CANARIES_DIR,
     CONTROLS_DIR,
     CONTROLS_FILE,
     MANIFEST,
@@ -37,6 +41,7 @@ from depthgate.commands.pipeline import (
 )
 from depthgate.commands.planned import planned_jobs, shard_jobs
 from depthgate.exceptions import InputError, PlanChangedError
+from depthgate.run.canary import CANARIES_FILE
 from depthgate.run.jobs import shard_of
 from depthgate.run.records import (
     FINAL_STATUSES,
@@ -48,6 +53,9 @@ from depthgate.run.records import (
 from depthgate.spec.files import ReadFailures, read_json, read_parquet, require_file
 
 __all__ = ["MergeSummary", "merge_runs"]
+
+#: The side folders joined beside the matrix's records: (records folder, the per-arm layouts file).
+_SIDE = ((CONTROLS_DIR, CONTROLS_FILE), (CANARIES_DIR, CANARIES_FILE))
 
 # Manifest fields that may differ between shards of one run (each shard froze its own copy). The
 # determinism block describes the machine a shard ran on (threads per engine); both arms of every pair
@@ -63,13 +71,14 @@ class MergeSummary:
     shards: int
     records: int
     control_records: int
+    canary_records: int = 0
     #: A sequential run's round: (look the shards sent, looks planned); None for any other plan.
     look: tuple[int, int] | None = None
 
     def line(self) -> str:
         head = (
             f"{self.out_dir}: {self.shards} shards merged, {self.records} records, "
-            f"{self.control_records} control records"
+            f"{self.control_records} control records, {self.canary_records} canary records"
         )
         if self.look is None:
             return f"{head}; next: depthgate gate {self.out_dir}"
@@ -182,8 +191,8 @@ def _layout_ids(folder: Path, name: str) -> list[str]:
 
 def _check_layouts(dirs: Sequence[Path]) -> None:
     for arm in ARMS:
-        for name in (f"{arm}/layouts.parquet", f"{arm}/{CONTROLS_FILE}"):
-            if name.endswith(CONTROLS_FILE) and not (dirs[0] / name).is_file():
+        for name in (f"{arm}/layouts.parquet", *(f"{arm}/{file}" for _, file in _SIDE)):
+            if not name.endswith("/layouts.parquet") and not (dirs[0] / name).is_file():
                 continue
             reference = _layout_ids(dirs[0], name)
             for folder in dirs[1:]:
@@ -292,8 +301,12 @@ def merge_runs(shard_dirs: Sequence[str | Path], out_dir: str | Path) -> MergeSu
     _check_overlaps(parts, count)
     sequential = _sequential_round(dirs, manifest)
     _check_gaps(dirs, parts, count, [int(s) for s in manifest["seeds"]], sequential)
-    control_parts = [(i, d, read_records(d / CONTROLS_DIR)) for i, d in zip(indices, dirs, strict=True)]
-    _check_overlaps(control_parts, count)
+    side_parts = {
+        side_dir: [(i, d, read_records(d / side_dir)) for i, d in zip(indices, dirs, strict=True)]
+        for side_dir, _ in _SIDE
+    }
+    for side in side_parts.values():
+        _check_overlaps(side, count)
 
     with undo_on_error(out):
         out.mkdir(parents=True, exist_ok=True)
@@ -303,14 +316,15 @@ def merge_runs(shard_dirs: Sequence[str | Path], out_dir: str | Path) -> MergeSu
             shutil.copy2(first / SUITE_FILE, out / SUITE_FILE)
         for arm in ARMS:
             (out / arm).mkdir(exist_ok=True)
-            for name in ("layouts.parquet", CONTROLS_FILE):
+            for name in ("layouts.parquet", *(file for _, file in _SIDE)):
                 if (first / arm / name).is_file():
                     shutil.copy2(first / arm / name, out / arm / name)
         records = pl.concat([p[2] for p in parts], how="vertical")
         _write_records(out, records)
-        controls = pl.concat([p[2] for p in control_parts], how="vertical")
-        if controls.height:
-            _write_records(out / CONTROLS_DIR, controls)
+        joined = {name: pl.concat([p[2] for p in side], how="vertical") for name, side in side_parts.items()}
+        for side_dir, side_records in joined.items():
+            if side_records.height:
+                _write_records(out / side_dir, side_records)
         if sequential is not None:  # which round this merge is: `gate` says so before the last one
             from depthgate.commands.sequential_shards import write_round
 
@@ -319,7 +333,8 @@ def merge_runs(shard_dirs: Sequence[str | Path], out_dir: str | Path) -> MergeSu
         out_dir=out,
         shards=count,
         records=records.height,
-        control_records=controls.height,
+        control_records=joined[CONTROLS_DIR].height,
+        canary_records=joined[CANARIES_DIR].height,
         look=None if sequential is None else (int(sequential["look"]), int(sequential["of"])),
     )
 

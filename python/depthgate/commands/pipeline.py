@@ -171,9 +171,10 @@ def _prepare_arm(
             (a.arm, {**row, "target_tokens": row["nominal_tokens"]})
             for row in _guarded_rows(control_path, guard, controls=True)
         )
-    if matrix.canaries and shard is None:
-        # Full-length canaries (commands/checks.py): did the whole prompt reach the model?
-        # (Not in a shard: `merge` joins the matrix's records only.)
+    if matrix.canaries:
+        # Full-length canaries (commands/checks.py): did the whole prompt reach the model? A shard
+        # sends the canaries of its part (the runner splits every job list by content, shard_of) and
+        # `merge` joins them like the controls; a sharded run used to send none, and say nothing.
         arm_canaries, sent.canary_sources[a.arm] = canary_jobs(
             a.arm,
             matrix.canaries,
