@@ -25,12 +25,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import polars as pl
 import pytest
 from tokenizers import Tokenizer
 
 from depthgate.commands.cli import main
 from depthgate.exceptions import ExitCode
 from depthgate.judge.health import EARLIER
+from depthgate.run.records import read_records
 from depthgate.spec.suites import builtin_suite
 from fixtures_paths import tokenizers_dir
 from helpers import (
@@ -240,6 +242,36 @@ def test_a_gateway_cutting_the_head_and_forging_count_and_echo_is_canary_head_lo
     fine = _matrix(tmp_path, _endpoint(reader), top=top)
     assert main(["run", str(fine), "--out", str(tmp_path / "fine"), "--no-controls"]) == ExitCode.PASS
     assert read_verdict(tmp_path / "fine")["serving_checks"]["canaries"]["lost"] == []
+
+
+def test_a_candidate_with_its_own_prompt_content_sends_the_baselines_canaries(
+    tmp_path: Path, reader: Reader
+) -> None:
+    """Canaries hold the prompt content fixed (run/canary.py): a candidate with a preamble and the
+    query-first assembler on a healthy server sends the very canary prompts the baseline sends, they
+    pass its pre-send gate (no ``presend_frame_mismatch``: the gate checks them against the fixed
+    content, not the arm's), every one is answered, none is lost. On the real vLLM server the
+    candidate's own-content canaries read a position effect as ``canary_head_lost`` (exit 13)."""
+    text = stub_matrix(
+        "content",
+        where=_endpoint(reader),
+        cases=4,
+        candidate='preamble = "About this document. Read it and answer."\nassembler = "query-first"',
+    )
+    matrix = tmp_path / "content.toml"
+    matrix.write_text(text)
+    out = tmp_path / "run"
+    assert main(["run", str(matrix), "--out", str(out), "--no-controls"]) in (ExitCode.PASS, ExitCode.FAIL)
+    records = read_records(out / "canaries")
+    assert records.height == 2 * 2 * 2 and set(records["status"]) == {"ok"}  # arms × kinds × canaries
+    ids = {
+        arm: pl.read_parquet(out / arm / "canaries.parquet").sort("layout_id")["token_ids"].to_list()
+        for arm in ("baseline", "candidate")
+    }
+    assert ids["baseline"] == ids["candidate"]
+    layouts = pl.read_parquet(out / "candidate" / "layouts.parquet")["text"].to_list()
+    assert all("About this document." in t for t in layouts)
+    assert read_verdict(out)["serving_checks"]["canaries"]["lost"] == []
 
 
 def test_a_baseline_that_loses_its_canaries_is_named_too(

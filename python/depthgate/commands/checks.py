@@ -40,12 +40,13 @@ def canary_jobs(
 ) -> tuple[list[tuple[str, Mapping[str, Any]]], LayoutStore]:
     """The arm's canary jobs (built once into ``arm_dir/canaries.parquet``, through ``guard`` with the
     canary cases) and their layout store. ``rows`` and ``store`` are the pipeline's own helpers."""
-    from depthgate.run.canary import CANARIES_FILE, build_canaries
+    from depthgate.run.canary import CANARIES_FILE, CANARY_FRAME, build_canaries
 
     path = arm_dir / CANARIES_FILE
     if not path.is_file():
         build_canaries(tokenizer, options, count, path)
-    checked = functools.partial(guard, cases={c.id: c for c in canary_cases(count)})
+    # The canaries' frame is the arm's template with the content held fixed (run/canary.py).
+    checked = functools.partial(guard, cases={c.id: c for c in canary_cases(count)}, **CANARY_FRAME)
     jobs: list[tuple[str, Mapping[str, Any]]] = [(arm, row) for row in rows(path, checked)]
     return jobs, store(path, arm_dir / "canaries-store")
 

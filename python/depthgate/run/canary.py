@@ -42,7 +42,7 @@ from depthgate.layout.layouts import BuildOptions, Position, Tokenizer, build_la
 from depthgate.spec.canaries import CANARY_DEPTHS, CANARY_KINDS, canary_cases
 from depthgate.spec.files import atomic_write
 
-__all__ = ["CANARIES_DIR", "CANARIES_FILE", "build_canaries", "canary_options"]
+__all__ = ["CANARIES_DIR", "CANARIES_FILE", "CANARY_FRAME", "build_canaries", "canary_options"]
 
 #: Per arm: ``RUN/<arm>/canaries.parquet`` (the layout schema); records in ``RUN/canaries/``.
 CANARIES_FILE = "canaries.parquet"
@@ -77,7 +77,12 @@ def build_canaries(
     return pl.concat(summaries)
 
 
+#: The prompt content every canary is built with, whatever the arm's (module docstring); the arm's
+#: pre-send gate checks a canary's frame against these too.
+CANARY_FRAME: dict[str, str] = {"preamble": "", "assembler": "default"}
+
+
 def canary_options(options: BuildOptions, position: Position) -> BuildOptions:
     """The arm's build options for one kind of canary: its tokenizer-side settings (template, window,
     conversation, filler, output room) kept, the prompt content held fixed (module docstring)."""
-    return replace(options, positions=[position], preamble="", assembler="default", system="default")
+    return replace(options, positions=[position], system="default", **CANARY_FRAME)  # type: ignore[arg-type]
