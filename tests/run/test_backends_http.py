@@ -52,6 +52,7 @@ from depthgate.exceptions import (
     ExitCode,
     InfraError,
     InputError,
+    MalformedAnswerError,
     OverLengthError,
     SpecError,
     TransientBackendError,
@@ -772,6 +773,39 @@ def test_recorded_shapes_anthropic_messages(stub: Stub) -> None:
     assert resp.text == "4821" and resp.finish_reason == "stop"
     assert resp.prompt_tokens_server == 1500 and resp.prefix_cache_hit_tokens == 1491
     assert resp.extra["count_tokens"] == 1500 and resp.completion_tokens == 11
+
+
+@pytest.mark.parametrize(
+    ("change", "reason", "said"),
+    [
+        ({"content": None}, "malformed_answer", "no 'content' list"),
+        (
+            {"content": [], "usage": {"input_tokens": 9, "output_tokens": 0}},
+            "empty_completion",
+            "output_tokens 0",
+        ),
+        ({"usage": {"input_tokens": 9, "output_tokens": 0}}, "malformed_answer", "but usage.output_tokens 0"),
+        (
+            {"usage": {"input_tokens": -3, "output_tokens": 11}},
+            "malformed_answer",
+            "negative usage.input_tokens",
+        ),
+    ],
+)
+def test_anthropic_answers_that_are_not_the_models_are_named(
+    stub: Stub, change: dict[str, Any], reason: str, said: str
+) -> None:
+    """The Messages API gets the OpenAI answers' checks (issue #37, item 2): a 200 without a content
+    list, with no generated token, with text beside ``output_tokens: 0`` or with a negative count is a
+    named :class:`MalformedAnswerError` (retried, then a serving failure), never the model's answer. A
+    missing content list used to be a bare BackendError; the others were scored as the model's."""
+    _anthropic_routes(stub)
+    good = stub.routes[("POST", "/v1/messages")]({}, {})[1]
+    stub.routes[("POST", "/v1/messages")] = lambda b, h: (200, {**good, **change}, {})
+    backend = AnthropicBackend("claude-sonnet-4-5", base_url=stub.url, window=200_000)
+    with pytest.raises(MalformedAnswerError, match=said) as caught:
+        run(_once(backend, _req(text="the prompt")))
+    assert caught.value.reason == reason and "the prompt" not in str(caught.value)
 
 
 def test_recorded_shapes_anthropic_overlength(stub: Stub) -> None:

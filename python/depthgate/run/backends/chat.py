@@ -228,18 +228,19 @@ class AnthropicBackend(HTTPBackend):
         where = f"POST {self.base_url}/v1/messages"
         content = body.get("content") if isinstance(body, Mapping) else None
         if not isinstance(content, list):
-            raise self._malformed(where, "content")
+            # Like an OpenAI answer without choices: retried, then a named serving failure.
+            raise self._malformed_answer(where, "no 'content' list", body, request)
         raw = "".join(
             str(block.get("text") or "")
             for block in content
             if isinstance(block, Mapping) and block.get("type") == "text"
         )
-        text, stopped = apply_stops(raw, request.stop)
         usage = body.get("usage") if isinstance(body.get("usage"), Mapping) else {}
-        parts = [
-            int_or_none(usage.get(k))
-            for k in ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
-        ]
+        keys = ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens", "output_tokens")
+        counts = {k: int_or_none(usage.get(k)) for k in keys}
+        self._refuse_contradictions(where, counts, "output_tokens", raw, None, body, request)
+        text, stopped = apply_stops(raw, request.stop)
+        parts = [counts[k] for k in keys[:3]]
         prompt_tokens = None if parts[0] is None else sum(p or 0 for p in parts)
         stop_reason = body.get("stop_reason")
         finish = "stop" if stopped else _ANTHROPIC_FINISH.get(str(stop_reason), stop_reason)

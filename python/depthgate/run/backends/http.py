@@ -394,6 +394,36 @@ class HTTPBackend:
             f"{where} returned a response without {what}", fix="check the server's API version"
         )
 
+    def _refuse_contradictions(
+        self,
+        where: str,
+        counts: Mapping[str, int | None],
+        generated_key: str,
+        text: str,
+        generated: Any,
+        body: Any,
+        request: Request,
+    ) -> None:
+        """Refuse a 2xx answer whose counts contradict it (issue #37, item 2), whatever the API calls
+        them: zero tokens generated (``empty_completion``: a model that stops at once still generates
+        its end token), text beside a generated count of 0, a negative count, or generated ids of
+        another number than the generated count (``malformed_answer``). ``counts`` are the answer's
+        usage counts by name, ``generated_key`` the one that counts generated tokens."""
+        completion = counts.get(generated_key)
+        negative = [k for k, v in counts.items() if v is not None and v < 0]
+        what: str | None = None
+        if negative:
+            what = f"a negative usage.{negative[0]}"
+        elif completion == 0 and text:
+            what = f"{len(text)} characters of text but usage.{generated_key} 0"
+        elif completion == 0:
+            what = f"no generated token (empty text, usage.{generated_key} 0)"
+            raise self._malformed_answer(where, what, body, request, reason="empty_completion")
+        elif isinstance(generated, list) and completion is not None and len(generated) != completion:
+            what = f"{len(generated)} generated token ids but usage.{generated_key} {completion}"
+        if what is not None:
+            raise self._malformed_answer(where, what, body, request)
+
     def _malformed_answer(
         self, where: str, what: str, body: Any, request: Request | None, reason: str = "malformed_answer"
     ) -> MalformedAnswerError:
@@ -441,27 +471,11 @@ class OpenAIShapedBackend(HTTPBackend):
         path: str,
         request: Request,
     ) -> None:
-        """Refuse an answer that contradicts itself (issue #37, item 2): zero tokens generated
-        (``empty_completion``: a model that stops at once still generates its end token), text beside
-        ``completion_tokens: 0``, negative counts, or generated ids (vLLM's ``token_ids``) of another
-        number than ``completion_tokens``."""
-        where = f"POST {self.base_url}{path}"
+        """Refuse an answer that contradicts itself (issue #37, item 2): :meth:`_refuse_contradictions`
+        on ``usage.prompt_tokens`` / ``usage.completion_tokens`` and vLLM's generated ``token_ids``."""
         counts = {k: int_or_none(usage.get(k)) for k in ("prompt_tokens", "completion_tokens")}
-        completion = counts["completion_tokens"]
-        negative = [k for k, v in counts.items() if v is not None and v < 0]
-        generated = choice.get("token_ids")
-        what: str | None = None
-        if negative:
-            what = f"a negative usage.{negative[0]}"
-        elif completion == 0 and text:
-            what = f"{len(text)} characters of text but usage.completion_tokens 0"
-        elif completion == 0:
-            what = "no generated token (empty text, usage.completion_tokens 0)"
-            raise self._malformed_answer(where, what, body, request, reason="empty_completion")
-        elif isinstance(generated, list) and completion is not None and len(generated) != completion:
-            what = f"{len(generated)} generated token ids but usage.completion_tokens {completion}"
-        if what is not None:
-            raise self._malformed_answer(where, what, body, request)
+        where, generated = f"POST {self.base_url}{path}", choice.get("token_ids")
+        self._refuse_contradictions(where, counts, "completion_tokens", text, generated, body, request)
 
     @staticmethod
     def _response(
