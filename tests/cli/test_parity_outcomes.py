@@ -133,6 +133,29 @@ def test_a_failing_tokenize_route_is_retried_then_refuses_by_default(
     assert server.completions == 0 and not run.exists()
 
 
+def test_a_hung_tokenize_route_is_cut_at_the_parity_limit_not_the_request_timeout(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The arm's request ``timeout_s`` (60 s here, 300 s by default) is sized for generating; a hung
+    tokenize route is cut at parity's own limit (``TOKENIZE_TIMEOUT_S``, 30 s; 1 s here against a
+    route that hangs 2.5 s), so the run refuses in seconds with "timeout" named. It used to wait the
+    request timeout three times (the route answers after 2.5 s here, so the old code reported its late
+    answer's missing token list instead)."""
+    monkeypatch.setattr("depthgate.run.parity.TOKENIZE_TIMEOUT_S", 1.0)
+    server = Server(("/tokenize",), _hangs)
+    text = stub_matrix(
+        "parity", where=f'endpoint = "http://127.0.0.1:{server.port}"', arm="runtime = { timeout_s = 60.0 }"
+    )
+    matrix = tmp_path / "parity.toml"
+    matrix.write_text(text, encoding="utf-8")
+    with server:
+        code = main(["run", str(matrix), "--out", str(tmp_path / "run"), "--no-controls"])
+    err = capsys.readouterr().err
+    assert code == ExitCode.INFRA, err[-2000:]
+    assert "the tokenize route failed 3 tries: timeout: tokenize (1 s)" in err
+    assert server.completions == 0 and not (tmp_path / "run").exists()
+
+
 def test_a_route_that_fails_twice_then_answers_is_checked(tmp_path: Path) -> None:
     server = Server(("/tokenize",), lambda h, route, body, n: n <= 2 and _status_500(h, route, body, n))
     code, run = _run(tmp_path, server)

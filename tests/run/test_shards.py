@@ -68,7 +68,8 @@ def test_three_shards_merge_to_the_unsharded_verdict(
     # each shard its part, and merge joins them: the same canary judgement as the whole run (a sharded
     # run used to send none and say nothing, issue #37).
     canary_parts = [read_records(d / "canaries").height for d in dirs]
-    assert sum(canary_parts) == read_records(tmp_path / "whole" / "canaries").height == 2 * 2 * 2  # one length
+    whole_canaries = read_records(tmp_path / "whole" / "canaries").height
+    assert sum(canary_parts) == whole_canaries == 2 * 2 * 2  # arms × kinds × canaries at one length
     assert joined["serving_checks"]["canaries"] == whole["serving_checks"]["canaries"]
     assert joined["serving_checks"]["canaries"]["lost"] == []
     assert "8 canary records" in capsys.readouterr().out

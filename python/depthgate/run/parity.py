@@ -68,6 +68,11 @@ PARITY_FILE = "tokenizer_parity.json"
 ATTEMPTS = 3
 """Tries per tokenize call before it counts as failed (backoff 0.5 s, then 1 s)."""
 BACKOFF_S = 0.5
+#: One tokenize call may take this long, whatever the arm's request ``timeout_s`` (300 s by default,
+#: sized for generating from a long prompt): a hung route used to hold the run 3 x 300 s before parity
+#: could say so. Tokenizing is cheap: Gemma-3's tokenizer encodes 240,001 tokens in 1.24 s on the
+#: 2 loaded cores of the test host (2026-12-06), so 30 s leaves > 20x room for the longest prompt.
+TOKENIZE_TIMEOUT_S = 30.0
 DEFAULT_POLICY = "refuse_on_failure"
 SAMPLE_SIZE = 8
 """Prompts checked per endpoint for a token-id arm: one tokenize call each (≈ 10–40 ms for 1–2K tokens on
@@ -176,11 +181,18 @@ def _unreachable(exc: TransientBackendError) -> bool:
 async def _tokenize(target: Any, text: str, specials: bool) -> tuple[list[int], str, bool] | None:
     """``target.server_tokenize`` with :data:`ATTEMPTS` tries for a failure worth retrying (5xx, a
     timeout, a non-JSON or token-less answer); an endpoint that does not answer at all is not retried."""
+    limit = min(float(getattr(target, "timeout_s", TOKENIZE_TIMEOUT_S)), TOKENIZE_TIMEOUT_S)
     for attempt in range(1, ATTEMPTS + 1):
         try:
-            answer: tuple[list[int], str, bool] | None = await target.server_tokenize(
-                text, add_special_tokens=specials
-            )
+            call = target.server_tokenize(text, add_special_tokens=specials)
+            try:
+                answer: tuple[list[int], str, bool] | None = await asyncio.wait_for(call, limit)
+            except asyncio.TimeoutError:  # not the builtin TimeoutError on Python 3.10
+                raise TransientBackendError(
+                    f"the tokenize route did not answer within {limit:g} s",
+                    summary=f"timeout: tokenize ({limit:g} s)",
+                    fix="check the server's load; tokenizing one prompt takes well under a second",
+                ) from None
             return answer
         except TransientBackendError as exc:
             if attempt == ATTEMPTS or _unreachable(exc):
