@@ -93,7 +93,7 @@ def el_lines(nolima: dict[str, Any], ruler: dict[str, Any]) -> list[str]:
 
 
 def ruler_result(folder: Path) -> dict[str, Any]:
-    from depthgate.judge.science import effective_length
+    from depthgate.judge.science import EL_RESAMPLES, effective_length
 
     manifest = json.loads((folder / "manifest.json").read_text())
     plan = manifest["plan"]
@@ -103,7 +103,7 @@ def ruler_result(folder: Path) -> dict[str, Any]:
         rule="ruler",
         threshold=RULER_THRESHOLD,
         seed=plan["bootstrap_seed"],
-        reps=plan["bootstrap_resamples"],
+        reps=max(plan["bootstrap_resamples"], EL_RESAMPLES),  # the report's B
         alpha=0.05,
     )
     return result.to_dict()

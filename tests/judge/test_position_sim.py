@@ -33,7 +33,7 @@ from test_position_science import _el_world, from_arrays
 
 from depthgate.judge.gate import Sizing
 from depthgate.judge.planning import DesignParameters, cases_for_power, power_per_slice, simulate_gate_power
-from depthgate.judge.science import effective_length, noise_floor
+from depthgate.judge.science import EL_RESAMPLES, effective_length, noise_floor
 from helpers import Rate
 
 ALPHA = 0.05
@@ -197,14 +197,14 @@ def el_table(sims: int = 200, n: int = 60) -> tuple[list[Rate], Rate, Rate]:
     threshold sits on the curve at 16K, accuracies about 0.93/0.90/0.87/0.82: the hardest case for a
     first-crossing statistic)."""
     covers = []
-    _say(f"\nEffective length (RULER, {n} cases x 2 seeds, 4 lengths x 3 depths, B = 500)")
+    _say(f"\nEffective length (RULER, {n} cases x 2 seeds, 4 lengths x 3 depths, B = {EL_RESAMPLES})")
     for threshold in (0.75, 0.87):
         rng = np.random.default_rng(7)
         covered = total = 0
         spread: dict[int, int] = {}
         for rep in range(sims):
             res = effective_length(
-                _el_world(rng, n, False), rule="ruler", threshold=threshold, reps=500, seed=rep
+                _el_world(rng, n, False), rule="ruler", threshold=threshold, reps=EL_RESAMPLES, seed=rep
             )
             for d in res.deltas:
                 total += 1
@@ -218,7 +218,8 @@ def el_table(sims: int = 200, n: int = 60) -> tuple[list[Rate], Rate, Rate]:
     rng = np.random.default_rng(8)
     found = other_clean = 0
     for rep in range(sims):
-        res = effective_length(_el_world(rng, n, True), rule="ruler", threshold=0.75, reps=500, seed=rep)
+        world = _el_world(rng, n, True)
+        res = effective_length(world, rule="ruler", threshold=0.75, reps=EL_RESAMPLES, seed=rep)
         found += res.delta("0.5").upper < 0
         other_clean += res.delta("0").lower <= 0 <= res.delta("0").upper
     power, clean = Rate(found, sims), Rate(other_clean, sims)

@@ -32,6 +32,8 @@ from matplotlib.figure import Figure
 
 from depthgate.exceptions import InputError
 from depthgate.judge.science import (
+    EL_RESAMPLES,
+    MC_Z,
     EffectiveLength,
     EffectiveLengthResult,
     base_scores_from_controls,
@@ -48,6 +50,7 @@ from depthgate.spec.models import AnalysisPlan, look_alpha
 __all__ = [
     "PositionScience",
     "add_junit_effective_length",
+    "definition_lines",
     "position_science",
     "position_section",
     "render_curve_png",
@@ -156,7 +159,8 @@ def position_science(
         "threshold": plan.effective_length_threshold,
         "seed": plan.bootstrap_seed,
         "alpha": alpha,
-        "reps": plan.bootstrap_resamples,
+        # At least EL_RESAMPLES: the intervals' Monte-Carlo guard shrinks with B (issue #39).
+        "reps": max(plan.bootstrap_resamples, EL_RESAMPLES),
     }
     effective: EffectiveLengthResult | None = None
     try:
@@ -426,6 +430,24 @@ def _base_lines(el: EffectiveLengthResult) -> list[str]:
     return [*lines, ""]
 
 
+def definition_lines(el: EffectiveLengthResult) -> list[str]:
+    """What the effective length above is, beside NoLiMa's and RULER's definitions (issue #39)."""
+    if el.rule == "nolima":
+        threshold = f"{el.threshold:g} × the base score of the arm (the NoLiMa rule)"
+    else:
+        threshold = f"the fixed accuracy {el.threshold:g} (the RULER rule)"
+    return [
+        "Definition: depthgate reads the effective length of a depth as the longest grid length L such "
+        f"that the accuracy of the depth at L and at every shorter grid length is ≥ {threshold}; the "
+        f"interval ends are grid values of the case bootstrap (B = {el.reps}), each guarded by {MC_Z:g} "
+        "Monte-Carlo standard errors so that they do not move with the bootstrap seed.",
+        "Effective length in NoLiMa: the longest length at which the score stays ≥ 85 % of the "
+        "short-context base score; in RULER: the longest length at which the score stays above a fixed "
+        "threshold (85.6 %, the accuracy of Llama-2-7B at 4K). Both read one curve averaged over needle "
+        "positions (RULER also over tasks); depthgate reads each depth.",
+    ]
+
+
 def render_position_markdown(ps: PositionScience) -> str:
     """The summary.md section."""
     lines = ["", "", "### Position science (beside the gate; it never changes the verdict)", ""]
@@ -437,6 +459,8 @@ def render_position_markdown(ps: PositionScience) -> str:
             + f"; {100 * (1 - el.alpha):g}% case-bootstrap intervals, B = {el.reps}):",
             "",
             *markdown_table(_EL_HEAD, _el_rows(ps)),
+            "",
+            *definition_lines(el),
             "",
             *_base_lines(el),
         ]
@@ -530,6 +554,7 @@ def render_position_html(ps: PositionScience) -> str:
             )
         parts.append("<h3>Effective length per depth</h3>")
         parts.append(_html_table(_EL_HEAD, _el_rows(ps)))
+        parts += [f'<p class="small">{html.escape(line)}</p>' for line in definition_lines(ps.effective)]
     if ps.normalised is not None:
         parts.append("<h3>Control-normalised accuracy</h3>")
         parts.append(_html_table(_CNA_HEAD, _cna_rows(ps)))

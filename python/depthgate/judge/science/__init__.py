@@ -10,11 +10,14 @@ from depthgate.judge.science.aa_margin import AaCase, aa_release_margin
 from depthgate.judge.science.base_score import short_base
 from depthgate.judge.science.controls import CATEGORIES, classify_failures, score_controls
 from depthgate.judge.science.length import (
+    EL_RESAMPLES,
+    MC_Z,
     AccuracyPoint,
     EffectiveLength,
     EffectiveLengthDelta,
     EffectiveLengthResult,
     effective_length,
+    mc_margin,
 )
 from depthgate.judge.science.noise import (
     NoiseFloorResult,
@@ -36,6 +39,8 @@ from depthgate.judge.science.position_records import (
 
 __all__ = [
     "CATEGORIES",
+    "EL_RESAMPLES",
+    "MC_Z",
     "AaCase",
     "AccuracyPoint",
     "EffectiveLength",
@@ -49,6 +54,7 @@ __all__ = [
     "control_normalised_accuracy",
     "effective_length",
     "eligible_cases",
+    "mc_margin",
     "noise_delta_quantile",
     "noise_floor",
     "pass_hat_k",

@@ -18,17 +18,35 @@ percentile interval well behaved. A length with no observed case counts as missi
 **Intervals.** Cases are resampled ``reps`` times with replacement (the unit of the design; seeds
 stay inside their case), *the same resample for both arms and every depth*, so the difference
 interval is paired. The effective length takes values on the grid {0, L1, ..., Lk}, so its interval
-is reported as grid values: [smallest v with F*(v) >= alpha/2, smallest v with F*(v) >= 1 - alpha/2]
-of the bootstrap distribution F* (it holds at least 1 - alpha of the bootstrap mass; an interpolated
-11,264 tokens was never measured). Differences are reported in tokens and in grid steps the same way.
-``distribution`` gives the bootstrap mass per grid value for a reader who wants more than two
-numbers. With few cases or a threshold near a plateau the interval is wide: that is the information.
+is reported as grid values of the bootstrap distribution F* (an interpolated 11,264 tokens was never
+measured): [smallest v with F*(v) > alpha/2 - m, smallest v with F*(v) >= 1 - alpha/2 + m]. Differences
+are reported in tokens and in grid steps the same way. ``distribution`` gives the bootstrap mass per
+grid value for a reader who wants more than two numbers. With few cases or a threshold near a plateau
+the interval is wide: that is the information.
 
-Calibration (tests/test_position_sim.py, 60 cases x 2 seeds, 4 lengths, B = 500): in A/A runs the
-95 % difference interval covered 0 in all 1,200 position-replicates, also with the threshold sitting
-on the curve (the point difference then spreads over -2..+2 grid steps, and so does the interval:
-on a discrete grid a 95 % interval is conservative); a planted two-step loss (32K -> 8K) was found
-(interval below 0) in 0.875 ± 0.023 of the runs.
+**Seed-stable ends (issue #39).** F* is a Monte-Carlo estimate; with the plain percentile rule (m = 0)
+and the plans' B = 999 or 1,999 an end moved whenever a tail share sat within about 0.007 of
+alpha/2: 27 of the 188 intervals of the shipped run folders differed across 10 bootstrap seeds, among
+them the showcase baseline's upper end at depth 0.25 (768 or ≥1024: its tail share is 0.0251 ± 0.0003,
+on alpha/2 itself, so no affordable B settles it). Now B >= ``EL_RESAMPLES`` (50,000; the report asks
+for at least that) and each end carries the guard m = ``MC_Z`` (3) Monte-Carlo standard errors of a
+share at alpha/2 (0.0021 at B = 50,000, :func:`mc_margin`): a value is left out only when its tail
+share is below alpha/2 by more than three standard errors, so the interval holds at least 1 - alpha of
+the *exact* bootstrap distribution, and an end moves only when a tail share sits within a standard
+error or two of alpha/2 - m. All 188 intervals are then the same at seeds 0-9 and at seeds 10-19
+(scripts/effective_length_seeds.py, docs/effective-length-seeds.jsonl), for about 0.1-1 s a run folder.
+Neither part does it alone: the guard at B = 999 (margin 0.015) moved 38 intervals; B = 100,000 without
+it still moved the showcase's interval on the cut; B = 20,000 with it moved 1 (a tail share of 0.0193,
+2.5 standard errors from that B's cut 0.0217) at seeds 10-19.
+
+Calibration (tests/judge/test_position_sim.py, 60 cases x 2 seeds, 4 lengths x 3 depths, B = 50,000,
+200 runs per setting): in A/A runs the 95 % difference interval covered 0 in all 1,200
+position-replicates, also with the threshold sitting on the curve (the point difference then spreads
+over -4..+3 grid steps, 0.88 of it within one step, and so does the interval: on a discrete grid a 95 %
+interval is conservative); a planted two-step loss (32K -> 8K) was found (interval below 0) in
+0.845 ± 0.026 of the runs (0.840 ± 0.026 at B = 20,000; 0.875 ± 0.023 with the unguarded percentile
+ends at B = 500), and the
+untouched depth of the planted runs covered 0 in all 200.
 """
 
 from __future__ import annotations
@@ -56,16 +74,27 @@ from depthgate.judge.science.position_records import (
 from depthgate.judge.tables import ARMS, BASELINE, CANDIDATE, FrameOf, JsonRow, position_sort_key
 
 __all__ = [
+    "EL_RESAMPLES",
+    "MC_Z",
     "AccuracyPoint",
     "ELRule",
     "EffectiveLength",
     "EffectiveLengthDelta",
     "EffectiveLengthResult",
     "effective_length",
+    "mc_margin",
 ]
 
 FloatArray = npt.NDArray[np.float64]
 ELRule = Literal["nolima", "ruler"]
+
+#: Case resamples of the effective-length bootstrap (the report asks for at least this many; issue #39):
+#: a tail share near alpha/2 = 0.025 then has a Monte-Carlo standard error of 0.0007.
+EL_RESAMPLES = 50_000
+#: Case resamples drawn at a time (memory: this many rows of case weights).
+_CHUNK = 10_000
+#: Standard errors of the Monte-Carlo guard on each interval end (:func:`mc_margin`).
+MC_Z = 3.0
 
 
 @dataclass(frozen=True)
@@ -143,7 +172,8 @@ class AccuracyPoint(JsonRow):
 _EL_CONVENTION = (
     "first crossing: the longest length L such that accuracy at L and at every shorter length of the "
     "grid is >= the threshold (0 = below the grid); intervals are grid values of the case-bootstrap "
-    "distribution (inverted CDF, never interpolated)"
+    "distribution (inverted CDF, never interpolated), each end guarded by 3 Monte-Carlo standard errors "
+    "of the alpha/2 tail share"
 )
 
 
@@ -218,12 +248,26 @@ def _first_crossing(acc: FloatArray, thr: FloatArray) -> npt.NDArray[np.int64]:
     return steps
 
 
+def mc_margin(alpha: float, reps: int) -> float:
+    """The Monte-Carlo guard of an interval end: ``MC_Z`` standard errors of a bootstrap share at
+    alpha/2 estimated from ``reps`` resamples."""
+    tail = alpha / 2.0
+    return MC_Z * math.sqrt(tail * (1.0 - tail) / reps)
+
+
 def _grid_interval(values: npt.NDArray[Any], alpha: float) -> tuple[int, int]:
-    """Two-sided percentile interval of a discrete bootstrap distribution, as support points: the
-    smallest v with F(v) >= alpha/2 and the smallest v with F(v) >= 1 - alpha/2 (inverted CDF). It holds
-    at least 1 - alpha of the bootstrap mass and is never interpolated between grid values."""
-    lo = np.quantile(values, alpha / 2.0, method="inverted_cdf")
-    hi = np.quantile(values, 1.0 - alpha / 2.0, method="inverted_cdf")
+    """Two-sided interval of a discrete bootstrap distribution, as support points, guarded against the
+    Monte-Carlo error of the shares: the smallest v with F(v) > alpha/2 - m and the smallest v with
+    F(v) >= 1 - alpha/2 + m, m = :func:`mc_margin`. The mass left out on each side is then at most
+    alpha/2 - m, so the interval holds at least 1 - alpha of the *exact* bootstrap distribution unless a
+    share is off by more than ``MC_Z`` standard errors; an end moves with the seed only when a tail share
+    sits within a few standard errors of alpha/2 - m (issue #39). Never interpolated between grid
+    values."""
+    support, counts = np.unique(values, return_counts=True)
+    cdf = np.cumsum(counts) / values.size
+    margin = mc_margin(alpha, values.size)
+    lo = support[int(np.argmax(cdf > alpha / 2.0 - margin))]
+    hi = support[int(np.argmax(cdf >= 1.0 - alpha / 2.0 + margin - 1e-12))]
     return int(lo), int(hi)
 
 
@@ -384,15 +428,16 @@ def _arm_position(
     arm: str,
     pos: str,
     thresholds: Any,
-    weights: FloatArray,
+    sampled: tuple[Mapping[tuple[str, str], FloatArray], Mapping[str, FloatArray]],
     *,
     rule: str,
     threshold: float,
     bases: dict[str, float] | None,
     alpha: float,
 ) -> tuple[EffectiveLength, list[AccuracyPoint], npt.NDArray[np.int64], int]:
-    """One (arm, position): its effective length row, its curve points, the bootstrap steps and the
-    point estimate in steps."""
+    """One (arm, position) from the bootstrap accuracies and thresholds ``sampled`` (:func:`_bootstrap`):
+    its effective length row, its curve points, the bootstrap steps and the point
+    estimate in steps."""
     grid = g.grids[pos]
     values = np.array([0, *grid], dtype=np.int64)
     ones = np.ones((1, len(g.cases)))
@@ -400,10 +445,10 @@ def _arm_position(
     thr_point = float(thresholds(arm, ones)[0])
     acc_point = _weighted_acc(ones, mat)
     k_point = int(_first_crossing(acc_point, np.array([thr_point]))[0])
-    acc_boot = _weighted_acc(weights, mat)
-    k_boot = _first_crossing(acc_boot, thresholds(arm, weights))
+    acc_boot = sampled[0][(arm, pos)]
+    k_boot = _first_crossing(acc_boot, sampled[1][arm])
     lo_k, hi_k = _grid_interval(k_boot, alpha)
-    mass = np.bincount(k_boot, minlength=len(values)) / weights.shape[0]
+    mass = np.bincount(k_boot, minlength=len(values)) / acc_boot.shape[0]
     row = EffectiveLength(
         arm=arm,
         position=pos,
@@ -454,6 +499,27 @@ def _arm_position(
             )
         )
     return row, points, k_boot, k_point
+
+
+def _bootstrap(
+    g: _Grid, thresholds: Any, rng: np.random.Generator, reps: int
+) -> tuple[dict[tuple[str, str], FloatArray], dict[str, FloatArray]]:
+    """Every (arm, position)'s case-weighted accuracies (B, lengths) and every arm's threshold (B,) over
+    ``reps`` case resamples, drawn ``_CHUNK`` at a time (the (B, n) weights never all in memory); the
+    same resample for every arm and position."""
+    n = len(g.cases)
+    acc: dict[tuple[str, str], list[FloatArray]] = {key: [] for key in g.mats}
+    thr: dict[str, list[FloatArray]] = {arm: [] for arm in g.arms}
+    done = 0
+    while done < reps:
+        size = min(_CHUNK, reps - done)
+        weights = rng.multinomial(n, np.full(n, 1.0 / n), size=size).astype(np.float64)
+        for arm in g.arms:
+            thr[arm].append(thresholds(arm, weights))
+        for key, mat in g.mats.items():
+            acc[key].append(_weighted_acc(weights, mat))
+        done += size
+    return {k: np.concatenate(v) for k, v in acc.items()}, {a: np.concatenate(v) for a, v in thr.items()}
 
 
 def _deltas(
@@ -516,7 +582,7 @@ def effective_length(
     base_scores: Mapping[str, float] | None = None,
     scored_controls: pl.DataFrame | None = None,
     base_records: pl.DataFrame | None = None,
-    reps: int = 2000,
+    reps: int = EL_RESAMPLES,
     seed: int = 0,
     alpha: float = 0.05,
     fallback_base: float | None = None,
@@ -565,7 +631,6 @@ def effective_length(
 
     boot_seed = stable_seed(seed, "effective_length")
     rng = np.random.default_rng(boot_seed)
-    weights = rng.multinomial(n, np.full(n, 1.0 / n), size=reps).astype(np.float64)
     ones = np.ones((1, n))
 
     def thresholds(arm: str, w: FloatArray) -> FloatArray:
@@ -576,6 +641,7 @@ def effective_length(
         return threshold * _weighted_acc(w, b.per_case[arm][:, None])[:, 0]
 
     bases = None if rule == "ruler" else {arm: float(thresholds(arm, ones)[0] / threshold) for arm in g.arms}
+    sampled = _bootstrap(g, thresholds, rng, reps)
     rows: list[EffectiveLength] = []
     curve: list[AccuracyPoint] = []
     boot: dict[tuple[str, str], npt.NDArray[np.int64]] = {}
@@ -583,7 +649,7 @@ def effective_length(
     for pos in g.positions:
         for arm in g.arms:
             row, points, boot[(arm, pos)], point[(arm, pos)] = _arm_position(
-                g, arm, pos, thresholds, weights, rule=rule, threshold=threshold, bases=bases, alpha=alpha
+                g, arm, pos, thresholds, sampled, rule=rule, threshold=threshold, bases=bases, alpha=alpha
             )
             rows.append(row)
             curve.extend(points)
