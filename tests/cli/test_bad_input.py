@@ -376,6 +376,33 @@ def _write_inputs(root: Path, good_layouts: Path) -> dict[str, str]:
         ("m_url_long", "http://127.0.0.1:9/" + "a" * 1_000_000),
     ):
         w[key] = variant(key.replace("_", "-") + ".toml", endpoint, f'endpoint = "{url}"')
+    # More of the same family (this stop): each message below is one that item 6 introduced.
+    for key, url in (
+        ("m_port_65536", "http://127.0.0.1:65536"),
+        ("m_port_negative", "http://127.0.0.1:-1"),
+        ("m_port_empty", "http://127.0.0.1:"),
+        ("m_port_ipv6_99999", "http://[::1]:99999"),
+        ("m_url_nul", "http://127.0.0.1:9/\\u0000"),
+        ("m_url_del", "http://127.0.0.1:9/\\u007f"),
+        ("m_url_lf", "http://127.0.0.1:9/v1\\n"),
+        ("m_url_password_only", "http://:s3cr3t@127.0.0.1:9"),
+        ("m_url_api_key_query", "http://127.0.0.1:9/v1?api_key=abc"),
+        ("m_url_3000", "http://127.0.0.1:9/" + "a" * 3000),
+    ):
+        w[key] = variant(key.replace("_", "-") + ".toml", endpoint, f'endpoint = "{url}"')
+    for key, urls in (
+        ("m_endpoints_userinfo", '["http://127.0.0.1:9", "http://u:p@127.0.0.1:8"]'),
+        ("m_endpoints_port", '["http://127.0.0.1:9", "http://127.0.0.1:70000"]'),
+        ("m_endpoints_fragment", '["http://127.0.0.1:9", "http://127.0.0.1:8/#token=x"]'),
+    ):
+        w[key] = variant(key.replace("_", "-") + ".toml", endpoint, f"endpoints = {urls}")
+    w["m_alpha_1e_7"] = variant("m-alpha-1e-7.toml", "n_min = 2", "n_min = 2\nalpha = 1e-7")
+    w["m_resamples_100001"] = variant(
+        "m-resamples-100001.toml", "bootstrap_resamples = 199", "bootstrap_resamples = 100001"
+    )
+    # A subnormal margin ended `plan` and `run` in a traceback (the planner's 1/M² overflowed).
+    w["m_margin_subnormal"] = variant("m-margin-subnormal.toml", "margin = 0.20", "margin = 5e-324")
+    w["m_margin_tiny"] = variant("m-margin-tiny.toml", "margin = 0.20", "margin = 1e-100")
     w["m_endpoints_crlf"] = variant(
         "m-endpoints-crlf.toml", endpoint, 'endpoints = ["http://127.0.0.1:9", "http://127.0.0.1:8\\r\\n"]'
     )

@@ -36,6 +36,10 @@ StopRule: TypeAlias = Literal["fixed", "one_extension", "sequential"]
 #: The smallest alpha a plan may give: a bootstrap p-value is at least 1/(B+1), so below
 #: 1/(MAX_BOOTSTRAP_RESAMPLES + 1) no slice could ever be confirmed.
 MIN_ALPHA = 1.0 / (MAX_BOOTSTRAP_RESAMPLES + 1)
+#: The smallest non-inferiority margin. Showing M takes about (z_α + z_β)² · 2p(1 − p) / M² cases per slice:
+#: ≈ 1.6 × 10⁸ at M 0.0001 and p 0.85, so a smaller margin is no plan any run can meet, and the planner's
+#: 1/M² overflowed for a subnormal one (margin = 5e-324 ended `plan` and `run` in a traceback).
+MIN_MARGIN = 1e-4
 
 
 def look_alpha(alpha: float, stop_rule: str) -> float:
@@ -151,6 +155,14 @@ def plan_violations(
     if not 0.0 < margin < 1.0:
         problems.append(
             ("margin", f"margin {margin!r} is outside (0, 1)", "give a margin in (0, 1), e.g. 0.10")
+        )
+    elif margin < MIN_MARGIN:
+        problems.append(
+            (
+                "margin",
+                f"margin {margin!r} is below {MIN_MARGIN:g}: showing it would take ~10^8 cases per slice",
+                f"give a margin in [{MIN_MARGIN:g}, 1), e.g. 0.10",
+            )
         )
     if not 0.0 < alpha < 0.5:
         problems.append(
