@@ -22,6 +22,7 @@ from depthgate.judge.science import EL_RESAMPLES, MC_Z, effective_length, mc_mar
 
 REPO = Path(__file__).resolve().parents[2]
 SHOWCASE = REPO / "docs" / "position-showcase"
+LONG = REPO / "docs" / "position-long"  # issue #39: 512 → 8K, effective lengths inside the grid
 
 
 def _intervals(result: Any) -> dict[str, tuple[int, ...]]:
@@ -31,11 +32,11 @@ def _intervals(result: Any) -> dict[str, tuple[int, ...]]:
     return out
 
 
-def _showcase(seed: int) -> Any:
-    """The showcase's effective lengths as the report computes them (NoLiMa, base at the short lengths)."""
-    manifest = json.loads((SHOWCASE / "manifest.json").read_text())
+def _showcase(seed: int, folder: Path = SHOWCASE) -> Any:
+    """A showcase's effective lengths as the report computes them (NoLiMa, base at the short lengths)."""
+    manifest = json.loads((folder / "manifest.json").read_text())
     plan = manifest["plan"]
-    scored = pl.read_parquet(SHOWCASE / "scored.parquet")
+    scored = pl.read_parquet(folder / "scored.parquet")
     assert plan.get("stop_rule", "fixed") == "fixed"  # the report's alpha is then the plan's
     return effective_length(
         scored.filter(pl.col("length").is_in(manifest["lengths"])),
@@ -48,11 +49,13 @@ def _showcase(seed: int) -> Any:
     )
 
 
-@pytest.mark.skipif(not (SHOWCASE / "manifest.json").is_file(), reason="no shipped showcase")
-def test_showcase_intervals_are_the_same_at_ten_seeds() -> None:
-    shipped = json.loads((SHOWCASE / "report" / "verdict.json").read_text())["position"]["effective_length"]
+@pytest.mark.parametrize("folder", [SHOWCASE, LONG], ids=lambda p: p.name)
+def test_showcase_intervals_are_the_same_at_ten_seeds(folder: Path) -> None:
+    if not (folder / "manifest.json").is_file():
+        pytest.skip(f"no shipped {folder.name}")
+    shipped = json.loads((folder / "report" / "verdict.json").read_text())["position"]["effective_length"]
     assert shipped["reps"] == EL_RESAMPLES
-    first = _showcase(0)
+    first = _showcase(0, folder)
     expected = {f"{r['arm']}@{r['position']}": (r["lower"], r["upper"]) for r in shipped["rows"]}
     expected.update(
         {
@@ -61,10 +64,17 @@ def test_showcase_intervals_are_the_same_at_ten_seeds() -> None:
         }
     )
     assert _intervals(first) == expected  # the recomputation is the report's
+    # The long run: its 10 (arm, depth) intervals hold at seeds 0-9; its delta@0.25 upper end does not
+    # (2048 or 3072 tokens: a tail share on the guard's own cut), and at seeds 10-19 neither does the
+    # baseline's depth 0.75 (docs/effective-length-seeds.jsonl, docs/position.md): what is checked here
+    # is what holds, the rest is reported.
+    keep = (lambda key: True) if folder == SHOWCASE else (lambda key: not key.startswith("delta"))
+    expected = {k: v for k, v in expected.items() if keep(k)}
     for seed in range(1, 10):
-        assert _intervals(_showcase(seed)) == expected, seed
-    # The interval the audit saw move: the guard keeps ≥1024 (tail share 0.025, on alpha/2).
-    assert expected["baseline@0.25"] == (0, 1024)
+        got = {k: v for k, v in _intervals(_showcase(seed, folder)).items() if keep(k)}
+        assert got == expected, seed
+    if folder == SHOWCASE:  # the interval the audit saw move: the guard keeps ≥1024 (tail share 0.025)
+        assert expected["baseline@0.25"] == (0, 1024)
 
 
 def test_the_guard_is_three_standard_errors_of_a_tail_share() -> None:

@@ -7,8 +7,11 @@ summary. ``python tests/cli/test_position_docs.py [FOLDER]`` prints the lines fo
 
 from __future__ import annotations
 
+import base64
 import json
 import re
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -18,6 +21,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 SHOWCASE = REPO / "docs" / "position-showcase"
+LONG = REPO / "docs" / "position-long"  # issue #39: 512 → 8K
+LONG_16K = REPO / "docs" / "position-long-16k"  # issue #39: the 16K slice at depth .5
 CONFLICT = REPO / "docs" / "conflict-embedded"
 SPACING = REPO / "docs" / "position-spacing"
 DOC = REPO / "docs" / "position.md"
@@ -151,6 +156,50 @@ def page_lines(folder: Path = SHOWCASE) -> list[str]:
     ]
 
 
+def inside_grid(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The effective lengths that are measured: a point estimate on the grid and not censored at its
+    top ("<512" is 0, "≥8192" is flagged ``at_grid_top``)."""
+    return [r for r in rows if r["estimate"] >= r["grid"][0] and not r["at_grid_top"]]
+
+
+def long_lines(folder: Path = LONG, folder_16k: Path = LONG_16K) -> list[str]:
+    """The long showcase's tables (as :func:`page_lines`), the 16K run's cost and slice, and the count
+    of measured effective lengths under each rule."""
+    verdict = json.loads((folder / "report" / "verdict.json").read_text())
+    nolima = verdict["position"]["effective_length"]["rows"]
+    ruler = ruler_result(folder)["rows"]
+    v16 = json.loads((folder_16k / "report" / "verdict.json").read_text())
+    inside = len(inside_grid(nolima)) + len(inside_grid(ruler))
+    return [
+        *page_lines(folder),
+        *measured_lines(folder_16k),
+        *gate_lines(v16),
+        f"{inside} of {len(nolima) + len(ruler)} effective lengths are measured inside the grid "
+        f"({len(inside_grid(nolima))} of {len(nolima)} under NoLiMa, {len(inside_grid(ruler))} of "
+        f"{len(ruler)} under RULER)",
+    ]
+
+
+_CURVE = re.compile(r'alt="accuracy by length at depth ([^"]+)" src="data:image/png;base64,([^"]+)"')
+
+
+def curve_pngs(folder: Path, work: Path) -> dict[str, bytes]:
+    """The accuracy-by-length charts (one per depth) of the report.html that `depthgate gate` writes for a
+    copy of ``folder``: the pictures docs/position.md shows."""
+    copy = work / folder.name
+    shutil.copytree(folder, copy)
+    done = subprocess.run(
+        [sys.executable, "-m", "depthgate", "gate", str(copy)], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode in (0, 10, 11, 12, 13), done.stderr[-2000:]
+    page = (copy / "report" / "report.html").read_text(encoding="utf-8")
+    return {depth: base64.b64decode(data) for depth, data in _CURVE.findall(page)}
+
+
+def figure(depth: str) -> Path:
+    return REPO / "docs" / f"position-long-depth-{depth}.png"
+
+
 def conflict_lines(folder: Path = CONFLICT) -> list[str]:
     """The conflict section's answer table, counted from the shipped run's ``scored.parquet`` at the
     gated length: a pass gives every value (or abstains); a fail that names a forbidden claim or no
@@ -231,6 +280,27 @@ def test_every_showcase_number_on_the_page_comes_from_the_shipped_folder() -> No
     assert not missing, "\n".join(missing)
 
 
+@pytest.mark.skipif(
+    not (LONG / "manifest.json").is_file() or not (LONG_16K / "manifest.json").is_file(),
+    reason="no shipped long showcase",
+)
+def test_every_long_showcase_number_on_the_page_comes_from_the_shipped_folders() -> None:
+    page = DOC.read_text(encoding="utf-8")
+    missing = [line for line in long_lines() if line not in page]
+    assert not missing, "\n".join(missing)
+
+
+@pytest.mark.skipif(not (LONG / "manifest.json").is_file(), reason="no shipped long showcase")
+def test_the_pages_accuracy_charts_are_the_reports(tmp_path: Path) -> None:
+    charts = curve_pngs(LONG, tmp_path)
+    manifest = json.loads((LONG / "manifest.json").read_text())
+    assert len(charts) == len(manifest["positions"])  # one chart per depth
+    page = DOC.read_text(encoding="utf-8")
+    for depth, png in charts.items():
+        assert figure(depth).read_bytes() == png, depth
+        assert f"]({figure(depth).name})" in page, depth
+
+
 def test_the_conflict_answer_table_comes_from_the_shipped_run() -> None:
     lines = conflict_lines()
     assert sum(int(line.split(" | ")[1].split()[0]) for line in lines) == 72  # every baseline record
@@ -264,6 +334,14 @@ def test_the_noise_floor_example_is_the_upper_bound_and_the_aa_pass_margin() -> 
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--long"]:  # the long showcase's lines, and its charts written into docs/
+        print("\n".join(long_lines()))
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as work:
+            for depth, png in curve_pngs(LONG, Path(work)).items():
+                figure(depth).write_bytes(png)
+        sys.exit(0)
     folder = Path(sys.argv[1]) if len(sys.argv) > 1 else SHOWCASE
     print("\n".join(page_lines(folder)))
     print("\n".join(conflict_lines()))

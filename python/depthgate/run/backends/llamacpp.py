@@ -105,7 +105,26 @@ def check_load_settings(n_ctx: object, n_threads: object) -> None:
         raise InputError(f"n_threads must be ≥ 1, got {n_threads}", field="n_threads", fix="use 2..8")
 
 
-class LlamaEngine:
+class ClosedOnExit:
+    """``with engine:`` closes it: the lifecycle both llama.cpp engines (in process and in a worker)
+    share; each says what closing means."""
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+class LlamaEngine(ClosedOnExit):
     """llama.cpp in this process, fed token ids: the engine alone, without the harness's tokenizer.
 
     This is what runs inside the worker process of :class:`~depthgate.run.backends.llamacpp_worker.
@@ -227,17 +246,6 @@ class LlamaEngine:
         if llm is not None:
             llm.close()
             self._llm = None
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     # ---------------------------------------------------------------------------------------------
     # generation

@@ -30,8 +30,7 @@ import threading
 from collections.abc import Sequence
 from multiprocessing.connection import Connection
 from pathlib import Path
-from types import TracebackType
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 from tokenizers import Tokenizer
 
@@ -43,11 +42,8 @@ from depthgate.layout.gguf_tokenizer import (
     tokenizer_from_gguf,
     verify_against_llamacpp,
 )
-from depthgate.run.backends.llamacpp import Generation, check_load_settings
+from depthgate.run.backends.llamacpp import ClosedOnExit, Generation, check_load_settings
 from depthgate.spec.files import GGUF_FIX, require_file
-
-if TYPE_CHECKING:
-    from typing import Self
 
 __all__ = ["LlamaWorkerBackend", "describe_exit", "error_from_reply"]
 
@@ -80,7 +76,7 @@ class _Probe:
         return list(self._worker.call("tokenize", text, add_bos, special))
 
 
-class LlamaWorkerBackend:
+class LlamaWorkerBackend(ClosedOnExit):
     """The embedded backend with llama.cpp in a worker process (the product path of ``llamacpp``
     without an endpoint). Same arguments and attributes as
     :class:`~depthgate.run.backends.llamacpp.EmbeddedLlamaBackend`; the harness's tokenizer is checked
@@ -229,17 +225,6 @@ class LlamaWorkerBackend:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     def __del__(self) -> None:  # a worker never outlives its backend object
         proc = getattr(self, "_proc", None)
